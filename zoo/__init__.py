@@ -1,0 +1,18 @@
+"""The attention zoo: multi-head-attention variants trained, pruned, exported and served."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zoo.api import Translator
+
+
+def load(checkpoint: str, device: str = "cpu") -> Translator:
+    """`zoo.load(run_dir_or_pt).translate(["Guten Morgen."])` — see zoo.api.Translator."""
+    from zoo.api import Translator
+
+    return Translator.from_checkpoint(checkpoint, device=device)
+
+
+__all__ = ["load"]

@@ -1,0 +1,28 @@
+"""Attention mechanisms, selected by a stable string key (kept in checkpoints, ONNX metadata and
+Triton model names — never a Python import path)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zoo.attention.base import FEATURE_MAPS, Attention, Cache, reorder_cache
+from zoo.attention.mha import MultiHeadAttention
+
+ATTENTION_REGISTRY: dict[str, type[Attention]] = {
+    "mha": MultiHeadAttention,
+}
+
+
+def build_attention(key: str, d_model: int, num_heads: int, head_dim: int | None = None,
+                    dropout: float = 0.0, **options: Any) -> Attention:
+    """Instantiate the mechanism registered under `key`."""
+    try:
+        cls = ATTENTION_REGISTRY[key]
+    except KeyError:
+        raise ValueError(
+            f"unknown attention mechanism {key!r}; registered: {', '.join(sorted(ATTENTION_REGISTRY))}"
+        ) from None
+    return cls(d_model, num_heads, head_dim=head_dim, dropout=dropout, **options)
+
+
+__all__ = ["ATTENTION_REGISTRY", "FEATURE_MAPS", "Attention", "Cache", "build_attention", "reorder_cache"]

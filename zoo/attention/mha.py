@@ -1,0 +1,40 @@
+"""Scaled dot-product multi-head attention (Vaswani et al.), the zoo's baseline mechanism."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from zoo.attention.base import Attention, Cache
+
+
+class MultiHeadAttention(Attention):
+    """softmax(q kᵀ / √dh) v per head; uses torch's fused SDPA kernel unless the attention map
+    itself must be captured (GHT feature map "A")."""
+
+    def attend(self, q: Tensor, kv: Cache, mask: Tensor | None, causal: bool) -> Tensor:
+        k, v = kv["k"], kv["v"]  # [B, H, S, dh]
+        p = self.dropout if self.training else 0.0
+        if "A" not in self.capture:
+            if causal and mask is not None:
+                mask = mask & _causal_mask(q.shape[2], k.shape[2], q.device)
+                causal = False
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)  # [B, H, T, S]
+        if causal:
+            mask = _causal_mask(q.shape[2], k.shape[2], q.device) if mask is None else mask & _causal_mask(
+                q.shape[2], k.shape[2], q.device
+            )
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        attn = scores.softmax(dim=-1)
+        self.captured["A"] = attn
+        return F.dropout(attn, p, self.training) @ v
+
+
+def _causal_mask(t: int, s: int, device: torch.device) -> Tensor:
+    # [T, S] True where query i may see key j (keys aligned to the end when S > T)
+    return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)

@@ -1,0 +1,30 @@
+"""Data layer: corpus builders, the joint tokenizer and length-bucketed batching.
+
+Typical use by the trainer::
+
+    splits = build_splits(cfg.data)                      # cached Debian corpora or user files
+    tok = Tokenizer.train((t for ex in splits.train for t in (ex.src, ex.tgt)), cfg.data.vocab_size)
+    pairs, dropped = encode_examples(splits.train, tok, cfg.data.max_len)
+    sampler = TokenBatchSampler.from_pairs(pairs, max_tokens=4096, seed=cfg.seed)
+    for idx in sampler.batches(epoch):
+        batch = collate([pairs[i] for i in idx], tok.pad_id, tok.bos_id, tok.eos_id)
+"""
+
+from zoo.data.batching import Batch, TokenBatchSampler, collate, encode_examples
+from zoo.data.build import build_splits
+from zoo.data.text import remove_bpe
+from zoo.data.tokenizer import Tokenizer
+from zoo.data.types import DataError, Example, Splits
+
+__all__ = [
+    "Batch",
+    "DataError",
+    "Example",
+    "Splits",
+    "TokenBatchSampler",
+    "Tokenizer",
+    "build_splits",
+    "collate",
+    "encode_examples",
+    "remove_bpe",
+]

@@ -1,0 +1,96 @@
+"""`python -m zoo.evaluate checkpoint=… split=test` (or `src=… ref=…`): BLEU/chrF or ROUGE with beam
+search, per data source, sentences/s, model size — printed and written as JSON + hypotheses."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+from zoo.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from zoo.data import DataError, Example, Tokenizer, build_splits
+from zoo.evaluation import evaluate_examples
+from zoo.flops import format_size_summary, size_summary
+from zoo.generate import SearchConfig
+
+
+def _read_lines(path: str) -> list[str]:
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{p} does not exist; pass existing files as src=… ref=…")
+    try:
+        return p.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{p} is not valid UTF-8 ({exc}); re-encode it as UTF-8") from exc
+
+
+def _examples(cfg: DictConfig, payload: dict[str, Any]) -> tuple[list[Example], str]:
+    if cfg.src or cfg.ref:
+        if not (cfg.src and cfg.ref):
+            raise DataError("give both src=FILE and ref=FILE (or neither, to use split=…)")
+        srcs, refs = _read_lines(cfg.src), _read_lines(cfg.ref)
+        if len(srcs) != len(refs):
+            raise DataError(f"{cfg.src} has {len(srcs)} lines but {cfg.ref} has {len(refs)}; they must align")
+        return [Example(s, r, "files") for s, r in zip(srcs, refs, strict=True)], Path(cfg.src).stem
+    if cfg.split not in ("test", "valid"):
+        raise DataError(f"split={cfg.split!r}: use test or valid")
+    splits = build_splits(payload["data_config"])
+    return list(getattr(splits, cfg.split)), cfg.split
+
+
+def evaluate(cfg: DictConfig) -> dict[str, Any]:
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    payload = load_checkpoint(cfg.checkpoint)
+    model = model_from_checkpoint(payload).to(cfg.device)
+    tokenizer = Tokenizer.from_bytes(payload["tokenizer"])
+    examples, name = _examples(cfg, payload)
+    if cfg.limit:
+        examples = examples[: int(cfg.limit)]
+    g = cfg.generation
+    search = SearchConfig(beam_size=g.beam_size, len_penalty=g.len_penalty, max_len_a=g.max_len_a,
+                          max_len_b=g.max_len_b)
+    task = payload.get("task", "translation")
+    result = evaluate_examples(model, tokenizer, examples, task, search,
+                               remove_bpe=payload["data_config"].get("remove_bpe"), progress=sys.stderr.isatty(),
+                               max_tokens=g.max_tokens, max_sentences=g.max_sentences)
+    size = size_summary(model)
+    metrics = {"entry": payload.get("entry"), "checkpoint": payload["path"], "split": name, **result["metrics"],
+               "size": size}
+    ckpt_path = Path(payload["path"])
+    out = Path(cfg.out) if cfg.out else (ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints"
+                                         else ckpt_path.parent) / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}_metrics.json").write_text(json.dumps(metrics, indent=2))
+    (out / f"{name}_hypotheses.txt").write_text("\n".join(result["hypotheses"]) + "\n")
+    _print(metrics, task, out)
+    return metrics
+
+
+def _print(m: dict[str, Any], task: str, out: Path) -> None:
+    keys = ("bleu", "chrf", "tokenized_bleu") if task == "translation" else ("rouge1", "rouge2", "rougeL")
+    line = " ".join(f"{k} {m[k]:.2f}" for k in keys if k in m)
+    print(f"[{m['entry']}] {m['split']}: {line} · {m['sentences']} sentences, beam {m['beam_size']}, "
+          f"{m['sentences_per_s']:.1f} sent/s")
+    for origin, sub in sorted(m.get("per_source", {}).items()):
+        print(f"    {origin:>12}: " + " ".join(f"{k} {v:.2f}" for k, v in sub.items() if k != "n") + f" (n={sub['n']})")
+    print(f"    {format_size_summary(m['size'])}")
+    print(f"    written to {out}")
+
+
+@hydra.main(config_path="../conf", config_name="evaluate", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        evaluate(cfg)
+    except (CheckpointError, DataError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Quality metrics for evaluation and reports: sacreBLEU BLEU/chrF, tokenized BLEU, ROUGE, and
+sacreBLEU's paired bootstrap test.
+
+Why wrappers at all: every caller (evaluate, reports, GHT-PS comparisons) must use the *same*
+metric settings, or numbers from different commands cannot be put in one table. Each function
+takes one hypothesis and one reference per segment (plain strings, detokenized unless said
+otherwise) and returns scores on the 0–100 scale. Nothing here downloads anything.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.significance import PairedTest
+
+TASKS = ("translation", "summarization")
+ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
+
+
+def _check(hyps: Sequence[str], refs: Sequence[str]) -> None:
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    if not hyps:
+        raise ValueError("cannot score an empty corpus")
+
+
+def corpus_bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    """Detokenized, case-sensitive sacreBLEU (13a tokenizer, exp smoothing): the comparable
+    number for raw-text output (signature nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp)."""
+    _check(hyps, refs)
+    return BLEU().corpus_score(list(hyps), [list(refs)]).score
+
+
+def corpus_chrf(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    """sacreBLEU chrF2 (char order 6, no word n-grams): less tokenization-sensitive than BLEU,
+    which matters for the morphologically rich (German) side."""
+    _check(hyps, refs)
+    return CHRF().corpus_score(list(hyps), [list(refs)]).score
+
+
+def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    """BLEU on text that is already tokenized: split on whitespace only (sacreBLEU tokenize="none").
+
+    This is the number fairseq-generate prints for fairseq-prepared IWSLT'14 de-en (Moses-tokenized,
+    lowercased, BPE removed), i.e. the one the GHT/MGK papers quote; it is not comparable with
+    `corpus_bleu`. fairseq's scorer applies no smoothing, so neither do we: the two agree exactly
+    (they differ only on a corpus with no matching n-gram of some order, where both give 0).
+    """
+    _check(hyps, refs)
+    metric = BLEU(tokenize="none", smooth_method="none", force=True)
+    return metric.corpus_score(list(hyps), [list(refs)]).score
+
+
+def rouge(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, float]:
+    """ROUGE-1/2/L F1 × 100 (rouge-score, Porter stemming), averaged over segments as the
+    summarization papers report. rouge-score's tokenizer lowercases and keeps only [a-z0-9]
+    runs, so it is meant for English output (non-ASCII letters are dropped)."""
+    _check(hyps, refs)
+    from rouge_score import rouge_scorer  # imported lazily: pulls in nltk, slow and unused for MT
+
+    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
+    totals = dict.fromkeys(ROUGE_TYPES, 0.0)
+    for hyp, ref in zip(hyps, refs, strict=True):
+        scores = scorer.score(ref, hyp)  # rouge-score's argument order is (target, prediction)
+        for name in ROUGE_TYPES:
+            totals[name] += scores[name].fmeasure
+    return {name: 100.0 * total / len(hyps) for name, total in totals.items()}
+
+
+@contextmanager
+def _sacrebleu_seed(seed: int) -> Iterator[None]:
+    # PairedTest and its baseline CI read the seed from SACREBLEU_SEED, not from an argument.
+    old = os.environ.get("SACREBLEU_SEED")
+    os.environ["SACREBLEU_SEED"] = str(seed)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SACREBLEU_SEED", None)
+        else:
+            os.environ["SACREBLEU_SEED"] = old
+
+
+def paired_bootstrap(
+    sys_a: Sequence[str],
+    sys_b: Sequence[str],
+    refs: Sequence[str],
+    n_samples: int = 1000,
+    seed: int = 12345,
+    tokenize: str = "13a",
+) -> dict[str, Any]:
+    """Paired bootstrap resampling (Koehn 2004) of BLEU, system B against baseline A, using
+    sacreBLEU's own implementation (`PairedTest(test_type="bs")`, the `--paired-bs` CLI path),
+    so p-values match what readers get from sacrebleu itself. DESIGN.md §3c: quality differences
+    are claimed only with this test (and ≥ 2 seeds).
+
+    Returns {"baseline": {"bleu", "mean", "ci"}, "system": {"bleu", "mean", "ci"}, "p_value",
+    "significant" (p < 0.05), "n_samples", "seed", "signature"}; "ci" is the half-width of the 95%
+    interval around the bootstrap mean. One correction to sacreBLEU: when both systems have
+    identical per-segment statistics every resampled difference is 0 and sacreBLEU returns the
+    minimum p = 1/(n+1) ("significant"); we return p = 1.0 there, which is the right answer.
+    `tokenize="none"` runs the test on tokenized BLEU instead (see `tokenized_bleu`).
+    """
+    _check(sys_a, refs)
+    _check(sys_b, refs)
+    if seed == 0:
+        raise ValueError("seed 0 means 'unseeded' inside sacreBLEU; pick another seed")
+    if n_samples < 1:
+        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    metric = BLEU(tokenize=tokenize, force=tokenize == "none")
+    ref_streams = [list(refs)]
+    with _sacrebleu_seed(seed):
+        test = PairedTest(
+            [("baseline", list(sys_a)), ("system", list(sys_b))],
+            {"BLEU": metric}, ref_streams, test_type="bs", n_samples=n_samples, n_jobs=1,
+        )
+        signatures, scores = test()
+    (name,) = signatures
+    baseline, system = scores[name]
+    p_value = float(system.p_value)
+    # sacreBLEU's private per-segment statistics (the same ones PairedTest resamples)
+    if metric._extract_corpus_statistics(list(sys_a), ref_streams) == metric._extract_corpus_statistics(
+        list(sys_b), ref_streams
+    ):
+        p_value = 1.0
+    return {
+        "baseline": {"bleu": float(baseline.score), "mean": float(baseline.mean), "ci": float(baseline.ci)},
+        "system": {"bleu": float(system.score), "mean": float(system.mean), "ci": float(system.ci)},
+        "p_value": p_value,
+        "significant": p_value < 0.05,
+        "n_samples": n_samples,
+        "seed": seed,
+        "signature": str(signatures[name]),
+    }
+
+
+def _task_scores(task: str, hyps: Sequence[str], refs: Sequence[str]) -> dict[str, float]:
+    if task == "translation":
+        return {"bleu": corpus_bleu(hyps, refs), "chrf": corpus_chrf(hyps, refs)}
+    if task == "summarization":
+        return rouge(hyps, refs)
+    raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
+
+
+def quality_report(
+    task: str, hyps: Sequence[str], refs: Sequence[str], origins: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The task's headline scores over the whole test set, plus the same scores per source corpus.
+
+    translation → {"bleu", "chrf", "n"}; summarization → {"rouge1", "rouge2", "rougeL", "n"}.
+    With `origins` (one corpus label per segment) adds "per_source": {origin: {…scores, "n"}},
+    sorted by origin, because test sets are pooled from several Debian-derived corpora and a
+    pooled score can hide a regression on one of them.
+    """
+    _check(hyps, refs)
+    report: dict[str, Any] = {**_task_scores(task, hyps, refs), "n": len(hyps)}
+    if origins is not None:
+        if len(origins) != len(hyps):
+            raise ValueError(f"{len(origins)} origins for {len(hyps)} hypotheses")
+        groups: dict[str, list[int]] = {}
+        for i, origin in enumerate(origins):
+            groups.setdefault(origin, []).append(i)
+        report["per_source"] = {
+            origin: {
+                **_task_scores(task, [hyps[i] for i in idx], [refs[i] for i in idx]),
+                "n": len(idx),
+            }
+            for origin, idx in sorted(groups.items())
+        }
+    return report

@@ -1,0 +1,44 @@
+"""Optimiser, learning-rate schedule and loss of the fairseq transformer recipe."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def build_optimizer(model: nn.Module, lr: float, betas: tuple[float, float], eps: float,
+                    weight_decay: float) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+def inverse_sqrt_schedule(optimizer: torch.optim.Optimizer, warmup_updates: int,
+                          warmup_init_lr: float = 1e-7) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up to the peak lr over `warmup_updates`, then decay ∝ 1/√step (fairseq's
+    inverse_sqrt). Expressed as a multiplier of the optimizer's peak lr."""
+    peak = optimizer.param_groups[0]["lr"]
+    start = min(warmup_init_lr / peak, 1.0)
+    warmup = max(warmup_updates, 1)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return start + (1.0 - start) * step / warmup
+        return (warmup / step) ** 0.5
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Summed label-smoothed cross-entropy and summed NLL over non-pad target tokens.
+
+    logits [B, T, V], target [B, T]. Smoothing spreads ε uniformly over the vocabulary (torch's
+    and fairseq's definition); one log-softmax serves both the loss and the NLL (perplexity)."""
+    lprobs = F.log_softmax(logits.float(), dim=-1).reshape(-1, logits.shape[-1])  # [B*T, V]
+    flat = target.reshape(-1, 1)
+    keep = flat.ne(pad_id)
+    nll = -lprobs.gather(1, flat).masked_fill(~keep, 0.0).sum()
+    smooth = -lprobs.sum(dim=-1, keepdim=True).masked_fill(~keep, 0.0).sum()
+    vocab = logits.shape[-1]
+    loss = (1.0 - smoothing) * nll + smoothing / vocab * smooth
+    return loss, nll.detach()

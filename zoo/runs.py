@@ -1,0 +1,78 @@
+"""Run directories (DESIGN.md §3b): `runs/<entry>-<data>/<timestamp>/`, provenance, resume lookup."""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+DONE_MARKER = "DONE"
+
+
+def run_name(entry: str, data: str) -> str:
+    return f"{entry}-{data}"
+
+
+def new_run_dir(root: str | Path, entry: str, data: str) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / run_name(entry, data)
+    path = base / stamp
+    suffix = 1
+    while path.exists():  # two runs started in the same second
+        path = base / f"{stamp}-{suffix}"
+        suffix += 1
+    path.mkdir(parents=True)
+    return path
+
+
+def find_resumable(root: str | Path, entry: str, data: str) -> Path | None:
+    """Newest run of this entry and data that has a last.pt and no DONE marker."""
+    base = Path(root) / run_name(entry, data)
+    if not base.is_dir():
+        return None
+    candidates = [
+        d for d in base.iterdir()
+        if d.is_dir() and (d / "checkpoints" / "last.pt").is_file() and not (d / DONE_MARKER).exists()
+    ]
+    return max(candidates, key=lambda d: d.name) if candidates else None
+
+
+def resolve_resume(resume: str | bool | None, root: str | Path, entry: str, data: str) -> Path | None:
+    """`resume=latest|true` → newest unfinished run; `resume=<run dir>` → that run; else None."""
+    if resume in (None, False, "", "false", "False"):
+        return None
+    if resume in (True, "true", "True", "latest"):
+        found = find_resumable(root, entry, data)
+        if found is None:
+            raise FileNotFoundError(
+                f"resume={resume}: no unfinished run of {run_name(entry, data)} under {root} "
+                "(one with checkpoints/last.pt and no DONE marker); start without resume"
+            )
+        return found
+    path = Path(str(resume)).expanduser()
+    if not (path / "checkpoints" / "last.pt").is_file():
+        raise FileNotFoundError(f"resume={resume}: {path}/checkpoints/last.pt does not exist; cannot resume that run")
+    return path
+
+
+def write_provenance(run_dir: Path, cfg: DictConfig) -> None:
+    """Resolved config, git sha and installed packages, so a number can be traced to its code."""
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha, dirty = "", ""
+    (run_dir / "git_sha.txt").write_text(f"{sha or 'unknown'}{' (dirty)' if dirty else ''}\n")
+    try:
+        freeze = subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True,
+                                timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        freeze = ""
+    (run_dir / "pip_freeze.txt").write_text(freeze)

@@ -1,0 +1,188 @@
+"""`python -m zoo.train +model=<entry>`: build data, train, average, evaluate on test.
+
+`train(cfg)` is the testable core; `main` is the thin Hydra entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from zoo import distributed as dist
+from zoo.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
+from zoo.data import Tokenizer, build_splits, encode_examples
+from zoo.entries import missing_model_message
+from zoo.evaluation import evaluate_examples
+from zoo.flops import format_size_summary, size_summary
+from zoo.generate import SearchConfig
+from zoo.model import ModelConfig, build_model
+from zoo.runs import DONE_MARKER, new_run_dir, resolve_resume, write_provenance
+from zoo.trainer import Trainer
+
+log = logging.getLogger("zoo.train")
+
+HELDOUT_SENTENCES = 32  # test sources stored in checkpoints for export verification away from the data
+
+
+class UsageError(Exception):
+    """A configuration the user must change; printed without a traceback."""
+
+
+def model_config_from(cfg: DictConfig, tokenizer: Tokenizer) -> ModelConfig:
+    """ModelConfig from the composed `model` node (entry + size) and the tokenizer's vocabulary."""
+    fields = OmegaConf.to_container(cfg.model, resolve=True)
+    assert isinstance(fields, dict)
+    fields.pop("name", None)
+    fields.update(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id,
+                  eos_id=tokenizer.eos_id)
+    try:
+        return ModelConfig.from_dict(fields)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"model entry {cfg.model.name!r} is invalid: {exc}") from exc
+
+
+def search_config(cfg: DictConfig) -> SearchConfig:
+    g = cfg.generation
+    return SearchConfig(beam_size=g.beam_size, len_penalty=g.len_penalty, max_len_a=g.max_len_a,
+                        max_len_b=g.max_len_b)
+
+
+def _pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _attach_log_file(run_dir: Path) -> None:
+    handler = logging.FileHandler(run_dir / "train.log")
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    logging.getLogger().addHandler(handler)
+
+
+def _prepare_run(cfg: DictConfig) -> tuple[DictConfig, Path, bool]:
+    """Return (config to use, run dir, resuming?). A resumed run uses its own saved config."""
+    resume_dir = None
+    if cfg.resume not in (None, False):
+        if str(cfg.resume) in ("latest", "true", "True") and "name" not in cfg.model:
+            raise UsageError("resume=latest needs the entry: python -m zoo.train +model=<entry> resume=latest")
+        entry = cfg.model.get("name", "")
+        try:
+            resume_dir = resolve_resume(cfg.resume, cfg.runs_root, entry, cfg.data.name)
+        except FileNotFoundError as exc:
+            raise UsageError(str(exc)) from exc
+    if resume_dir is not None:
+        saved = OmegaConf.load(resume_dir / "config.yaml")
+        assert isinstance(saved, DictConfig)
+        return saved, resume_dir, True
+    if "name" not in cfg.model:
+        raise UsageError(missing_model_message())
+    run_dir = None
+    if dist.is_main():
+        run_dir = new_run_dir(cfg.runs_root, cfg.model.name, cfg.data.name)
+        write_provenance(run_dir, cfg)
+    return cfg, Path(dist.broadcast_object(str(run_dir))), False
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Train one entry end to end; returns a summary (run dir, size, test metrics)."""
+    device = _pick_device(cfg.device)
+    dist.init_distributed(device)
+    cfg, run_dir, resuming = _prepare_run(cfg)
+    if dist.is_main():
+        _attach_log_file(run_dir)
+    log.info("run directory: %s%s", run_dir, " (resuming)" if resuming else "")
+    tcfg = cfg.trainer
+    torch.manual_seed(tcfg.seed)
+
+    # -- data and tokenizer (rank 0 builds the cache first, the others then read it)
+    if dist.is_main():
+        splits = build_splits(cfg.data)
+    dist.barrier()
+    if not dist.is_main():
+        splits = build_splits(cfg.data)
+    tok_path = run_dir / "tokenizer.model"
+    if dist.is_main() and not tok_path.exists():
+        texts = [e.src for e in splits.train] + [e.tgt for e in splits.train]
+        tokenizer = Tokenizer.train(texts, vocab_size=cfg.data.vocab_size, seed=tcfg.seed)
+        tok_path.write_bytes(tokenizer.model_bytes)
+    dist.barrier()
+    tokenizer = Tokenizer.from_bytes(tok_path.read_bytes())
+    train_pairs, filtered = encode_examples(splits.train, tokenizer, cfg.data.max_len)
+    valid_pairs, _ = encode_examples(splits.valid, tokenizer, cfg.data.max_len)
+    log.info("train pairs %d (filtered %d longer than %d tokens), valid %d, test %d", len(train_pairs), filtered,
+             cfg.data.max_len, len(valid_pairs), len(splits.test))
+
+    # -- model
+    model_cfg = model_config_from(cfg, tokenizer)
+    model = build_model(model_cfg).to(device)
+    size = size_summary(model)
+    print(f"[{cfg.model.name}] {format_size_summary(size)}", flush=True)
+
+    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+    payload = {
+        "entry": cfg.model.name,
+        "task": cfg.data.task,
+        "tokenizer": tokenizer.model_bytes,
+        "data_config": data_cfg,
+        "data_stats": splits.stats,
+        "heldout": {"src": [e.src for e in splits.test[:HELDOUT_SENTENCES]],
+                    "tgt": [e.tgt for e in splits.test[:HELDOUT_SENTENCES]]},
+        "size": size,
+    }
+    trainer = Trainer(model, tokenizer, train_pairs, splits.valid, valid_pairs, tcfg, run_dir, payload,
+                      cfg.data.task, device)
+    if resuming:
+        trainer.load_resume(run_dir / "checkpoints" / "last.pt")
+    state = trainer.fit()
+    trainer.average()
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "entry": cfg.model.name, "data": cfg.data.name,
+                               "updates": state.step, "train_minutes": round(state.elapsed_s / 60, 2),
+                               "stop_reason": state.stop_reason, "size": size}
+    if dist.is_main() and cfg.evaluate_test and splits.test:
+        ckpt = resolve_checkpoint(run_dir)
+        best = model_from_checkpoint(load_checkpoint(ckpt)).to(device)
+        g = cfg.generation
+        result = evaluate_examples(best, tokenizer, splits.test, cfg.data.task, search_config(cfg),
+                                   remove_bpe=cfg.data.get("remove_bpe"), progress=tcfg.progress,
+                                   max_tokens=g.max_tokens, max_sentences=g.max_sentences)
+        metrics = {**result["metrics"], "checkpoint": ckpt.name}
+        (run_dir / "test_hypotheses.txt").write_text("\n".join(result["hypotheses"]) + "\n")
+        (run_dir / "test_metrics.json").write_text(json.dumps(metrics, indent=2))
+        summary["test"] = metrics
+        print(_format_test_line(cfg.model.name, cfg.data.task, metrics), flush=True)
+    if dist.is_main():
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        (run_dir / DONE_MARKER).write_text(state.stop_reason + "\n")
+    dist.cleanup()
+    return summary
+
+
+def _format_test_line(entry: str, task: str, m: dict[str, Any]) -> str:
+    if task == "translation":
+        head = f"test BLEU {m['bleu']:.2f} chrF {m['chrf']:.2f}"
+        if "tokenized_bleu" in m:
+            head += f" (tokenized BLEU {m['tokenized_bleu']:.2f})"
+    else:
+        head = f"test ROUGE-1 {m['rouge1']:.2f} ROUGE-2 {m['rouge2']:.2f} ROUGE-L {m['rougeL']:.2f}"
+    return f"[{entry}] {head} · {m['sentences']} sentences, beam {m['beam_size']}, " \
+           f"{m['sentences_per_s']:.1f} sent/s ({m['checkpoint']})"
+
+
+@hydra.main(config_path="../conf", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        train(cfg)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,348 @@
+"""The plain training loop: updates, validation, checkpoints, early stopping, exact resume.
+
+Exact resume rests on three facts: batches of epoch e are a pure function of (seed, e); the
+torch RNG (dropout) is saved with the optimizer and scheduler in `last.pt`; and a stop request
+(SIGINT/SIGTERM, time budget) is honoured only between updates, never inside one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import logging
+import math
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from zoo import distributed as dist
+from zoo.checkpoint import average_weights, load_checkpoint, save_checkpoint
+from zoo.data import Example, TokenBatchSampler, Tokenizer, collate
+from zoo.evaluation import evaluate_examples
+from zoo.generate import SearchConfig
+from zoo.model import Transformer
+from zoo.optim import build_optimizer, inverse_sqrt_schedule, label_smoothed_loss
+from zoo.plots import plot_learning_curve
+
+log = logging.getLogger("zoo.train")
+
+# An auxiliary loss: called after each forward with the bare model; returns (loss, scalars to log).
+AuxLoss = Callable[[Transformer], tuple[Tensor | None, dict[str, float]]]
+
+CSV_FIELDS = ["step", "epoch", "elapsed_s", "lr", "train_loss", "train_nll", "tokens_per_s",
+              "valid_loss", "valid_nll", "valid_ppl", "valid_quality"]
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer updates done
+    epoch: int = 0
+    batch_in_epoch: int = 0  # batches of this rank's epoch list already consumed
+    elapsed_s: float = 0.0  # training wall time, across resumes
+    best: float | None = None
+    bad_validations: int = 0
+    finished: bool = False
+    stop_reason: str = ""
+    kept_checkpoints: list[str] = field(default_factory=list)
+
+
+class _StopRequest:
+    """Turns SIGINT/SIGTERM into a flag checked between updates (a second signal aborts)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopRequest:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        log.warning("stop requested (signal %d): saving last.pt after this update; signal again to abort", signum)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class Trainer:
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        train_pairs: Sequence[tuple[list[int], list[int]]],
+        valid_examples: Sequence[Example],
+        valid_pairs: Sequence[tuple[list[int], list[int]]],
+        cfg: Any,
+        run_dir: Path,
+        payload: dict[str, Any],
+        task: str,
+        device: torch.device,
+        aux_losses: Sequence[AuxLoss] = (),
+    ) -> None:
+        self.bare = model
+        self.tokenizer = tokenizer
+        self.train_pairs = train_pairs
+        self.valid_examples = list(valid_examples)
+        self.valid_pairs = valid_pairs
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.ckpt_dir = run_dir / "checkpoints"
+        self.payload = payload  # model/tokenizer/data description stored in every checkpoint
+        self.task = task
+        self.device = device
+        self.aux_losses = list(aux_losses)
+        self.rank, self.world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
+            if torch.distributed.is_initialized() else (0, 1)
+        self.model: nn.Module = model
+        if self.world > 1:
+            self.model = nn.parallel.DistributedDataParallel(model)
+        self.optimizer = build_optimizer(model, cfg.lr, tuple(cfg.betas), cfg.adam_eps, cfg.weight_decay)
+        self.scheduler = inverse_sqrt_schedule(self.optimizer, cfg.warmup_updates, cfg.warmup_init_lr)
+        self.sampler = TokenBatchSampler(
+            [len(s) for s, _ in train_pairs], [len(t) for _, t in train_pairs],
+            max_tokens=cfg.max_tokens, shuffle=True, seed=cfg.seed,
+        )
+        self.state = TrainState()
+        self.search = SearchConfig(beam_size=1, max_len_a=cfg.valid_max_len_a, max_len_b=cfg.valid_max_len_b)
+
+    # ------------------------------------------------------------------ state I/O
+    def load_resume(self, path: Path) -> None:
+        payload = load_checkpoint(path)
+        self.bare.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.scheduler.load_state_dict(payload["scheduler"])
+        self.state = TrainState(**payload["train_state"])
+        torch.set_rng_state(payload["rng"]["torch"])
+        log.info("resumed %s at update %d (epoch %d, batch %d)", path, self.state.step, self.state.epoch,
+                 self.state.batch_in_epoch)
+
+    def _model_payload(self, weights: dict[str, Tensor] | None = None) -> dict[str, Any]:
+        return {**self.payload, "model": weights if weights is not None else self.bare.state_dict(),
+                "model_config": self.bare.cfg.to_dict(), "step": self.state.step}
+
+    def _save_last(self) -> None:
+        if not dist.is_main():
+            return
+        save_checkpoint(self.ckpt_dir / "last.pt", {
+            **self._model_payload(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "train_state": asdict(self.state),
+            "rng": {"torch": torch.get_rng_state()},
+        })
+
+    # ------------------------------------------------------------------ one update
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.cfg.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        if self.cfg.precision == "fp16":
+            return torch.autocast(self.device.type, dtype=torch.float16)
+        return contextlib.nullcontext()
+
+    def _update(self, batch_ids: Sequence[list[int]]) -> dict[str, float]:
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        tok = self.tokenizer
+        total_loss = total_nll = total_tokens = 0.0
+        aux_logs: dict[str, float] = {}
+        for j, ids in enumerate(batch_ids):
+            batch = collate([self.train_pairs[i] for i in ids], tok.pad_id, tok.bos_id, tok.eos_id).to(self.device)
+            sync = j == len(batch_ids) - 1 or self.world == 1
+            ctx = contextlib.nullcontext() if sync else self.model.no_sync()
+            with ctx:
+                with self._autocast():
+                    logits = self.model(batch.src, batch.tgt_in)  # [B, T, V]
+                    loss, nll = label_smoothed_loss(logits, batch.tgt_out, self.cfg.label_smoothing, tok.pad_id)
+                    # per-token loss, averaged over the accumulated batches
+                    objective = loss / max(batch.ntokens, 1) / len(batch_ids)
+                    extra = self.bare.extra_loss()
+                    if extra is not None:
+                        objective = objective + extra / len(batch_ids)
+                    for aux in self.aux_losses:
+                        aux_loss, logs = aux(self.bare)
+                        if aux_loss is not None:
+                            objective = objective + aux_loss / len(batch_ids)
+                        aux_logs.update(logs)
+                objective.backward()
+            total_loss += float(loss.detach())
+            total_nll += float(nll)
+            total_tokens += batch.ntokens
+        if self.cfg.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.bare.parameters(), self.cfg.clip_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        total_loss, total_nll, total_tokens = dist.all_reduce_sum([total_loss, total_nll, total_tokens])
+        return {"loss": total_loss / max(total_tokens, 1), "nll": total_nll / max(total_tokens, 1),
+                "tokens": total_tokens, **aux_logs}
+
+    # ------------------------------------------------------------------ validation
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        self.bare.eval()
+        tok = self.tokenizer
+        loss = nll = ntok = 0.0
+        lengths = ([len(s) for s, _ in self.valid_pairs], [len(t) for _, t in self.valid_pairs])
+        sampler = TokenBatchSampler(*lengths, max_tokens=self.cfg.max_tokens, shuffle=False, seed=0)
+        for ids in sampler.batches(0):
+            batch = collate([self.valid_pairs[i] for i in ids], tok.pad_id, tok.bos_id, tok.eos_id).to(self.device)
+            with self._autocast():
+                logits = self.bare(batch.src, batch.tgt_in)
+            l_, n_ = label_smoothed_loss(logits, batch.tgt_out, self.cfg.label_smoothing, tok.pad_id)
+            loss, nll, ntok = loss + float(l_), nll + float(n_), ntok + batch.ntokens
+        result = {"valid_loss": loss / max(ntok, 1), "valid_nll": nll / max(ntok, 1)}
+        result["valid_ppl"] = math.exp(min(result["valid_nll"], 50.0))
+        sample = self.valid_examples[: self.cfg.valid_quality_sentences]
+        if sample:
+            report = evaluate_examples(self.bare, tok, sample, self.task, self.search)["metrics"]
+            result["valid_quality"] = report["bleu"] if self.task == "translation" else report["rougeL"]
+        return result
+
+    def _improved(self, result: dict[str, float]) -> bool:
+        if self.cfg.best_metric == "loss":
+            value, better = -result["valid_loss"], True
+        else:
+            value, better = result.get("valid_quality", -result["valid_loss"]), True
+        if self.state.best is None or value > self.state.best:
+            self.state.best = value
+            self.state.bad_validations = 0
+            return better
+        self.state.bad_validations += 1
+        return False
+
+    def _checkpoint_after_validation(self, improved: bool) -> None:
+        if not dist.is_main():
+            return
+        if improved:
+            save_checkpoint(self.ckpt_dir / "best.pt", self._model_payload())
+        if self.cfg.average_last > 1:
+            name = f"step_{self.state.step:07d}.pt"
+            save_checkpoint(self.ckpt_dir / name, self._model_payload())
+            self.state.kept_checkpoints.append(name)
+            while len(self.state.kept_checkpoints) > self.cfg.average_last:
+                (self.ckpt_dir / self.state.kept_checkpoints.pop(0)).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> TrainState:
+        cfg = self.cfg
+        csv_path = self.run_dir / "metrics.csv"
+        if dist.is_main() and not csv_path.exists():
+            with csv_path.open("w", newline="") as f:
+                csv.DictWriter(f, CSV_FIELDS).writeheader()
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.max_updates, initial=self.state.step, desc="train", unit="upd",
+                   disable=not dist.is_main() or not cfg.progress, dynamic_ncols=True,
+                   mininterval=1.0 if sys.stderr.isatty() else 30.0)
+        window: list[dict[str, float]] = []
+        window_start = time.perf_counter()
+        last_tick = time.perf_counter()
+        with _StopRequest() as stop:
+            while not self.state.finished:
+                batches = self.sampler.batches(self.state.epoch, rank=self.rank, world_size=self.world)
+                if not batches:
+                    raise RuntimeError("the training split yields no batch; check data and trainer.max_tokens")
+                while self.state.batch_in_epoch < len(batches) and not self.state.finished:
+                    i = self.state.batch_in_epoch
+                    group = batches[i : i + cfg.update_freq]
+                    stats = self._update(group)
+                    now = time.perf_counter()
+                    self.state.elapsed_s += now - last_tick
+                    last_tick = now
+                    self.state.batch_in_epoch += len(group)
+                    self.state.step += 1
+                    window.append(stats)
+                    bar.update(1)
+                    if self.state.step % cfg.log_every == 0 or self.state.step == 1:
+                        rate = sum(s["tokens"] for s in window) / max(time.perf_counter() - window_start, 1e-9)
+                        bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}",
+                                        tok_s=f"{rate:.0f}")
+                        self._log_row(csv_path, {
+                            "train_loss": sum(s["loss"] for s in window) / len(window),
+                            "train_nll": sum(s["nll"] for s in window) / len(window),
+                            "tokens_per_s": rate,
+                        })
+                        window, window_start = [], time.perf_counter()
+                    self._after_update(csv_path, stop.requested)
+                    last_tick = time.perf_counter()  # validation time is not training time
+                    if stop.requested and not self.state.finished:
+                        self._save_last()
+                        bar.close()
+                        raise KeyboardInterrupt(
+                            f"training interrupted at update {self.state.step}; continue with resume={self.run_dir}"
+                        )
+                if self.state.batch_in_epoch >= len(batches):
+                    self.state.epoch += 1
+                    self.state.batch_in_epoch = 0
+        bar.close()
+        self._save_last()
+        return self.state
+
+    def _after_update(self, csv_path: Path, stop_requested: bool) -> None:
+        cfg, st = self.cfg, self.state
+        reason = ""
+        if st.step >= cfg.max_updates:
+            reason = f"reached max_updates={cfg.max_updates}"
+        elif cfg.max_minutes and st.elapsed_s >= cfg.max_minutes * 60:
+            reason = f"reached the time budget max_minutes={cfg.max_minutes}"
+        elif cfg.max_epochs and st.epoch >= cfg.max_epochs:
+            reason = f"reached max_epochs={cfg.max_epochs}"
+        reason = dist.broadcast_object(reason)
+        if st.step % cfg.validate_every == 0 or reason:
+            result = None
+            if dist.is_main():
+                result = self.validate()
+                improved = self._improved(result)
+                self._checkpoint_after_validation(improved)
+                self._log_row(csv_path, result)
+                log.info("update %d: valid loss %.3f ppl %.2f quality %s%s", st.step, result["valid_loss"],
+                         result["valid_ppl"], f"{result.get('valid_quality', float('nan')):.2f}",
+                         " (best)" if improved else "")
+                plot_learning_curve(csv_path, self.run_dir / "learning_curve.png",
+                                    "valid_quality")
+                if cfg.patience and st.bad_validations >= cfg.patience:
+                    reason = reason or f"early stopping: no improvement in {cfg.patience} validations"
+            reason = dist.broadcast_object(reason)
+            st.best = dist.broadcast_object(st.best)
+            st.bad_validations = dist.broadcast_object(st.bad_validations)
+            if not reason and not stop_requested and cfg.save_last_every_validation:
+                self._save_last()
+        if reason:
+            st.finished, st.stop_reason = True, reason
+            log.info("training finished: %s", reason)
+
+    def _log_row(self, csv_path: Path, values: dict[str, float]) -> None:
+        if not dist.is_main():
+            return
+        row = {"step": self.state.step, "epoch": self.state.epoch, "elapsed_s": round(self.state.elapsed_s, 1),
+               "lr": self.scheduler.get_last_lr()[0]}
+        row.update({k: v for k, v in values.items() if k in CSV_FIELDS})
+        with csv_path.open("a", newline="") as f:
+            csv.DictWriter(f, CSV_FIELDS).writerow(row)
+
+    def average(self) -> Path | None:
+        """avg.pt = mean weights of the last `average_last` interval checkpoints (≥ 2 needed)."""
+        if not dist.is_main():
+            return None
+        paths = [self.ckpt_dir / n for n in self.state.kept_checkpoints if (self.ckpt_dir / n).is_file()]
+        if len(paths) < 2:
+            return None
+        out = self.ckpt_dir / "avg.pt"
+        save_checkpoint(out, {**self._model_payload(average_weights(paths)),
+                              "averaged": [p.name for p in paths]})
+        log.info("averaged %d checkpoints into %s", len(paths), out)
+        return out

@@ -1,0 +1,38 @@
+"""`python -m zoo.translate --checkpoint RUN_OR_PT "Guten Morgen." …` (or lines on stdin).
+
+Ordinary flags, not Hydra: free text such as "Guten Morgen." is not a Hydra override."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from zoo.checkpoint import CheckpointError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m zoo.translate", description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", "-c", required=True, help="run directory or .pt file")
+    parser.add_argument("--beam", type=int, default=5, help="beam size (1 = greedy)")
+    parser.add_argument("--len-penalty", type=float, default=1.0)
+    parser.add_argument("--max-len-a", type=float, default=1.2)
+    parser.add_argument("--max-len-b", type=int, default=10)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("text", nargs="*", help="sentences to translate; read stdin lines when none are given")
+    args = parser.parse_args(argv)
+    from zoo.api import Translator
+
+    try:
+        translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    texts = args.text or [line.rstrip("\n") for line in sys.stdin]
+    for out in translator.translate(texts, beam_size=args.beam, len_penalty=args.len_penalty,
+                                    max_len_a=args.max_len_a, max_len_b=args.max_len_b):
+        print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
