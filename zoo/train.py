@@ -110,7 +110,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     tok_path = run_dir / "tokenizer.model"
     if dist.is_main() and not tok_path.exists():
         texts = [e.src for e in splits.train] + [e.tgt for e in splits.train]
-        tokenizer = Tokenizer.train(texts, vocab_size=cfg.data.vocab_size, seed=tcfg.seed)
+        tokenizer = Tokenizer.train(texts, vocab_size=cfg.data.vocab_size, seed=tcfg.seed,
+                                    model_type=cfg.data.get("tokenizer", "unigram"))
         tok_path.write_bytes(tokenizer.model_bytes)
     dist.barrier()
     tokenizer = Tokenizer.from_bytes(tok_path.read_bytes())

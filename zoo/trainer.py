@@ -128,8 +128,20 @@ class Trainer:
         self.scheduler.load_state_dict(payload["scheduler"])
         self.state = TrainState(**payload["train_state"])
         torch.set_rng_state(payload["rng"]["torch"])
+        self._truncate_metrics(self.state.step)
         log.info("resumed %s at update %d (epoch %d, batch %d)", path, self.state.step, self.state.epoch,
                  self.state.batch_in_epoch)
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop metric rows written after the checkpoint we resume from (they will be redone)."""
+        path = self.run_dir / "metrics.csv"
+        if not dist.is_main() or not path.exists():
+            return
+        rows = [r for r in csv.DictReader(path.open()) if int(r["step"]) <= step]
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, CSV_FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
 
     def _model_payload(self, weights: dict[str, Tensor] | None = None) -> dict[str, Any]:
         return {**self.payload, "model": weights if weights is not None else self.bare.state_dict(),
