@@ -109,7 +109,7 @@ def test_bf16_autocast_path(tmp_path, smoke_corpus) -> None:
         "trainer.precision=bf16", "trainer.max_updates=10", "trainer.validate_every=5", "evaluate_test=false"]))
     rows = (Path(summary["run_dir"]) / "metrics.csv").read_text().splitlines()[1:]
     losses = [float(r.split(",")[4]) for r in rows if r.split(",")[4]]
-    assert losses and all(l == l and l < 20 for l in losses)  # finite, not NaN
+    assert losses and all(v == v and v < 20 for v in losses)  # finite, not NaN
 
 
 def test_paper_mt_experiment_runs_two_steps(tmp_path, smoke_corpus) -> None:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from omegaconf import OmegaConf
+
+# `${div:${model.d_model},8}` lets an entry say "the 8-head baseline's head size" whatever the size preset.
+OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
+
 if TYPE_CHECKING:
     from zoo.api import Translator
 

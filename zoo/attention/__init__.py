@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zoo.attention.base import FEATURE_MAPS, Attention, Cache, reorder_cache
+from zoo.attention.base import FEATURE_MAPS, Attention, Cache, HeadPruningUnsupported, reorder_cache
 from zoo.attention.mha import MultiHeadAttention
 
 ATTENTION_REGISTRY: dict[str, type[Attention]] = {
@@ -25,4 +25,12 @@ def build_attention(key: str, d_model: int, num_heads: int, head_dim: int | None
     return cls(d_model, num_heads, head_dim=head_dim, dropout=dropout, **options)
 
 
-__all__ = ["ATTENTION_REGISTRY", "FEATURE_MAPS", "Attention", "Cache", "build_attention", "reorder_cache"]
+__all__ = [
+    "ATTENTION_REGISTRY",
+    "FEATURE_MAPS",
+    "Attention",
+    "Cache",
+    "HeadPruningUnsupported",
+    "build_attention",
+    "reorder_cache",
+]

@@ -20,6 +20,10 @@ Cache = dict[str, Tensor]
 FEATURE_MAPS = ("V", "A", "O")
 
 
+class HeadPruningUnsupported(NotImplementedError):
+    """Raised by mechanisms for which removing heads would change the kept heads' outputs."""
+
+
 class Attention(nn.Module):
     """Multi-head attention skeleton: d_model → H heads of size head_dim → d_model.
 
