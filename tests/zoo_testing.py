@@ -24,6 +24,7 @@ def tiny_model_config(entry: str, vocab_size: int = 64, **changes) -> ModelConfi
     cfg = compose_train([f"+model={entry}", "size=tiny"])
     fields = OmegaConf.to_container(cfg.model, resolve=True)
     fields.pop("name")
+    fields.pop("ght", None)  # a training procedure, not architecture
     fields.update(vocab_size=vocab_size, **changes)
     return ModelConfig.from_dict(fields)
 

@@ -40,6 +40,7 @@ def model_config_from(cfg: DictConfig, tokenizer: Tokenizer) -> ModelConfig:
     fields = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(fields, dict)
     fields.pop("name", None)
+    fields.pop("ght", None)  # a training procedure, not architecture
     fields.update(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id,
                   eos_id=tokenizer.eos_id)
     try:
@@ -94,6 +95,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     """Train one entry end to end; returns a summary (run dir, size, test metrics)."""
     device = _pick_device(cfg.device)
     dist.init_distributed(device)
+    if "name" in cfg.model:
+        _procedure(cfg, started_from_weights=False)  # reject bad procedure options before creating a run dir
     cfg, run_dir, resuming = _prepare_run(cfg)
     if dist.is_main():
         _attach_log_file(run_dir)
@@ -137,8 +140,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                     "tgt": [e.tgt for e in splits.test[:HELDOUT_SENTENCES]]},
         "size": size,
     }
+    if cfg.get("init_from") and not resuming:
+        _init_weights(model, cfg.init_from)
+    procedure = _procedure(cfg, started_from_weights=bool(cfg.get("init_from")))
     trainer = Trainer(model, tokenizer, train_pairs, splits.valid, valid_pairs, tcfg, run_dir, payload,
-                      cfg.data.task, device)
+                      cfg.data.task, device, procedure=procedure)
     if resuming:
         trainer.load_resume(run_dir / "checkpoints" / "last.pt")
     state = trainer.fit()
@@ -146,6 +152,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     summary: dict[str, Any] = {"run_dir": str(run_dir), "entry": cfg.model.name, "data": cfg.data.name,
                                "updates": state.step, "train_minutes": round(state.elapsed_s / 60, 2),
                                "stop_reason": state.stop_reason, "size": size}
+    if model.cfg.head_plan:
+        summary["head_plan"] = model.cfg.head_plan
+        summary["pruned_size"] = _report_pruned(model, cfg.model.name)
     if dist.is_main() and cfg.evaluate_test and splits.test:
         ckpt = resolve_checkpoint(run_dir)
         best = model_from_checkpoint(load_checkpoint(ckpt)).to(device)
@@ -163,6 +172,43 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         (run_dir / DONE_MARKER).write_text(state.stop_reason + "\n")
     dist.cleanup()
     return summary
+
+
+def _procedure(cfg: DictConfig, started_from_weights: bool):
+    """The entry's training procedure: GHT/GHT-PS when the entry has a `ght` block, else plain."""
+    if "ght" not in cfg.model:
+        if started_from_weights:
+            log.info("init_from: starting plain training from the given weights")
+        return None
+    from zoo.ght.procedure import GHTOptions, GHTProcedure
+
+    try:
+        options = GHTOptions.from_config(OmegaConf.to_container(cfg.model.ght, resolve=True))
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
+    return GHTProcedure(options, started_from_weights=started_from_weights)
+
+
+def _init_weights(model, location: str) -> None:
+    """Start from another run's weights (same architecture), e.g. GHT-PS voting on a trained GHT."""
+    payload = load_checkpoint(location)
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as exc:
+        raise UsageError(f"init_from={location}: weights do not fit this entry's architecture ({exc})") from exc
+    log.info("initialised weights from %s (entry %s)", payload["path"], payload.get("entry"))
+
+
+def _report_pruned(model, entry: str) -> dict[str, Any]:
+    """Print kept heads per module and the size of the physically pruned model."""
+    pruned = build_model(ModelConfig.from_dict(model.cfg.to_dict()))
+    pruned.load_state_dict(model.state_dict())
+    pruned.apply_head_plan(model.cfg.head_plan, remove=True)
+    for name, heads in model.cfg.head_plan.items():
+        print(f"[{entry}] kept heads {name}: {heads}", flush=True)
+    size = size_summary(pruned)
+    print(f"[{entry}] pruned model: {format_size_summary(size)}", flush=True)
+    return size
 
 
 def _format_test_line(entry: str, task: str, m: dict[str, Any]) -> str:

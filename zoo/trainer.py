@@ -14,7 +14,7 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from zoo import distributed as dist
 from zoo.checkpoint import average_weights, load_checkpoint, save_checkpoint
-from zoo.data import Example, TokenBatchSampler, Tokenizer, collate
+from zoo.data import Batch, Example, TokenBatchSampler, Tokenizer, collate
 from zoo.evaluation import evaluate_examples
 from zoo.generate import SearchConfig
 from zoo.model import Transformer
@@ -33,8 +33,41 @@ from zoo.plots import plot_learning_curve
 
 log = logging.getLogger("zoo.train")
 
-# An auxiliary loss: called after each forward with the bare model; returns (loss, scalars to log).
-AuxLoss = Callable[[Transformer], tuple[Tensor | None, dict[str, float]]]
+
+
+class Procedure:
+    """What happens around plain updates: auxiliary losses, stage changes, frozen parameters.
+
+    The default is plain training. GHT/GHT-PS (zoo.ght.procedure) overrides these hooks; its
+    state travels in `last.pt` so a resumed run continues in the right stage.
+    """
+
+    def bind(self, trainer: Trainer) -> None:
+        """Called once by the trainer it belongs to."""
+        self.trainer = trainer
+
+    def on_start(self, trainer: Trainer) -> None:
+        """Called when the update loop starts (also after a resume)."""
+
+    def aux_loss(self, model: Transformer, batch: Batch) -> tuple[Tensor | None, dict[str, float]]:
+        """Extra loss for this batch (called right after the forward pass), and scalars to log."""
+        return None, {}
+
+    def after_optimizer_step(self, model: Transformer) -> None:
+        """E.g. restore parameters that must stay frozen."""
+
+    def after_update(self, trainer: Trainer) -> None:
+        """Called after every update (before the validation check): stage transitions."""
+
+    def stop_reason(self, trainer: Trainer) -> str:
+        """A non-empty reason ends training (checked with the trainer's own limits)."""
+        return ""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from `state_dict()` output."""
 
 CSV_FIELDS = ["step", "epoch", "elapsed_s", "lr", "train_loss", "train_nll", "tokens_per_s",
               "valid_loss", "valid_nll", "valid_ppl", "valid_quality"]
@@ -92,7 +125,7 @@ class Trainer:
         payload: dict[str, Any],
         task: str,
         device: torch.device,
-        aux_losses: Sequence[AuxLoss] = (),
+        procedure: Procedure | None = None,
     ) -> None:
         self.bare = model
         self.tokenizer = tokenizer
@@ -105,7 +138,7 @@ class Trainer:
         self.payload = payload  # model/tokenizer/data description stored in every checkpoint
         self.task = task
         self.device = device
-        self.aux_losses = list(aux_losses)
+        self.procedure = procedure or Procedure()
         self.rank, self.world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
             if torch.distributed.is_initialized() else (0, 1)
         self.model: nn.Module = model
@@ -119,15 +152,18 @@ class Trainer:
         )
         self.state = TrainState()
         self.search = SearchConfig(beam_size=1, max_len_a=cfg.valid_max_len_a, max_len_b=cfg.valid_max_len_b)
+        self.procedure.bind(self)
 
     # ------------------------------------------------------------------ state I/O
     def load_resume(self, path: Path) -> None:
         payload = load_checkpoint(path)
         self.bare.load_state_dict(payload["model"])
+        self.bare.cfg.head_plan = {k: list(v) for k, v in payload["model_config"].get("head_plan", {}).items()}
         self.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
         self.state = TrainState(**payload["train_state"])
         torch.set_rng_state(payload["rng"]["torch"])
+        self.procedure.load_state_dict(payload.get("procedure", {}))
         self._truncate_metrics(self.state.step)
         log.info("resumed %s at update %d (epoch %d, batch %d)", path, self.state.step, self.state.epoch,
                  self.state.batch_in_epoch)
@@ -156,6 +192,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "train_state": asdict(self.state),
             "rng": {"torch": torch.get_rng_state()},
+            "procedure": self.procedure.state_dict(),
         })
 
     # ------------------------------------------------------------------ one update
@@ -185,11 +222,10 @@ class Trainer:
                     extra = self.bare.extra_loss()
                     if extra is not None:
                         objective = objective + extra / len(batch_ids)
-                    for aux in self.aux_losses:
-                        aux_loss, logs = aux(self.bare)
-                        if aux_loss is not None:
-                            objective = objective + aux_loss / len(batch_ids)
-                        aux_logs.update(logs)
+                    aux_loss, logs = self.procedure.aux_loss(self.bare, batch)
+                    if aux_loss is not None:
+                        objective = objective + aux_loss / len(batch_ids)
+                    aux_logs.update(logs)
                 objective.backward()
             total_loss += float(loss.detach())
             total_nll += float(nll)
@@ -198,6 +234,7 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.bare.parameters(), self.cfg.clip_norm)
         self.optimizer.step()
         self.scheduler.step()
+        self.procedure.after_optimizer_step(self.bare)
         total_loss, total_nll, total_tokens = dist.all_reduce_sum([total_loss, total_nll, total_tokens])
         return {"loss": total_loss / max(total_tokens, 1), "nll": total_nll / max(total_tokens, 1),
                 "tokens": total_tokens, **aux_logs}
@@ -223,6 +260,16 @@ class Trainer:
             report = evaluate_examples(self.bare, tok, sample, self.task, self.search)["metrics"]
             result["valid_quality"] = report["bleu"] if self.task == "translation" else report["rougeL"]
         return result
+
+    def restart_selection(self) -> None:
+        """Forget best/averaging history: after the model changes (e.g. heads pruned), earlier
+        checkpoints are no longer comparable candidates for best.pt or avg.pt."""
+        self.state.best = None
+        self.state.bad_validations = 0
+        if dist.is_main():
+            for name in self.state.kept_checkpoints:
+                (self.ckpt_dir / name).unlink(missing_ok=True)
+        self.state.kept_checkpoints = []
 
     def _improved(self, result: dict[str, float]) -> bool:
         if self.cfg.best_metric == "loss":
@@ -260,6 +307,7 @@ class Trainer:
         bar = tqdm(total=cfg.max_updates, initial=self.state.step, desc="train", unit="upd",
                    disable=not dist.is_main() or not cfg.progress, dynamic_ncols=True,
                    mininterval=1.0 if sys.stderr.isatty() else 30.0)
+        self.procedure.on_start(self)
         window: list[dict[str, float]] = []
         window_start = time.perf_counter()
         last_tick = time.perf_counter()
@@ -306,8 +354,11 @@ class Trainer:
 
     def _after_update(self, csv_path: Path, stop_requested: bool) -> None:
         cfg, st = self.cfg, self.state
-        reason = ""
-        if st.step >= cfg.max_updates:
+        self.procedure.after_update(self)
+        reason = self.procedure.stop_reason(self)
+        if reason:
+            pass
+        elif st.step >= cfg.max_updates:
             reason = f"reached max_updates={cfg.max_updates}"
         elif cfg.max_minutes and st.elapsed_s >= cfg.max_minutes * 60:
             reason = f"reached the time budget max_minutes={cfg.max_minutes}"

@@ -1,0 +1,182 @@
+"""GHT / GHT-PS: k-means, the group-constraint loss, compactness metrics, Voting-to-Stay, stage
+transitions, resume and the ablation switches."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import smoke_overrides
+from tests.zoo_testing import REPO, compose_train
+from zoo.ght.constraint import dunn_index, group_constraint_loss, homogeneity_diversity, silhouette
+from zoo.ght.kmeans import canonical_labels, kmeans
+from zoo.ght.voting import nearest_heads, select_heads
+from zoo.train import train
+
+
+def _blobs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """8 points in 3 well-separated groups, interleaved so the grouping is not just index order."""
+    g = torch.Generator().manual_seed(seed)
+    truth = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    centres = torch.tensor([[10.0, 0, 0, 0], [0, 10.0, 0, 0], [0, 0, 10.0, 0]])
+    return centres[truth] + 0.3 * torch.randn(8, 4, generator=g), truth
+
+
+def test_kmeans_recovers_known_grouping_deterministically() -> None:
+    points, truth = _blobs()
+    for seed in range(5):
+        res = kmeans(points, 3, seed=seed)
+        assert torch.equal(res.labels, canonical_labels(truth))
+    a, b = kmeans(points, 3, seed=7), kmeans(points, 3, seed=7)
+    assert torch.equal(a.labels, b.labels) and torch.equal(a.centres, b.centres)
+    warm = kmeans(points, 3, init_labels=truth)
+    assert torch.equal(warm.labels, canonical_labels(truth))
+
+
+def test_group_constraint_gradient_steps_move_the_right_way() -> None:
+    """Minimising the loss raises intra-group cosine and lowers inter-group cosine."""
+    torch.manual_seed(0)
+    points = torch.randn(8, 16, requires_grad=True)
+    labels = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    hom0, div0 = (float(v) for v in homogeneity_diversity(points.detach(), labels, 2))
+    opt = torch.optim.SGD([points], lr=0.5)
+    for _ in range(50):
+        loss, _, _ = group_constraint_loss(points, labels, 2, alpha=1.0, beta=1.0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    hom1, div1 = (float(v) for v in homogeneity_diversity(points.detach(), labels, 2))
+    assert hom1 > hom0 + 0.1
+    assert div1 < div0 - 0.1
+    # and the sign convention itself: loss = −α·hom + β·div
+    loss, hom, div = group_constraint_loss(points.detach(), labels, 2, alpha=0.3, beta=0.7)
+    assert torch.isclose(loss, -0.3 * hom + 0.7 * div)
+
+
+def test_compactness_metrics_on_constructed_groups() -> None:
+    points = torch.tensor([[0.0, 0.0], [0.0, 1.0], [10.0, 0.0], [10.0, 1.0]])
+    labels = torch.tensor([0, 0, 1, 1])
+    # silhouette: a = 1, b = mean(10, √101) for every point
+    b = (10 + 101**0.5) / 2
+    assert silhouette(points, labels) == pytest.approx((b - 1) / b, rel=1e-5)
+    assert dunn_index(points, labels) == pytest.approx(10.0, rel=1e-5)  # min inter 10 / max diameter 1
+    assert silhouette(points, torch.tensor([0, 1, 0, 1])) < 0  # a bad grouping scores negative
+
+
+def test_voting_rules_on_known_nearest_heads() -> None:
+    points, _ = _blobs()
+    res = kmeans(points, 3, seed=0)
+    centres = res.centres
+    expected = []
+    for g in range(3):
+        members = (res.labels == g).nonzero().flatten()
+        expected.append(int(members[(points[members] - centres[g]).norm(dim=1).argmin()]))
+    assert nearest_heads(points, res) == expected
+    votes = [5, 2, 7, 5, 9, 0, 1, 9]
+    groups = [0, 1, 2, 0, 1, 2, 0, 1]
+    assert select_heads(votes, groups, 3, "per_group") == [0, 2, 4]  # tie 0/3 → lower index; 4/7 → 4
+    assert select_heads(votes, groups, 3, "top_c") == [2, 4, 7]
+    rnd = select_heads(votes, groups, 3, "random", seed=1)
+    assert rnd == select_heads(votes, groups, 3, "random", seed=1) and len(rnd) == 3
+    assert sorted({groups[h] for h in rnd}) == [0, 1, 2]  # one head per group
+
+
+GHT_FAST = ["trainer.max_updates=30", "trainer.validate_every=10", "model.ght.check_every=10",
+            "model.ght.vote_batches=6", "model.ght.vote_at=12", "evaluate_test=false"]
+
+
+def _ckpt(path: Path) -> dict:
+    return torch.load(path, weights_only=True)
+
+
+def test_ght_ps_runs_all_stages_and_freezes_pruned_heads(tmp_path, smoke_corpus) -> None:
+    summary = train(compose_train(smoke_overrides("ght_ps", smoke_corpus, tmp_path) + GHT_FAST))
+    run = Path(summary["run_dir"])
+    plan = summary["head_plan"]
+    assert plan and all(len(heads) == 2 for heads in plan.values())  # C = 2 → one head per group
+    assert summary["pruned_size"]["params"] < summary["size"]["params"]
+    votes = json.loads((run / "ght" / "votes.json").read_text())
+    assert votes["plan"] == plan and (run / "ght" / "votes.png").is_file()
+    assert (run / "ght" / "compactness.jsonl").read_text().count("\n") >= 2
+    voted, last = _ckpt(run / "checkpoints" / "voted.pt"), _ckpt(run / "checkpoints" / "last.pt")
+    assert last["model_config"]["head_plan"] == plan and not last["model_config"]["heads_removed"]
+    assert last["train_state"]["step"] == 30 and last["procedure"]["stage"] == "finetune"
+    for name, kept in plan.items():
+        gate = last["model"][f"{name}.head_gate"]
+        assert gate.tolist() == [1.0 if h in kept else 0.0 for h in range(8)]
+        dh = last["model"][f"{name}.q_proj.weight"].shape[0] // 8
+        dropped = [h for h in range(8) if h not in kept]
+        for key in ("q_proj.weight", "k_proj.weight", "v_proj.weight"):
+            for h in dropped:
+                sl = slice(h * dh, (h + 1) * dh)
+                assert torch.equal(voted["model"][f"{name}.{key}"][sl], last["model"][f"{name}.{key}"][sl])
+        kept_rows = slice(kept[0] * dh, (kept[0] + 1) * dh)
+        assert not torch.equal(voted["model"][f"{name}.q_proj.weight"][kept_rows],
+                               last["model"][f"{name}.q_proj.weight"][kept_rows])  # kept heads still train
+
+
+def test_ght_ps_resume_across_stage_boundary_is_exact(tmp_path, smoke_corpus) -> None:
+    base = smoke_overrides("ght_ps", smoke_corpus, tmp_path / "a") + GHT_FAST
+    reference = Path(train(compose_train(base))["run_dir"])
+    root = tmp_path / "b"
+    cmd = [sys.executable, "-m", "zoo.train", *smoke_overrides("ght_ps", smoke_corpus, root), *GHT_FAST]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not list(root.glob("*/*/checkpoints/last.pt")):
+        time.sleep(0.02)
+    assert proc.poll() is None, "finished before it could be killed"
+    proc.kill()
+    proc.wait()
+    run = next(p for p in root.glob("*/*") if p.is_dir())
+    assert _ckpt(run / "checkpoints" / "last.pt")["procedure"]["stage"] == "gct"  # killed before voting
+    done = subprocess.run(cmd + ["resume=latest"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    a, b = _ckpt(reference / "checkpoints" / "last.pt"), _ckpt(run / "checkpoints" / "last.pt")
+    assert a["model_config"]["head_plan"] == b["model_config"]["head_plan"]
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_init_from_ght_starts_at_voting(tmp_path, smoke_corpus) -> None:
+    ght = train(compose_train(smoke_overrides("ght", smoke_corpus, tmp_path / "ght") + [
+        "trainer.max_updates=10", "trainer.validate_every=10", "model.ght.check_every=5", "evaluate_test=false"]))
+    assert "head_plan" not in ght  # GHT keeps every head
+    ps = train(compose_train(smoke_overrides("ght_ps", smoke_corpus, tmp_path / "ps") + [
+        f"init_from={ght['run_dir']}", "trainer.max_updates=6", "trainer.validate_every=3",
+        "model.ght.vote_batches=4", "evaluate_test=false"]))
+    run = Path(ps["run_dir"])
+    votes = json.loads((run / "ght" / "votes.json").read_text())
+    assert votes["step"] == 0  # voted before any fine-tuning update
+    assert ps["head_plan"] == votes["plan"]
+
+
+@pytest.mark.parametrize("ablation", ["model.ght.diversify=false", "model.ght.homogenize=false",
+                                      "model.ght.selection=random", "model.ght.selection=top_c"])
+def test_ablation_switches_run(tmp_path, smoke_corpus, ablation: str) -> None:
+    summary = train(compose_train(smoke_overrides("ght_ps", smoke_corpus, tmp_path) + [
+        "trainer.max_updates=8", "trainer.validate_every=4", "model.ght.vote_at=4", "model.ght.vote_batches=3",
+        "model.ght.check_every=4", "evaluate_test=false", ablation]))
+    assert all(len(h) == 2 for h in summary["head_plan"].values())
+
+
+def test_hydra_multirun_sweep_over_alpha(tmp_path, smoke_corpus) -> None:
+    overrides = smoke_overrides("ght", smoke_corpus, tmp_path) + [
+        "trainer.max_updates=2", "trainer.validate_every=2", "evaluate_test=false", "trainer.valid_quality_sentences=2"]
+    proc = subprocess.run([sys.executable, "-m", "zoo.train", "-m", *overrides, "model.ght.alpha=0.3,0.7"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    configs = sorted((tmp_path / "ght-smoke").glob("*/config.yaml"))
+    assert len(configs) == 2
+    alphas = sorted(float(c.read_text().split("alpha: ")[1].split()[0]) for c in configs)
+    assert alphas == [0.3, 0.7]
+
+
+def test_bad_ght_option_is_a_clear_error(tmp_path, smoke_corpus) -> None:
+    proc = subprocess.run([sys.executable, "-m", "zoo.train", *smoke_overrides("ght", smoke_corpus, tmp_path),
+                           "model.ght.feature_map=Q"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "feature_map" in proc.stderr

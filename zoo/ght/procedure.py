@@ -1,0 +1,314 @@
+"""GHT and GHT-PS as a trainer `Procedure`: one command runs group-constrained training (GCT),
+then Voting-to-Stay, then masked fine-tuning with the task loss only; the stage, groups, probe
+history and head plan live in `last.pt`, so `resume=` continues in the right stage."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from zoo import distributed as dist
+from zoo.checkpoint import save_checkpoint
+from zoo.data import Batch, collate
+from zoo.ght.constraint import dunn_index, group_constraint_loss, homogeneity_diversity, silhouette
+from zoo.ght.features import MODULE_KINDS, head_points, module_kind
+from zoo.ght.kmeans import kmeans
+from zoo.ght.voting import nearest_heads, plot_votes, select_heads
+from zoo.model import Transformer
+from zoo.trainer import Procedure
+
+if TYPE_CHECKING:
+    from zoo.trainer import Trainer
+
+log = logging.getLogger("zoo.ght")
+
+
+@dataclass
+class GHTOptions:
+    groups: int = 2  # C
+    alpha: float = 0.5  # homogenisation weight
+    beta: float = 0.5  # diversification weight
+    feature_map: str = "V"  # V | A | O
+    modules: list[str] = field(default_factory=lambda: list(MODULE_KINDS))
+    kmeans_every: int = 1  # re-run k-means every N updates (1 = every step, as the official code)
+    kmeans_iters: int = 20
+    homogenize: bool = True  # ablation: False drops the −α term
+    diversify: bool = True  # ablation: False drops the +β term
+    prune: bool = False  # GHT-PS: vote and fine-tune
+    vote_at: float = 0.6  # vote at this update (≥ 1) or fraction of max_updates (< 1), unless converged earlier
+    check_every: int = 100  # probe-batch convergence checks every N updates
+    shift_threshold: float = 0.05  # relative centre shift that counts as converged
+    patience: int = 3  # consecutive converged checks needed
+    probe_sentences: int = 32  # fixed probe batch: the first N validation pairs
+    vote_batches: int = 200  # voting pass length (0 = one full epoch)
+    selection: str = "per_group"  # per_group (paper) | top_c (official code) | random (w/o HUDS ablation)
+    seed: int = 0
+    finetune_patience: int = 3  # early stopping (validations) in the fine-tuning stage; 0 = off
+    init_stage: str = "vote"  # stage to begin with when init_from= gives trained GHT weights
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any]) -> GHTOptions:
+        known = set(cls.__dataclass_fields__)
+        unknown = set(cfg) - known
+        if unknown:
+            raise ValueError(f"unknown model.ght options {sorted(unknown)}; known: {sorted(known)}")
+        opts = cls(**cfg)
+        if opts.feature_map not in ("V", "A", "O"):
+            raise ValueError(f"model.ght.feature_map={opts.feature_map!r}: use V, A or O")
+        bad = set(opts.modules) - set(MODULE_KINDS)
+        if bad:
+            raise ValueError(f"model.ght.modules has {sorted(bad)}; use any of {list(MODULE_KINDS)}")
+        if opts.groups < 1:
+            raise ValueError("model.ght.groups must be >= 1")
+        return opts
+
+
+class GHTProcedure(Procedure):
+    def __init__(self, options: GHTOptions, started_from_weights: bool = False) -> None:
+        self.o = options
+        self.stage = options.init_stage if (started_from_weights and options.prune) else "gct"
+        self.labels: dict[str, list[int]] = {}  # current training groups per module
+        self.probe_labels: dict[str, list[int]] = {}
+        self.probe_centres: dict[str, Tensor] = {}
+        self.converged_checks = 0
+        self.plan: dict[str, list[int]] = {}
+        self.votes: dict[str, list[int]] = {}
+        self.step = 0
+        self._frozen: list[tuple[Tensor, Tensor, Tensor]] = []  # (param, mask, frozen values)
+
+    # ------------------------------------------------------------------ wiring
+    def bind(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.modules = {n: m for n, m in trainer.bare.attention_modules().items()
+                        if module_kind(n) in self.o.modules}
+        self._set_capture(self.stage == "gct")
+
+    def _set_capture(self, on: bool) -> None:
+        for module in self.modules.values():
+            module.capture = (self.o.feature_map,) if on else ()
+            module.captured = {}
+
+    @staticmethod
+    def _masks(batch: Batch, pad_id: int) -> dict[str, Tensor]:
+        return {"src": batch.src.ne(pad_id), "tgt": batch.tgt_in.ne(pad_id)}
+
+    def _points(self, masks: dict[str, Tensor]) -> dict[str, Tensor]:
+        out = {}
+        for name, module in self.modules.items():
+            q_side, k_side = MODULE_KINDS[module_kind(name)]
+            out[name] = head_points(module, self.o.feature_map, masks[q_side], masks[k_side])
+        return out
+
+    def _cluster(self, points: Tensor, previous: list[int] | None) -> Any:
+        init = torch.tensor(previous) if previous is not None else None
+        return kmeans(points, self.o.groups, iters=self.o.kmeans_iters, seed=self.o.seed, init_labels=init)
+
+    # ------------------------------------------------------------------ GCT loss
+    def aux_loss(self, model: Transformer, batch: Batch) -> tuple[Tensor | None, dict[str, float]]:
+        if self.stage != "gct" or not self.modules:
+            return None, {}
+        points = self._points(self._masks(batch, model.cfg.pad_id))
+        alpha = self.o.alpha if self.o.homogenize else 0.0
+        beta = self.o.beta if self.o.diversify else 0.0
+        losses, homs, divs = [], [], []
+        for name, p in points.items():
+            if name not in self.labels or self.step % self.o.kmeans_every == 0:
+                self.labels[name] = self._cluster(p, self.labels.get(name)).labels.tolist()
+            loss, hom, div = group_constraint_loss(p.float(), torch.tensor(self.labels[name]), self.o.groups,
+                                                   alpha, beta)
+            losses.append(loss)
+            homs.append(float(hom))
+            divs.append(float(div))
+        for m in self.modules.values():
+            m.captured = {}  # free the maps now that the loss holds what it needs
+        total = torch.stack(losses).mean()
+        return total, {"gc_loss": float(total.detach()), "gc_homogeneity": sum(homs) / len(homs),
+                       "gc_diversity": sum(divs) / len(divs)}
+
+    # ------------------------------------------------------------------ stages
+    def on_start(self, trainer: Trainer) -> None:
+        if self.stage == "vote":
+            self._vote(trainer)
+
+    def after_optimizer_step(self, model: Transformer) -> None:
+        with torch.no_grad():
+            for param, mask, values in self._frozen:
+                param.data[mask] = values
+
+    def after_update(self, trainer: Trainer) -> None:
+        self.step = trainer.state.step
+        if self.stage != "gct":
+            return
+        checked = self.step % self.o.check_every == 0
+        if checked:
+            self._probe(trainer)
+        if not self.o.prune:
+            return
+        limit = self.o.vote_at if self.o.vote_at >= 1 else self.o.vote_at * trainer.cfg.max_updates
+        if self.converged_checks >= self.o.patience or self.step >= limit:
+            why = "group centres converged on the probe batch" if self.converged_checks >= self.o.patience \
+                else f"reached vote_at={self.o.vote_at}"
+            log.info("GCT stage ends at update %d (%s): Voting-to-Stay", self.step, why)
+            self._vote(trainer)
+
+    def stop_reason(self, trainer: Trainer) -> str:
+        fp = self.o.finetune_patience
+        if self.stage == "finetune" and fp and trainer.state.bad_validations >= fp:
+            return f"fine-tuning early stopping: no improvement in {fp} validations"
+        return ""
+
+    # ------------------------------------------------------------------ convergence probe
+    @torch.no_grad()
+    def _probe(self, trainer: Trainer) -> dict[str, Any]:
+        """Group the fixed probe batch; track partition changes and centre shift."""
+        model = trainer.bare
+        was_training = model.training
+        model.eval()
+        tok = trainer.tokenizer
+        pairs = trainer.valid_pairs[: self.o.probe_sentences]
+        batch = collate(list(pairs), tok.pad_id, tok.bos_id, tok.eos_id).to(trainer.device)
+        self._set_capture(True)
+        model(batch.src, batch.tgt_in)
+        points = self._points(self._masks(batch, tok.pad_id))
+        self._set_capture(self.stage == "gct")
+        model.train(was_training)
+        report: dict[str, Any] = {"step": self.step, "modules": {}}
+        stable, shifts = True, []
+        for name, p in points.items():
+            p = p.float()
+            res = self._cluster(p, self.probe_labels.get(name))
+            labels = res.labels.tolist()
+            hom, div = homogeneity_diversity(p, res.labels, self.o.groups)
+            if name in self.probe_centres and self.probe_labels.get(name) == labels:
+                old = self.probe_centres[name]
+                shifts.append(float((res.centres - old).norm() / old.norm().clamp(min=1e-12)))
+            else:
+                stable = False
+            self.probe_labels[name], self.probe_centres[name] = labels, res.centres
+            report["modules"][name] = {
+                "groups": labels, "intra_cos": round(float(hom), 4), "inter_cos": round(float(div), 4),
+                "silhouette": round(silhouette(p, res.labels), 4), "dunn": round(dunn_index(p, res.labels), 4),
+            }
+        shift = max(shifts) if shifts else float("inf")
+        self.converged_checks = self.converged_checks + 1 if stable and shift < self.o.shift_threshold else 0
+        means = {k: sum(m[k] for m in report["modules"].values()) / max(len(points), 1)
+                 for k in ("intra_cos", "inter_cos", "silhouette", "dunn")}
+        report.update(centre_shift=shift, converged_checks=self.converged_checks, mean=means)
+        log.info("GHT probe @%d: intra cos %.3f inter cos %.3f silhouette %.3f dunn %.3f shift %.3g (%d/%d)",
+                 self.step, means["intra_cos"], means["inter_cos"], means["silhouette"], means["dunn"], shift,
+                 self.converged_checks, self.o.patience)
+        if dist.is_main():
+            out = trainer.run_dir / "ght"
+            out.mkdir(exist_ok=True)
+            with (out / "compactness.jsonl").open("a") as f:
+                f.write(json.dumps(report) + "\n")
+        return report
+
+    # ------------------------------------------------------------------ Voting-to-Stay
+    @torch.no_grad()
+    def _vote(self, trainer: Trainer) -> None:
+        model = trainer.bare
+        model.eval()  # attention (and everything else) frozen: forward passes only
+        self._probe(trainer)  # the final groups, and compactness at the end of GCT
+        if dist.is_main():
+            save_checkpoint(trainer.ckpt_dir / "gct_end.pt", trainer._model_payload())
+        tok = trainer.tokenizer
+        batches = trainer.sampler.batches(10_000 + trainer.state.epoch, rank=trainer.rank,
+                                          world_size=trainer.world)
+        if self.o.vote_batches:
+            batches = batches[: self.o.vote_batches]
+        votes = {name: [0] * m.num_heads for name, m in self.modules.items()}
+        self._set_capture(True)
+        for ids in batches:
+            batch = collate([trainer.train_pairs[i] for i in ids], tok.pad_id, tok.bos_id, tok.eos_id)
+            batch = batch.to(trainer.device)
+            model(batch.src, batch.tgt_in)
+            for name, p in self._points(self._masks(batch, tok.pad_id)).items():
+                res = self._cluster(p.float(), self.probe_labels.get(name))
+                for h in nearest_heads(p, res):
+                    votes[name][h] += 1
+        self._set_capture(False)
+        names = list(votes)
+        flat = dist.all_reduce_sum([float(v) for n in names for v in votes[n]])
+        heads = [len(votes[n]) for n in names]
+        offset = 0
+        for n, h in zip(names, heads, strict=True):
+            votes[n] = [int(v) for v in flat[offset : offset + h]]
+            offset += h
+        self.votes = votes
+        self.plan = {n: select_heads(votes[n], self.probe_labels[n], self.o.groups, self.o.selection, self.o.seed)
+                     for n in names}
+        self._apply_plan(model)
+        self.stage = "finetune"
+        trainer.restart_selection()
+        model.train()
+        for name, kept in self.plan.items():
+            log.info("kept heads %s: %s (votes %s)", name, kept, votes[name])
+        if dist.is_main():
+            self._write_report(trainer, len(batches))
+            save_checkpoint(trainer.ckpt_dir / "voted.pt", trainer._model_payload())
+        trainer._save_last()
+
+    def _apply_plan(self, model: Transformer) -> None:
+        """Gate pruned heads off and freeze their slices of q/k/v rows and out_proj columns."""
+        model.apply_head_plan(self.plan, remove=False)
+        self._frozen = []
+        modules = model.attention_modules()
+        for name, kept in self.plan.items():
+            m = modules[name]
+            dropped = [h for h in range(m.num_heads) if h not in kept]
+            if not dropped:
+                continue
+            rows = torch.zeros(m.num_heads * m.head_dim, dtype=torch.bool)
+            for h in dropped:
+                rows[h * m.head_dim : (h + 1) * m.head_dim] = True
+            for proj_name in ("q_proj", *m.key_projections):
+                proj = getattr(m, proj_name)
+                self._freeze(proj.weight, rows[:, None].expand_as(proj.weight))
+                if proj.bias is not None:
+                    self._freeze(proj.bias, rows)
+            self._freeze(m.out_proj.weight, rows[None, :].expand_as(m.out_proj.weight))
+
+    def _freeze(self, param: Tensor, mask: Tensor) -> None:
+        mask = mask.to(param.device).clone()
+        self._frozen.append((param, mask, param.detach()[mask].clone()))
+
+    def _write_report(self, trainer: Trainer, n_batches: int) -> None:
+        out = trainer.run_dir / "ght"
+        out.mkdir(exist_ok=True)
+        report = {"step": self.step, "selection": self.o.selection, "groups": self.o.groups,
+                  "voting_batches": n_batches, "final_groups": self.probe_labels, "votes": self.votes,
+                  "plan": self.plan}
+        (out / "votes.json").write_text(json.dumps(report, indent=2))
+        plot_votes(self.votes, self.plan, str(out / "votes.png"))
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "labels": self.labels, "probe_labels": self.probe_labels,
+                "probe_centres": self.probe_centres, "converged_checks": self.converged_checks,
+                "plan": self.plan, "votes": self.votes, "step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:
+            return
+        self.stage = state["stage"]
+        self.labels = {k: list(v) for k, v in state["labels"].items()}
+        self.probe_labels = {k: list(v) for k, v in state["probe_labels"].items()}
+        self.probe_centres = dict(state["probe_centres"])
+        self.converged_checks = state["converged_checks"]
+        self.plan = {k: list(v) for k, v in state["plan"].items()}
+        self.votes = {k: list(v) for k, v in state["votes"].items()}
+        self.step = state["step"]
+        if self.plan:
+            self._apply_plan(self.trainer.bare)  # weights already restored: re-arm the freeze
+        self._set_capture(self.stage == "gct")
+
+
+def write_plan_summary(run_dir: Path, plan: dict[str, list[int]]) -> None:
+    (run_dir / "head_plan.json").write_text(json.dumps(plan, indent=2))
