@@ -195,7 +195,8 @@ class Transformer(nn.Module):
         else:
             self.output_proj = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
             nn.init.normal_(self.output_proj.weight, 0, cfg.d_model**-0.5)
-        for emb in {self.src_embed, self.tgt_embed}:
+        # a list, not a set: set order follows object ids, which would make initialisation vary between runs
+        for emb in dict.fromkeys([self.src_embed, self.tgt_embed]):
             nn.init.normal_(emb.weight, 0, cfg.d_model**-0.5)
             nn.init.zeros_(emb.weight[cfg.pad_id])
 
@@ -256,6 +257,10 @@ class Transformer(nn.Module):
         unknown = set(plan) - set(modules)
         if unknown:
             raise ValueError(f"head plan names unknown attention modules: {sorted(unknown)}")
+        for name in plan:
+            # a head plan (gated too) promises that export can remove the other heads exactly: refuse it
+            # up front, before any module changes, for mechanisms that cannot (Mixhead)
+            modules[name].check_head_removal()
         for name, heads in plan.items():
             module = modules[name]
             if remove:

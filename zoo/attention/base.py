@@ -173,6 +173,10 @@ class Attention(nn.Module):
         self.head_gate = self.head_gate[heads].clone()
         self.num_heads = len(heads)
 
+    def check_head_removal(self) -> None:
+        """Raise `HeadPruningUnsupported` where `keep_heads` cannot be exact (default: it can), so a
+        head plan is refused before any module changes rather than half-way or at export time."""
+
     def _keep_head_params(self, heads: Tensor) -> None:
         """Slice mechanism-specific per-head parameters (override in variants that have them)."""
 
