@@ -6,10 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 from zoo.attention.base import FEATURE_MAPS, Attention, Cache, HeadPruningUnsupported, reorder_cache
+from zoo.attention.linear import LinearAttention, MixtureOfLinearKeys
+from zoo.attention.mgk import MixtureOfGaussianKeys
 from zoo.attention.mha import MultiHeadAttention
+from zoo.attention.mixhead import MixheadAttention
 
 ATTENTION_REGISTRY: dict[str, type[Attention]] = {
     "mha": MultiHeadAttention,
+    "mgk": MixtureOfGaussianKeys,
+    "mlk": MixtureOfLinearKeys,
+    "linear": LinearAttention,
+    "mixhead": MixheadAttention,
 }
 
 
