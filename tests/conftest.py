@@ -47,6 +47,7 @@ def smoke_overrides(entry: str, corpus: Path, runs_root: Path) -> list[str]:
         "data.vocab_size=1000", "data.max_len=64", "model.d_model=64", "model.ffn_dim=256",
         "trainer.max_updates=300", "trainer.max_tokens=2048", "trainer.validate_every=100",
         "trainer.warmup_updates=50", "trainer.lr=3e-3", f"runs_root={runs_root}", "generation.beam_size=4",
+        "evaluate_test=false",
     ]
 
 
