@@ -103,13 +103,16 @@ def test_keep_heads_is_exact_with_fixed_head_size() -> None:
 
 
 def test_fixhead_entry() -> None:
-    cfg = compose_train(["+model=fixhead"])  # size=small: d_model 256
-    assert (cfg.model.attention, cfg.model.num_heads, cfg.model.head_dim, cfg.model.d_model) == ("mha", 16, 64, 256)
-    assert compose_train(["+model=fixhead", "size=base"]).model.head_dim == 64  # fixed across presets
-    model = tiny_model("fixhead")  # d_model 32 with 16 heads of 64: width 1024 ≠ d_model
+    small = compose_train(["+model=fixhead"]).model  # size=small: d_model 256
+    assert (small.attention, small.num_heads, small.head_dim, small.d_model) == ("mha", 16, 32, 256)
+    base = compose_train(["+model=fixhead", "size=base"]).model
+    assert (base.num_heads, base.head_dim) == (16, 64)
+    more = compose_train(["+model=fixhead", "model.num_heads=32"]).model
+    assert (more.num_heads, more.head_dim) == (32, 32)  # adding heads keeps the head size
+    model = tiny_model("fixhead")  # size=tiny: d_model 32, 16 heads of 4: width 64 ≠ d_model
     attn = model.encoder.layers[0].self_attn
-    assert (attn.num_heads, attn.head_dim, attn.q_proj.weight.shape) == (16, 64, (1024, 32))
+    assert (attn.num_heads, attn.head_dim, attn.q_proj.weight.shape) == (16, 4, (64, 32))
     baseline = tiny_model("transformer")
-    d, layers = 32, 2 + 2 * 2  # attention modules in size=tiny: 2 encoder self + 2×(decoder self + cross)
-    extra = layers * (4 * d * (16 * 64 - d) + 3 * (16 * 64 - d))  # wider q/k/v/out weights + q/k/v biases
+    d, inner, modules = 32, 64, 2 + 2 * 2  # size=tiny: 2 encoder self + 2 × (decoder self + cross)
+    extra = modules * (4 * d * (inner - d) + 3 * (inner - d))  # wider q/k/v/out weights + q/k/v biases
     assert count_parameters(model) - count_parameters(baseline) == extra
