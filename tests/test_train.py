@@ -68,7 +68,7 @@ def test_resume_after_kill_gives_identical_weights(tmp_path, smoke_corpus) -> No
 def test_sigterm_saves_and_resume_dir_continues(tmp_path, smoke_corpus) -> None:
     root = tmp_path / "runs"
     overrides = smoke_overrides("transformer", smoke_corpus, root) + [
-        "trainer.max_updates=400", "trainer.validate_every=1000", "evaluate_test=false"]
+        "trainer.max_updates=200", "trainer.validate_every=1000", "evaluate_test=false"]
     proc = subprocess.Popen(_cli(overrides), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not list(root.glob("*/*/metrics.csv")):
@@ -80,12 +80,12 @@ def test_sigterm_saves_and_resume_dir_continues(tmp_path, smoke_corpus) -> None:
     assert "resume=" in err  # tells the user how to continue
     run_dir = _only_run(root)
     step = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["train_state"]["step"]
-    assert 0 < step < 400
+    assert 0 < step < 200
     done = subprocess.run(_cli([f"resume={run_dir}", "trainer.max_updates=999"]), cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["updates"] == 400  # the run's own saved config wins over new overrides
+    assert summary["updates"] == 200  # the run's own saved config wins over new overrides
 
 
 def test_ddp_two_cpu_processes(tmp_path, smoke_corpus) -> None:
@@ -114,7 +114,10 @@ def test_bf16_autocast_path(tmp_path, smoke_corpus) -> None:
 
 def test_paper_mt_experiment_runs_two_steps(tmp_path, smoke_corpus) -> None:
     """The GHT paper's MT setting, shrunk only where a CPU test must (dims, steps)."""
-    cfg = compose_train(smoke_overrides("transformer", smoke_corpus, tmp_path) + [
+    smoke = [o for o in smoke_overrides("transformer", smoke_corpus, tmp_path)
+             if not o.startswith(("trainer.lr=", "trainer.warmup_updates=", "trainer=", "size=", "model.d_model=",
+                                  "model.ffn_dim="))]
+    cfg = compose_train(smoke + [
         "experiment=paper_mt", "model.d_model=32", "model.ffn_dim=64", "model.encoder_layers=1",
         "model.decoder_layers=1", "trainer.max_updates=2", "trainer.validate_every=2", "trainer.precision=fp32",
         "evaluate_test=false", "trainer.valid_quality_sentences=4"])
