@@ -19,7 +19,8 @@ SDPA path). Registry keys no entry uses get a row with default options.
 Measurement (DESIGN.md §3c): warm-up steps, then timed steps interleaved across all candidates (the
 order rotates every round so none always runs first), medians (p10/p90) per candidate, and the ratio
 of medians to the mha baseline; variants slower than `--flag-ratio` (2×) are flagged. A candidate that
-fails to build or run is reported with its error and does not stop the others.
+fails to build or run is reported with its error and does not stop the others. On a machine shared
+with other jobs use `--threads 1`: oversubscribed intra-op threads make medians swing by 2× or more.
 """
 
 from __future__ import annotations

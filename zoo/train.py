@@ -49,6 +49,20 @@ def model_config_from(cfg: DictConfig, tokenizer: Tokenizer) -> ModelConfig:
         raise UsageError(f"model entry {cfg.model.name!r} is invalid: {exc}") from exc
 
 
+def _effective_max_len(cfg: DictConfig) -> int:
+    """The training length filter: data.max_len, but never more than the model has positions for.
+
+    Summaries at `data=summ` (max_len 512) with `size=tiny` (256 positions) would otherwise crash
+    mid-epoch on the first long document instead of being filtered and counted up front.
+    """
+    max_len = int(cfg.data.max_len)
+    positions = int(cfg.model.max_positions)
+    if positions < max_len:
+        log.warning("data.max_len=%d exceeds the model's max_positions=%d; training on pairs of at most %d tokens "
+                    "(raise model.max_positions to keep longer ones)", max_len, positions, positions)
+    return min(max_len, positions)
+
+
 def search_config(cfg: DictConfig) -> SearchConfig:
     g = cfg.generation
     return SearchConfig(beam_size=g.beam_size, len_penalty=g.len_penalty, max_len_a=g.max_len_a,
@@ -118,10 +132,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         tok_path.write_bytes(tokenizer.model_bytes)
     dist.barrier()
     tokenizer = Tokenizer.from_bytes(tok_path.read_bytes())
-    train_pairs, filtered = encode_examples(splits.train, tokenizer, cfg.data.max_len)
-    valid_pairs, _ = encode_examples(splits.valid, tokenizer, cfg.data.max_len)
+    max_len = _effective_max_len(cfg)
+    train_pairs, filtered = encode_examples(splits.train, tokenizer, max_len)
+    valid_pairs, _ = encode_examples(splits.valid, tokenizer, max_len)
     log.info("train pairs %d (filtered %d longer than %d tokens), valid %d, test %d", len(train_pairs), filtered,
-             cfg.data.max_len, len(valid_pairs), len(splits.test))
+             max_len, len(valid_pairs), len(splits.test))
 
     # -- model
     model_cfg = model_config_from(cfg, tokenizer)
