@@ -166,3 +166,37 @@ def test_bad_checkpoint_is_a_clear_error(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-m", "zoo.evaluate", f"checkpoint={tmp_path}/missing"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_spread_sample_covers_the_whole_split() -> None:
+    from zoo.trainer import spread_sample
+
+    assert spread_sample(list(range(10)), 3) == [0, 3, 6]
+    assert spread_sample(list(range(3)), 5) == [0, 1, 2]
+    assert spread_sample([], 4) == [] and spread_sample([1, 2], 0) == []
+
+
+def test_checkpoint_average_is_kept_only_if_it_validates_at_least_as_well_as_best(tmp_path, smoke_run) -> None:
+    """avg.pt must earn its place on the validation score best.pt was chosen by."""
+    from zoo.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+    from zoo.data import Example, Tokenizer, encode_examples
+    from zoo.trainer import Trainer
+
+    payload = load_checkpoint(smoke_run("transformer") / "checkpoints" / "last.pt")
+    model = model_from_checkpoint(payload)
+    tok = Tokenizer.from_bytes(payload["tokenizer"])
+    valid = [Example(s, t, "heldout") for s, t in zip(payload["heldout"]["src"], payload["heldout"]["tgt"],
+                                                       strict=True)][:8]
+    pairs, _ = encode_examples(valid, tok, 64)
+    tcfg = compose_train(["+model=transformer", "trainer=smoke", "trainer.valid_quality_sentences=8"]).trainer
+    trainer = Trainer(model, tok, pairs, valid, pairs, tcfg, tmp_path, {"tokenizer": payload["tokenizer"]},
+                      "translation", torch.device("cpu"))
+    trainer.ckpt_dir.mkdir()
+    for name in ("step_1.pt", "step_2.pt"):
+        save_checkpoint(trainer.ckpt_dir / name, {"model": model.state_dict()})
+    trainer.state.kept_checkpoints = ["step_1.pt", "step_2.pt"]
+    score = trainer._score(trainer.validate())
+    trainer.state.best = score + 1.0
+    assert trainer.average() is None and not (trainer.ckpt_dir / "avg.pt").exists()
+    trainer.state.best = score  # the average of two identical checkpoints scores exactly the same
+    assert trainer.average() == trainer.ckpt_dir / "avg.pt"

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -110,6 +110,20 @@ class _StopRequest:
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+T = TypeVar("T")
+
+
+def spread_sample(items: Sequence[T], n: int) -> list[T]:
+    """`n` items evenly spaced over the whole split. Valid splits are stored source by source (all Ding,
+    then all LibreOffice, ...), so the first `n` would score one source only: the first 300 deen
+    valid sentences are all Ding, whose BLEU is a fraction of the pooled test BLEU."""
+    if n <= 0 or not items:
+        return []
+    if n >= len(items):
+        return list(items)
+    return [items[i * len(items) // n] for i in range(n)]
 
 
 class Trainer:
@@ -255,7 +269,7 @@ class Trainer:
             loss, nll, ntok = loss + float(l_), nll + float(n_), ntok + batch.ntokens
         result = {"valid_loss": loss / max(ntok, 1), "valid_nll": nll / max(ntok, 1)}
         result["valid_ppl"] = math.exp(min(result["valid_nll"], 50.0))
-        sample = self.valid_examples[: self.cfg.valid_quality_sentences]
+        sample = spread_sample(self.valid_examples, self.cfg.valid_quality_sentences)
         if sample:
             report = evaluate_examples(self.bare, tok, sample, self.task, self.search)["metrics"]
             result["valid_quality"] = report["bleu"] if self.task == "translation" else report["rougeL"]
@@ -271,15 +285,18 @@ class Trainer:
                 (self.ckpt_dir / name).unlink(missing_ok=True)
         self.state.kept_checkpoints = []
 
-    def _improved(self, result: dict[str, float]) -> bool:
+    def _score(self, result: dict[str, float]) -> float:
+        """The validation number best.pt is selected by (higher is better)."""
         if self.cfg.best_metric == "loss":
-            value, better = -result["valid_loss"], True
-        else:
-            value, better = result.get("valid_quality", -result["valid_loss"]), True
+            return -result["valid_loss"]
+        return result.get("valid_quality", -result["valid_loss"])
+
+    def _improved(self, result: dict[str, float]) -> bool:
+        value = self._score(result)
         if self.state.best is None or value > self.state.best:
             self.state.best = value
             self.state.bad_validations = 0
-            return better
+            return True
         self.state.bad_validations += 1
         return False
 
@@ -404,8 +421,21 @@ class Trainer:
         paths = [self.ckpt_dir / n for n in self.state.kept_checkpoints if (self.ckpt_dir / n).is_file()]
         if len(paths) < 2:
             return None
+        averaged = average_weights(paths)
+        if self.state.best is not None:
+            # On a short budget the curve is still steep and the oldest of the K checkpoints drags the
+            # average down (CPU preset: avg 9.23 vs last 9.59 test BLEU), so the average must earn its
+            # place on the same validation score best.pt was chosen by.
+            current = {k: v.detach().clone() for k, v in self.bare.state_dict().items()}
+            self.bare.load_state_dict(averaged)
+            score = self._score(self.validate())
+            self.bare.load_state_dict(current)
+            self.bare.train()
+            if score < self.state.best:
+                log.info("averaging %d checkpoints scored %.3f on validation, below best.pt's %.3f: keeping best.pt",
+                         len(paths), score, self.state.best)
+                return None
         out = self.ckpt_dir / "avg.pt"
-        save_checkpoint(out, {**self._model_payload(average_weights(paths)),
-                              "averaged": [p.name for p in paths]})
+        save_checkpoint(out, {**self._model_payload(averaged), "averaged": [p.name for p in paths]})
         log.info("averaged %d checkpoints into %s", len(paths), out)
         return out

@@ -21,7 +21,7 @@ from zoo.ght.features import MODULE_KINDS, head_points, module_kind
 from zoo.ght.kmeans import kmeans
 from zoo.ght.voting import nearest_heads, plot_votes, select_heads
 from zoo.model import Transformer
-from zoo.trainer import Procedure
+from zoo.trainer import Procedure, spread_sample
 
 if TYPE_CHECKING:
     from zoo.trainer import Trainer
@@ -171,7 +171,7 @@ class GHTProcedure(Procedure):
         was_training = model.training
         model.eval()
         tok = trainer.tokenizer
-        pairs = trainer.valid_pairs[: self.o.probe_sentences]
+        pairs = spread_sample(trainer.valid_pairs, self.o.probe_sentences)  # every data source
         batch = collate(list(pairs), tok.pad_id, tok.bos_id, tok.eos_id).to(trainer.device)
         self._set_capture(True)
         model(batch.src, batch.tgt_in)
