@@ -168,3 +168,14 @@ def test_paired_bootstrap_identical_systems_not_significant() -> None:
     result = paired_bootstrap(good, list(good), refs, n_samples=200)
     assert result["p_value"] == 1.0 and not result["significant"]
     assert result["system"]["bleu"] == result["baseline"]["bleu"]
+
+
+def test_paired_bootstrap_equal_scores_from_different_outputs_not_significant() -> None:
+    """Two different systems that both score BLEU 0 tie in every resample: sacreBLEU reports its minimum
+    p there; no observed difference must not be called significant."""
+    refs = [f"the quick brown fox number {i} jumps" for i in range(30)]
+    sys_a = [f"alpha {i}" for i in range(30)]
+    sys_b = [f"beta gamma {i}" for i in range(30)]
+    result = paired_bootstrap(sys_a, sys_b, refs, n_samples=50)
+    assert result["system"]["bleu"] == result["baseline"]["bleu"] == 0.0
+    assert result["p_value"] == 1.0 and not result["significant"]

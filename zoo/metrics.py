@@ -102,7 +102,8 @@ def paired_bootstrap(
     "significant" (p < 0.05), "n_samples", "seed", "signature"}; "ci" is the half-width of the 95%
     interval around the bootstrap mean. One correction to sacreBLEU: when both systems have
     identical per-segment statistics every resampled difference is 0 and sacreBLEU returns the
-    minimum p = 1/(n+1) ("significant"); we return p = 1.0 there, which is the right answer.
+    minimum p = 1/(n+1) ("significant"); we return p = 1.0 there, which is the right answer, and
+    likewise whenever the two corpus BLEU scores are exactly equal.
     `tokenize="none"` runs the test on tokenized BLEU instead (see `tokenized_bleu`).
     """
     _check(sys_a, refs)
@@ -125,7 +126,9 @@ def paired_bootstrap(
     # sacreBLEU's private per-segment statistics (the same ones PairedTest resamples)
     if metric._extract_corpus_statistics(list(sys_a), ref_streams) == metric._extract_corpus_statistics(
         list(sys_b), ref_streams
-    ):
+    ) or float(system.score) == float(baseline.score):
+        # no observed difference (e.g. both systems at BLEU 0 with different segments): every resample
+        # ties too and sacreBLEU again reports its minimum p, but no difference is never significant
         p_value = 1.0
     return {
         "baseline": {"bleu": float(baseline.score), "mean": float(baseline.mean), "ci": float(baseline.ci)},
