@@ -150,6 +150,16 @@ _COUNT_UNITS = ((1e9, "B"), (1e6, "M"), (1e3, "K"), (1.0, ""))
 _FLOP_UNITS = ((1e12, " TFLOPs"), (1e9, " GFLOPs"), (1e6, " MFLOPs"), (1e3, " KFLOPs"), (1.0, " FLOPs"))
 
 
+def format_count(n: float) -> str:
+    """A parameter count as the papers print it: 5.53M."""
+    return _scaled(n, _COUNT_UNITS)
+
+
+def format_flops(n: float) -> str:
+    """A FLOP count with its unit: 461 MFLOPs."""
+    return _scaled(n, _FLOP_UNITS).strip()
+
+
 def format_size_summary(d: dict[str, Any]) -> str:
     """One line for logs and report tables, e.g. "params 9.87M (excl. emb 6.12M) · 1.23 GFLOPs @ src 30"."""
     return (

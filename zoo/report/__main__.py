@@ -1,0 +1,71 @@
+"""`python -m zoo.report +suite=<name>` (Hydra entry point; the stages live in their own modules)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from zoo.report.collect import collect
+from zoo.report.measure import run_speed
+from zoo.report.render import render
+from zoo.report.suite import SuiteError, suite_from_config
+from zoo.report.training import TrainingFailed, finished_run, run_training
+
+log = logging.getLogger("zoo.report")
+CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"
+STAGES = ("train", "speed", "render")
+
+
+def _suites() -> str:
+    return ", ".join(sorted(p.stem for p in (CONF_DIR / "suite").glob("*.yaml")))
+
+
+def report(cfg: DictConfig) -> Path | None:
+    """Run the requested stages of one suite; returns REPORT.md's path (None on a dry run)."""
+    if "suite" not in cfg:
+        raise SuiteError(f"no suite given: add +suite=<name>; suites: {_suites()}")
+    suite = suite_from_config(cfg.suite, CONF_DIR)
+    stages = list(cfg.stages)
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise SuiteError(f"stages={stages}: unknown {unknown}; choose from {list(STAGES)}")
+    report_dir = Path(cfg.reports_root) / suite.name
+    start = time.perf_counter()
+    if "train" in stages or cfg.dry_run:
+        runs = run_training(report_dir, suite, dry_run=cfg.dry_run)
+        if cfg.dry_run:
+            return None
+    else:
+        runs = {(e, s): d for e in suite.entries for s in suite.seeds
+                if (d := finished_run(report_dir, e, s)) is not None}
+        missing = len(suite.entries) * len(suite.seeds) - len(runs)
+        if missing:
+            log.warning("%d of the suite's runs are not finished; the report shows what exists", missing)
+    if "speed" in stages:
+        run_speed(report_dir, suite, runs)
+    if "render" not in stages:
+        return None
+    data = collect(report_dir, suite, runs, bootstrap_samples=cfg.bootstrap_samples)
+    settings = [s.__dict__ for s in suite.speed_settings] if suite.speed_enabled else []
+    path = render(report_dir, data, settings, f"python -m zoo.report +suite={suite.name}")
+    print(path.read_text(), flush=True)
+    print(f"[report] wrote {path} ({(time.perf_counter() - start) / 60:.1f} min this invocation)", flush=True)
+    return path
+
+
+@hydra.main(config_path="../../conf", config_name="report", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        report(cfg)
+    except (SuiteError, TrainingFailed) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
