@@ -164,6 +164,18 @@ def test_ablation_switches_run(tmp_path, smoke_corpus, ablation: str) -> None:
     assert all(len(h) == 2 for h in summary["head_plan"].values())
 
 
+def test_fractional_vote_at_is_a_fraction_of_the_time_budget_too(tmp_path, smoke_corpus) -> None:
+    """The CPU preset ends training by max_minutes long before max_updates: GHT-PS must still vote and
+    fine-tune rather than stay in group-constrained training to the end."""
+    summary = train(compose_train(smoke_overrides("ght_ps", smoke_corpus, tmp_path) + [
+        "trainer.max_updates=100000", "trainer.max_minutes=0.15", "trainer.validate_every=5",
+        "model.ght.vote_at=0.5", "model.ght.vote_batches=3", "model.ght.check_every=1000",
+        "model.ght.finetune_patience=0", "evaluate_test=false"]))
+    votes = json.loads((Path(summary["run_dir"]) / "ght" / "votes.json").read_text())
+    assert 0 < votes["step"] < summary["updates"]
+    assert all(len(h) == 2 for h in summary["head_plan"].values())
+
+
 def test_hydra_multirun_sweep_over_alpha(tmp_path, smoke_corpus) -> None:
     overrides = smoke_overrides("ght", smoke_corpus, tmp_path) + [
         "trainer.max_updates=2", "trainer.validate_every=2", "evaluate_test=false", "trainer.valid_quality_sentences=2"]

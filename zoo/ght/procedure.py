@@ -41,7 +41,8 @@ class GHTOptions:
     homogenize: bool = True  # ablation: False drops the −α term
     diversify: bool = True  # ablation: False drops the +β term
     prune: bool = False  # GHT-PS: vote and fine-tune
-    vote_at: float = 0.6  # vote at this update (≥ 1) or fraction of max_updates (< 1), unless converged earlier
+    vote_at: float = 0.6  # vote at this update (≥ 1) or fraction of the budget (< 1: of max_updates, or of
+    #                       max_minutes when that ends first), unless converged earlier
     check_every: int = 100  # probe-batch convergence checks every N updates
     shift_threshold: float = 0.05  # relative centre shift that counts as converged
     patience: int = 3  # consecutive converged checks needed
@@ -151,11 +152,20 @@ class GHTProcedure(Procedure):
         if not self.o.prune:
             return
         limit = self.o.vote_at if self.o.vote_at >= 1 else self.o.vote_at * trainer.cfg.max_updates
-        if self.converged_checks >= self.o.patience or self.step >= limit:
-            why = "group centres converged on the probe batch" if self.converged_checks >= self.o.patience \
-                else f"reached vote_at={self.o.vote_at}"
-            log.info("GCT stage ends at update %d (%s): Voting-to-Stay", self.step, why)
-            self._vote(trainer)
+        # a fractional vote_at is a fraction of the budget, and on the CPU preset the budget that ends
+        # training is wall time (max_minutes), not max_updates: without this GCT never reaches voting there
+        minutes = trainer.cfg.get("max_minutes") or 0
+        out_of_time = self.o.vote_at < 1 and minutes > 0 and trainer.state.elapsed_s >= self.o.vote_at * minutes * 60
+        if self.converged_checks >= self.o.patience:
+            why = "group centres converged on the probe batch"
+        elif self.step >= limit:
+            why = f"reached vote_at={self.o.vote_at}"
+        elif out_of_time:
+            why = f"reached vote_at={self.o.vote_at} of max_minutes={minutes}"
+        else:
+            return
+        log.info("GCT stage ends at update %d (%s): Voting-to-Stay", self.step, why)
+        self._vote(trainer)
 
     def stop_reason(self, trainer: Trainer) -> str:
         fp = self.o.finetune_patience
