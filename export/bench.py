@@ -204,11 +204,14 @@ def _line(p: dict[str, Any], roofline: float) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     payload = load_checkpoint(args.checkpoint)
-    model = model_from_checkpoint(payload)
     runtime = load(args.export, threads=args.threads, spinning=args.ort_spinning)
-    if runtime.manifest.get("head_plan"):
-        model.apply_head_plan(runtime.manifest["head_plan"], remove=False)  # the export's gated original
-    texts, refs = load_sentences(payload, args.src, max(256, *args.batches))
+    if args.pruned_export and runtime.manifest.get("heads_removed") and runtime.manifest.get("head_plan"):
+        raise SystemExit("--export must be the unpruned model (exported with remove_heads=false) when "
+                         "--pruned-export is given")
+    # torch runs the very model the export holds: heads removed if the export removed them, else gated
+    model = prune(model_from_checkpoint(payload), runtime.manifest.get("head_plan") or {},
+                  remove=bool(runtime.manifest.get("heads_removed", True)))[0]
+    texts, refs = load_sentences(payload, args.src, max(args.paper_batch, args.batch1_sentences, 64, *args.batches))
     roofline = matmul_roofline(args.threads)
     report: dict[str, Any] = {"checkpoint": payload["path"], "export": str(args.export), "threads": args.threads,
                               "ort_spinning": args.ort_spinning,
@@ -235,8 +238,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(_line(p, roofline) + (f"  target ≥{target}x: {'met' if p['meets_target'] else 'MISSED'}"
                                             if target else ""), flush=True)
     paper = Search(beam_size=5, max_len_a=0.0, max_len_b=10)
-    batches = make_batches(runtime, texts, 256, 256)
-    p = bench_point("paper: beam 5, batch 256, max len 10", engines, batches, paper, args.repeats)
+    batches = make_batches(runtime, texts, args.paper_batch, args.paper_batch)
+    p = bench_point(f"paper: beam 5, batch {args.paper_batch}, max len 10", engines, batches, paper,
+                    args.repeats)
     report["points"].append(p)
     print(_line(p, roofline), flush=True)
 
@@ -244,8 +248,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         pruned_rt = load(args.pruned_export, threads=args.threads, spinning=args.ort_spinning)
         plan = pruned_rt.manifest["head_plan"]
         pruned_model = prune(model_from_checkpoint(payload), plan)[0]
-        gated = model_from_checkpoint(payload)
-        gated.apply_head_plan(plan, remove=False)
+        gated = model  # the unpruned model: --export, with every head computed (remove_heads=false)
         fixed = Search(beam_size=5, max_len_a=0.0, max_len_b=10, min_len=10)
         flops = {"unpruned": work_flops(gated, batches, 10, 5, pad), "pruned": work_flops(pruned_model, batches, 10,
                                                                                             5, pad)}
@@ -263,7 +266,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.int8_export:
         int8 = load(args.int8_export, threads=args.threads, spinning=args.ort_spinning)
-        if refs is None:
+        if int8.manifest.get("head_plan") != runtime.manifest.get("head_plan"):
+            print("  int8: --int8-export has another head plan than --export; its BLEU cost is not comparable")
+        elif refs is None:
             print("  int8: no references (test split unavailable): BLEU cost not measured")
         else:
             from zoo.metrics import paired_bootstrap
@@ -304,6 +309,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--searches", default="greedy,beam5", type=lambda s: s.split(","))
     ap.add_argument("--fixed-len", type=int, default=20, help="output tokens in the fixed-length mode")
     ap.add_argument("--batch1-sentences", type=int, default=16, help="sentences decoded one by one per run")
+    ap.add_argument("--paper-batch", type=int, default=256, help="batch of the paper's speed setting (beam 5, len 10)")
     ap.add_argument("--bleu-sentences", type=int, default=None, help="test sentences for the int8 BLEU check")
     ap.add_argument("--json", help="write the full report here")
     run(ap.parse_args(argv))

@@ -138,6 +138,41 @@ def _plan(cfg: DictConfig, model: Transformer, payload: dict[str, Any], tokenize
     return {}, "checkpoint", None
 
 
+def _quality_pairs(cfg: DictConfig, payload: dict[str, Any], srcs: list[str], tgts: list[str]
+                   ) -> tuple[list[str], list[str], str]:
+    """(sources, references, split label) the INT8 quality cost is measured on: the checkpoint's test
+    split when its corpus can be rebuilt here (`quantize_eval.split=test`), else the held-out sample."""
+    q = cfg.quantize_eval
+    limit = int(q.sentences) if q.sentences else None
+    if q.split == "test":
+        from zoo.data import DataError, build_splits
+
+        try:
+            test = build_splits(payload["data_config"]).test[:limit]
+        except (DataError, KeyError, OSError) as exc:
+            print(f"(int8 quality: the test split cannot be rebuilt here ({exc}); using the held-out sample)")
+        else:
+            if test:
+                return [e.src for e in test], [e.tgt for e in test], f"test ({len(test)} sentences)"
+    elif q.split != "heldout":
+        raise ExportError(f"quantize_eval.split={q.split!r}: use test or heldout")
+    return srcs[:limit], tgts[:limit], f"heldout ({len(srcs[:limit])} sentences)"
+
+
+def int8_quality(fp32_out: list[str], int8_out: list[str], refs: list[str], split: str,
+                 beam_size: int) -> dict[str, Any]:
+    """BLEU of the fp32 and INT8 graphs' translations (same runtime, same search) with sacreBLEU's
+    paired bootstrap: the quality cost of quantisation, claimed only if significant (DESIGN.md §3c)."""
+    from zoo.metrics import corpus_chrf, paired_bootstrap
+
+    test = paired_bootstrap(fp32_out, int8_out, refs)
+    return {"split": split, "beam_size": beam_size,
+            "bleu_fp32": test["baseline"]["bleu"], "bleu_int8": test["system"]["bleu"],
+            "chrf_fp32": corpus_chrf(fp32_out, refs), "chrf_int8": corpus_chrf(int8_out, refs),
+            "p_value": test["p_value"], "significant": test["significant"],
+            "identical_outputs": sum(a == b for a, b in zip(fp32_out, int8_out, strict=True))}
+
+
 # ---------------------------------------------------------------------------------------------- ONNX
 @contextlib.contextmanager
 def _quiet_exporter() -> Iterator[None]:
@@ -525,6 +560,9 @@ def _export(cfg: DictConfig) -> dict[str, Any]:
                                                      float(cfg.verify.tolerance), int(cfg.verify.max_target_tokens))
         lap("verify")
         if cfg.quantize:
+            eval_src, eval_ref, eval_split = _quality_pairs(cfg, payload, srcs, tgts)
+            with _ort_errors("fp32"):
+                fp32_out = runtime.translate(eval_src)
             quantize_graphs(tmp)
             write()
             with _ort_errors("int8"):
@@ -532,6 +570,8 @@ def _export(cfg: DictConfig) -> dict[str, Any]:
                 manifest["verification_int8"] = verify_export(
                     runtime, pruned, gated, tokenizer, srcs, tgts, search, float(cfg.verify.tolerance),
                     int(cfg.verify.max_target_tokens), strict=False)
+                int8_out = runtime.translate(eval_src)
+            manifest["int8_quality"] = int8_quality(fp32_out, int8_out, eval_ref, eval_split, search.beam_size)
             lap("quantize_and_check")
         del runtime
         manifest["timings_s"] = timings
@@ -577,6 +617,12 @@ def summary_table(m: dict[str, Any], out: Path) -> str:
             f"beam {v['beam']['beam_size']} {v['beam']['identical']}/{v['beam']['total']} identical, greedy "
             f"{v['greedy']['identical']}/{v['greedy']['total']}, translate {v['translate_identical']}/{v['sentences']}"
             f"; shapes {[(x['batch'], x['src_len']) for x in v['shapes']]}")
+    q = m.get("int8_quality")
+    if q:
+        lines.append(f"  int8 quality on {q['split']}, beam {q['beam_size']}: BLEU {q['bleu_fp32']:.2f} → "
+                     f"{q['bleu_int8']:.2f}, chrF {q['chrf_fp32']:.2f} → {q['chrf_int8']:.2f} (paired bootstrap "
+                     f"p={q['p_value']:.3f}: {'significant' if q['significant'] else 'no significant difference'}); "
+                     f"{q['identical_outputs']} outputs identical")
     if m.get("timings_s"):
         lines.append("  time: " + ", ".join(f"{k} {v:.1f}s" for k, v in m["timings_s"].items()))
     g = m["graphs"]

@@ -117,6 +117,9 @@ def prune(model: Transformer, plan: HeadPlan, remove: bool = True) -> tuple[Tran
         mask = torch.zeros_like(modules[name].head_gate)
         mask[positions] = 1.0
         modules[name].head_gate.mul_(mask)
+    if not model.cfg.heads_removed:
+        # the gated model's config says which heads are gated, so manifest.json describes it fully
+        gated.cfg.head_plan = {name: list(kept) for name, kept in plan.items()}
     if not remove:
         return gated, gated
     pruned = copy.deepcopy(gated)

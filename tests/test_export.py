@@ -22,9 +22,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
+from onnx import numpy_helper
 
 import export
-import export.exporter as exporter
+from export import bench
 from export import runtime as rt
 from export.exporter import export_checkpoint
 from export.graph import ExportError
@@ -104,6 +105,38 @@ def _heldout_batch(run_dir: Path, n: int = 32) -> tuple[torch.Tensor, list[str],
     return src, texts, tok, payload
 
 
+def onnx_weights(out: Path) -> list[np.ndarray]:
+    """Every initializer of both graphs as an array (cross-attention k/v live in the encoder graph)."""
+    return [numpy_helper.to_array(init) for name in ("encoder.onnx", "decoder.onnx")
+            for init in onnx.load(str(out / name)).graph.initializer]
+
+
+def holds(weights: list[np.ndarray], w: torch.Tensor) -> bool:
+    """Whether the graphs hold weight `w` exactly, as stored or transposed (MatMul takes [in, out])."""
+    a = w.detach().numpy()
+    return any((x.shape == a.shape and np.array_equal(x, a)) or (x.shape == a.T.shape and np.array_equal(x, a.T))
+               for x in weights)
+
+
+def assert_removed_heads_absent(out: Path, manifest: dict, payload: dict) -> None:
+    """For every pruned module: the graphs hold its sliced q/k/v/out projections (kept heads × head_dim
+    rows, resp. columns) and none of the checkpoint's full-width ones — read off the ONNX weights."""
+    weights = onnx_weights(out)
+    original = model_from_checkpoint(payload).attention_modules()
+    pruned = prune(model_from_checkpoint(payload), manifest["head_plan"])[0].attention_modules()
+    d = manifest["model_config"]["d_model"]
+    for name, kept in manifest["head_plan"].items():
+        module, full = pruned[name], original[name]
+        width = len(kept) * module.head_dim
+        assert module.num_heads == len(kept) < full.num_heads, name
+        for proj in ("q_proj", *module.key_projections):
+            assert tuple(getattr(module, proj).weight.shape) == (width, d), (name, proj)
+            assert holds(weights, getattr(module, proj).weight), f"{name}.{proj}: sliced weight not in the graphs"
+            assert not holds(weights, getattr(full, proj).weight), f"{name}.{proj}: full weight still in the graphs"
+        assert tuple(module.out_proj.weight.shape) == (d, width)
+        assert holds(weights, module.out_proj.weight) and not holds(weights, full.out_proj.weight), name
+
+
 # ------------------------------------------------------------------------------------------- every entry
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_export_with_pruning_verifies_for_every_entry(entry: str, exported, smoke_run, tmp_path) -> None:
@@ -123,6 +156,7 @@ def test_export_with_pruning_verifies_for_every_entry(entry: str, exported, smok
         assert heads["num_heads"] == (len(heads["kept"]) if removed else num_heads), name
     if removed:
         assert manifest["size"]["flops_ratio"] < 1 and manifest["size"]["params_ratio"] < 1
+        assert_removed_heads_absent(out, manifest, load_checkpoint(smoke_run(entry)))
     # cache tensors follow each layer's own head count; the decoder's ONNX inputs carry the same layout
     decoder = onnx.load(str(out / "decoder.onnx"))
     inputs = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in decoder.graph.input}
@@ -138,23 +172,17 @@ def test_export_with_pruning_verifies_for_every_entry(entry: str, exported, smok
 
 
 # ------------------------------------------------------------------------------------------- pruning
-def test_removed_heads_are_absent_from_the_onnx_weights(exported) -> None:
+def test_removed_heads_are_absent_from_the_onnx_weights(exported, smoke_run) -> None:
     out, manifest = exported("transformer")
     d, dh = manifest["model_config"]["d_model"], manifest["heads"]["encoder.layers.0.self_attn"]["head_dim"]
     assert manifest["head_plan"] == PLAN and manifest["head_plan_source"].startswith("json:")
     assert manifest["heads"]["decoder.layers.0.self_attn"]["num_heads"] == 2
-
-    def weights(name: str) -> dict[str, list[int]]:
-        return {i.name: list(i.dims) for i in onnx.load(str(out / name)).graph.initializer}
-
-    dec, enc = weights("decoder.onnx"), weights("encoder.onnx")
-    for proj in ("q_proj", "k_proj", "v_proj"):  # [in, out] (transposed): 2 kept heads of size dh
-        assert dec[f"decoder.layers.0.self_attn.{proj}.weight_t"] == [d, 2 * dh]
-        assert enc[f"encoder.layers.1.self_attn.{proj}.weight_t"] == [d, 3 * dh]
-        assert dec[f"decoder.layers.1.self_attn.{proj}.weight_t"] == [d, 8 * dh]  # untouched module
-    assert dec["decoder.layers.0.self_attn.out_proj.weight_t"] == [2 * dh, d]
-    assert dec["decoder.layers.1.cross_attn.q_proj.weight_t"] == [d, dh]
-    assert enc["decoder.layers.1.cross_attn.k_proj.weight_t"] == [d, dh]  # cross keys are computed by the encoder
+    shapes = [x.shape for x in onnx_weights(out)]
+    # a module that kept 2 of 8 heads of size dh has q/k/v of 2·dh rows (stored [d, 2·dh] for MatMul)
+    assert (d, 2 * dh) in shapes or (2 * dh, d) in shapes
+    assert (d, 3 * dh) in shapes or (3 * dh, d) in shapes
+    assert (d, dh) in shapes or (dh, d) in shapes
+    assert_removed_heads_absent(out, manifest, load_checkpoint(smoke_run("transformer")))
     caches = {c["name"]: c["shape"] for c in manifest["caches"]}
     assert caches["L0.self.k"] == ["batch", 2, "steps", dh] and caches["L1.cross.v"] == ["batch", 1, "src_len", dh]
     size = manifest["size"]
@@ -226,6 +254,8 @@ def test_head_importance_plan_and_int8_export(exported, smoke_run) -> None:
     assert "MatMulInteger" in ops or "DynamicQuantizeMatMul" in ops
     assert manifest["verification"]["passed"]  # fp32 graphs verified strictly before quantising
     assert "max_abs_logits_diff" in manifest["verification_int8"]  # int8 drift reported, not failed
+    q = manifest["int8_quality"]  # its BLEU cost, measured on the (smoke) test split
+    assert q["split"].startswith("test (") and 0 <= q["bleu_int8"] <= 100 and 0 <= q["p_value"] <= 1
     assert all(isinstance(s, str) for s in export.load(out).translate(payload["heldout"]["src"][:4]))
 
 
@@ -246,6 +276,23 @@ def test_ort_search_equals_torch_search(exported, smoke_run) -> None:
     assert runtime.translate(texts, beam_size=5) == reference
     assert runtime.translate(texts[0]) == reference[:1]  # a single string, the manifest's defaults (beam 5)
     assert len({*reference}) > len(reference) // 3  # the (pruned) smoke model is not degenerate
+
+
+@pytest.mark.parametrize("entry", ["transformer", "ght_ps", "mgk_4head", "mixhead_b", "fixhead"])
+def test_ort_beam_equals_torch_beam_on_the_test_split(entry: str, exported, smoke_run, smoke_corpus) -> None:
+    """The acceptance check: ORT beam search (beam 5) returns zoo.generate's hypotheses on the smoke test split."""
+    out, manifest = exported(entry)
+    payload = load_checkpoint(smoke_run(entry))
+    tok = Tokenizer.from_bytes(payload["tokenizer"])
+    # the checkpoint's model with the export's plan gated: what the (pruned) export must equal
+    _, reference = prune(model_from_checkpoint(payload), manifest["head_plan"], remove=False)
+    texts = (smoke_corpus / "test.de").read_text(encoding="utf-8").splitlines()
+    runtime = export.load(out, threads=1)
+    src = torch.from_numpy(runtime.pad(runtime.encode_texts(texts)))
+    ids = generate(reference, src, SearchConfig(beam_size=5))
+    assert runtime.generate(src.numpy(), rt.Search(beam_size=5)) == ids
+    assert runtime.translate(texts, beam_size=5) == translate_texts(reference, tok, texts, SearchConfig(beam_size=5))
+    assert len({tuple(h) for h in ids}) > len(ids) // 3  # a non-degenerate model
 
 
 def test_dynamic_batch_and_length(exported, smoke_run) -> None:
@@ -358,32 +405,65 @@ def test_bad_head_plans_fail_before_exporting(smoke_run, tmp_path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_existing_output_and_failed_verification_leave_nothing_half_written(exported, smoke_run, tmp_path,
-                                                                           monkeypatch) -> None:
-    good, _ = exported("transformer")
-    run = smoke_run("transformer")
-    existing = tmp_path / "existing"
+@pytest.fixture(scope="module")
+def ght_ps_unpruned(smoke_run, tmp_path_factory) -> tuple[Path, Path, dict]:
+    """(export root, export dir, manifest) of the smoke GHT-PS checkpoint exported with every head kept
+    (remove_heads=false), written over an existing directory: on the way it checks that an existing
+    directory is refused without overwrite=true, and that a failed verification (a real export checked at
+    an impossible tolerance) leaves the old directory untouched and no temporary directory behind."""
+    root = tmp_path_factory.mktemp("overwrite")
+    run = smoke_run("ght_ps")
+    existing = root / "existing"
     existing.mkdir()
     (existing / "keep.txt").write_text("mine")
     with pytest.raises(ExportError, match=r"already exists.*overwrite=true"):
-        export_checkpoint(export_config(run, existing))
+        export_checkpoint(export_config(run, existing, "remove_heads=false"))
     assert (existing / "keep.txt").read_text() == "mine"
-
-    def reuse_graphs(model, specs, directory, opset, metadata):  # the real graphs, without re-exporting
-        for name in ("encoder.onnx", "decoder.onnx"):
-            shutil.copy(good / name, directory / name)
-        return json.loads((good / "manifest.json").read_text())["graphs"]
-
-    monkeypatch.setattr(exporter, "export_graphs", reuse_graphs)
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps(PLAN))  # the plan `good` was exported with: same cache layout
     with pytest.raises(ExportError, match="verification failed"):  # logits differ by ~1e-6 > 1e-12
-        export_checkpoint(export_config(run, existing, "overwrite=true", "verify.tolerance=1e-12",
-                                        f"head_plan={plan}"))
+        export_checkpoint(export_config(run, existing, "remove_heads=false", "overwrite=true",
+                                        "verify.tolerance=1e-12"))
     assert (existing / "keep.txt").read_text() == "mine"  # the old export survives a failed one
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing", "plan.json"]  # no temp dir left behind
-    manifest = export_checkpoint(export_config(run, existing, "overwrite=true", f"head_plan={plan}"))
-    assert manifest["verification"]["passed"] and not (existing / "keep.txt").exists()
+    assert [p.name for p in root.iterdir()] == ["existing"]  # no temporary directory left behind
+    manifest = export_checkpoint(export_config(run, existing, "remove_heads=false", "overwrite=true"))
+    return root, existing, manifest
+
+
+def test_existing_output_and_failed_verification_leave_nothing_half_written(ght_ps_unpruned) -> None:
+    root, out, manifest = ght_ps_unpruned
+    assert manifest["verification"]["passed"] and not (out / "keep.txt").exists()
+    assert sorted(p.name for p in root.iterdir()) == ["existing"]
+    # remove_heads=false keeps the gated-off heads in the graph: every module computes all its heads
+    assert not manifest["heads_removed"] and manifest["head_plan"]
+    assert all(h["num_heads"] == manifest["model_config"]["num_heads"] for h in manifest["heads"].values())
+    assert manifest["size"]["flops_ratio"] == 1.0
+
+
+def test_bench_runs_side_by_side(ght_ps_unpruned, exported, smoke_run, tmp_path, capsys) -> None:
+    """`python -m export.bench` end to end on smoke checkpoints with tiny settings (numbers meaningless here)."""
+    _, unpruned, _ = ght_ps_unpruned
+    pruned, _ = exported("ght_ps")
+    report_path = tmp_path / "bench.json"
+    bench.main(["--checkpoint", str(smoke_run("ght_ps")), "--export", str(unpruned), "--pruned-export", str(pruned),
+                "--threads", "1", "--repeats", "1", "--batches", "1,4", "--batch1-sentences", "2",
+                "--paper-batch", "8", "--fixed-len", "4", "--json", str(report_path)])
+    text = capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    labels = [p["label"] for p in report["points"]]
+    for mode in ("natural", "fixed"):
+        for search in ("greedy", "beam5"):
+            for batch in (1, 4):
+                assert f"{mode} {search} batch {batch}" in labels
+    assert "paper: beam 5, batch 8, max len 10" in labels
+    for p in report["points"]:
+        e = p["engines"]
+        assert set(e) == {"torch", "ort"} and all(v["sentences_per_s"] > 0 for v in e.values())
+        assert e["ort"]["identical_to_first"] == p["sentences"]  # both engines return the same hypotheses
+        if p.get("mode") == "fixed":
+            assert 0 < e["ort"]["gflops_per_s"] < report["matmul_roofline_gflops"] * 2
+    assert report["matmul_roofline_gflops"] > 0
+    pruning = report["pruning"]
+    assert 0 < pruning["analytic_flops_ratio"] < 1 and pruning["torch"]["speedup"] > 0 and pruning["ort"]["speedup"] > 0
+    assert "ratio" in text and "analytic FLOP ratio" in text and "roofline" in text
 
 
 def test_cli_exit_codes(tmp_path) -> None:
