@@ -133,8 +133,11 @@ def _plan(cfg: DictConfig, model: Transformer, payload: dict[str, Any], tokenize
             raise ExportError(f"importance.source={imp.source!r}: use heldout or valid")
         src_ids, tgt_ids = encode_pairs(tokenizer, srcs, tgts, model.cfg.max_positions, 10**9)
         scores = head_importance(model, list(zip(src_ids, tgt_ids, strict=True)), int(imp.batch_size))
-        plan = plan_from_importance(scores, int(cfg.keep_heads))
-        return validate_plan(plan, model), f"importance:{imp.source}:keep_heads={cfg.keep_heads}", scores
+        keep = cfg.keep_heads
+        keep = OmegaConf.to_container(keep) if isinstance(keep, DictConfig) else keep
+        plan = plan_from_importance(scores, keep)
+        budget = json.dumps(keep, sort_keys=True) if isinstance(keep, dict) else keep
+        return validate_plan(plan, model), f"importance:{imp.source}:keep_heads={budget}", scores
     return {}, "checkpoint", None
 
 
@@ -319,10 +322,13 @@ def export_graphs(model: Transformer, specs: list[CacheSpec], directory: Path, o
     """Write encoder.onnx and decoder.onnx for `model` (eval) with every batch/length axis dynamic."""
     from torch.export import Dim
 
-    dims = {BATCH: Dim(BATCH), PREV_BATCH: Dim(PREV_BATCH), SRC_LEN: Dim(SRC_LEN), STEPS: Dim(STEPS)}
+    cfg = model.cfg
+    # lengths are bounded by the positions table (Transformer._embed checks it: a guard torch.export must
+    # see declared, or it reports a constraint violation)
+    dims = {BATCH: Dim(BATCH), PREV_BATCH: Dim(PREV_BATCH), SRC_LEN: Dim(SRC_LEN, max=cfg.max_positions),
+            STEPS: Dim(STEPS, max=cfg.max_positions)}
     # example sizes: distinct from each other and from 0/1, which torch.export would specialise on
     b, s, prev_b, steps = 3, 7, 5, 2
-    cfg = model.cfg
     src = torch.randint(4, cfg.vocab_size, (b, s)) if cfg.vocab_size > 4 else torch.full((b, s), 3)
     src[0, -2:] = cfg.pad_id
     cross_specs = [c for c in specs if c.kind == "cross"]
@@ -330,7 +336,7 @@ def export_graphs(model: Transformer, specs: list[CacheSpec], directory: Path, o
     encoder, decoder = EncoderGraph(model, specs).eval(), DecoderStepGraph(model, specs).eval()
     enc_in, enc_out = encoder_io_names(specs)
     dec_in, dec_out = decoder_io_names(specs)
-    kwargs = {"dynamo": True, "external_data": False, "opset_version": opset, "verbose": False,
+    kwargs = {"dynamo": True, "external_data": False, "opset_version": opset or DEFAULT_OPSET, "verbose": False,
               "custom_translation_table": {
                   torch.ops.aten.scaled_dot_product_attention.default: _sdpa_translation(opset or DEFAULT_OPSET)}}
     with torch.no_grad(), _quiet_exporter():

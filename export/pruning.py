@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -192,12 +192,33 @@ def head_importance(model: Transformer, pairs: Sequence[tuple[list[int], list[in
             for name in modules}
 
 
-def plan_from_importance(scores: dict[str, dict[int, float]], keep: int) -> HeadPlan:
-    """Keep the `keep` most important active heads of every module (ties: lower index)."""
-    if keep < 1:
-        raise ExportError(f"keep_heads must be >= 1, got {keep}")
+MODULE_KINDS = ("encoder_self", "decoder_self", "decoder_cross")
+
+
+def module_kind(name: str) -> str:
+    """"encoder.layers.3.self_attn" → "encoder_self" (the kinds GHT's config uses too)."""
+    stack, attn = name.split(".")[0], name.rsplit(".", 1)[-1]
+    return f"{stack}_{attn.removesuffix('_attn')}"
+
+
+def plan_from_importance(scores: dict[str, dict[int, float]], keep: int | Mapping[str, int]) -> HeadPlan:
+    """Keep the most important active heads of every module (ties: lower index).
+
+    `keep` is the per-module budget: one int for every module, or a mapping from module kinds
+    (encoder_self, decoder_self, decoder_cross) and/or full module names (which win) to a head
+    count; modules it does not name keep all their heads."""
+    budget = dict(keep) if isinstance(keep, Mapping) else {kind: keep for kind in MODULE_KINDS}
+    unknown = sorted(set(budget) - set(MODULE_KINDS) - set(scores))
+    if unknown:
+        raise ExportError(f"keep_heads names {unknown}: use module kinds {', '.join(MODULE_KINDS)} or module names "
+                          f"such as {next(iter(scores), 'decoder.layers.0.self_attn')}")
     plan = {}
     for name, per_head in scores.items():
+        k = budget.get(name, budget.get(module_kind(name)))
+        if k is None:
+            continue
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ExportError(f"keep_heads for {name} must be an integer >= 1, got {k!r}")
         ranked = sorted(per_head, key=lambda h: (-per_head[h], h))
-        plan[name] = sorted(ranked[:keep])
+        plan[name] = sorted(ranked[:k])
     return plan

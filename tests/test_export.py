@@ -62,7 +62,7 @@ def pruning_overrides(run_dir: Path, root: Path) -> tuple[list[str], dict[str, l
     removal is inexact (Mixhead) keep the planned-away heads gated (remove_heads=false)."""
     model = model_from_checkpoint(load_checkpoint(run_dir))
     if model.cfg.head_plan:
-        return [], dict(model.cfg.head_plan)
+        return [], {name: sorted(heads) for name, heads in model.cfg.head_plan.items()}
     plan = plan_for(model.cfg.num_heads)
     path = root / f"plan-{run_dir.parent.name}.json"
     path.write_text(json.dumps(plan))
@@ -242,6 +242,12 @@ def test_head_importance_plan_and_int8_export(exported, smoke_run) -> None:
     for name, kept in plan.items():
         ranked = sorted(scores[name], key=lambda h: -scores[name][h])
         assert set(kept) == set(ranked[:2])
+    # a per-module budget: by module kind, a full module name wins; unnamed modules keep every head
+    budget = plan_from_importance(scores, {"decoder_self": 1, "encoder_self": 4, "encoder.layers.0.self_attn": 3})
+    assert {n: len(h) for n, h in budget.items()} == {"encoder.layers.0.self_attn": 3, "encoder.layers.1.self_attn": 4,
+                                                     "decoder.layers.0.self_attn": 1, "decoder.layers.1.self_attn": 1}
+    with pytest.raises(ExportError, match="module kinds"):
+        plan_from_importance(scores, {"decoder_ffn": 2})
     # gated-off heads (GHT-PS style) are never ranked
     model.apply_head_plan({"decoder.layers.0.self_attn": [0, 1, 2]}, remove=False)
     gated_scores = head_importance(model, list(zip(src[:4], tgt[:4], strict=True)), batch_size=2)
