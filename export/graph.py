@@ -1,0 +1,226 @@
+"""Torch modules that present a `Transformer` as the two graphs the ONNX runtime runs.
+
+Why wrappers: the model's incremental API passes a list of per-layer dicts of tensors whose names
+and shapes belong to each attention mechanism (MHA caches "k"/"v" [B, H, T, dh]; MGK several key
+sets; MLK running sums with no position axis). An ONNX graph needs a flat, ordered list of named
+tensors instead, so the layout is *discovered* by running one torch decoding step and recorded as
+`CacheSpec`s — nothing here knows which tensors a mechanism caches.
+
+Graph I/O (names are stable and go into manifest.json; `Lk.self.<name>` / `Lk.cross.<name>`):
+
+encoder.onnx
+    in   src_tokens       int64 [batch, src_len]
+    out  memory           f32   [batch, src_len, d_model]   (encoder states; not needed by the decoder)
+         memory_pad_mask  bool  [batch, src_len]            True at source padding
+         Lk.cross.<name>  f32   per mechanism, batch first  (cross-attention cache, computed once)
+decoder.onnx (one incremental step, every step)
+    in   tokens           int64 [batch, 1]                  last token of every live hypothesis
+         step             int64 [1]                         its position (0 = bos), indexes the positions table
+         beam_order       int64 [batch]                     rows of the *previous* self caches to continue from
+         topk             int64 [1]                         how many best tokens per row to return (k)
+         memory_pad_mask  bool  [batch, src_len]
+         Lk.cross.<name>  f32   [batch, ...]
+         Lk.self.<name>   f32   [prev_batch, ...]           self-attention state before this step
+    out  logits           f32   [batch, vocab]
+         log_probs        f32   [batch, vocab]              log_softmax(logits)
+         top_log_probs    f32   [batch, k]                  the k largest log-probs per row, descending
+         top_tokens       int64 [batch, k]                  their token ids (ties: lower id first)
+         next.Lk.self.<name> f32 [batch, ...]               state after this step (fed back as Lk.self.<name>)
+
+The search consumes only top_log_probs/top_tokens (k = 2·beam + 3: whatever the host bans — pad, bos,
+eos — at most 3 of a row's best tokens are lost, so the 2·beam best allowed candidates of every row
+are always there), so no [rows, vocab] array crosses into numpy per step. The self caches are
+reordered *inside* the graph (`index_select(beam_order)`), so beam search never
+copies caches on the host; at step 0 they are empty along their position axis (or zeros for
+position-less running sums); the export's verification compares step 0 against torch's empty cache.
+Inputs a mechanism never reads (memory_pad_mask when cross-attention caches masked sums) are
+dropped by the exporter; the manifest lists each graph's actual I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from zoo.model import Transformer
+
+ENCODER_INPUTS = ("src_tokens",)
+ENCODER_FIXED_OUTPUTS = ("memory", "memory_pad_mask")
+DECODER_FIXED_INPUTS = ("tokens", "step", "beam_order", "topk", "memory_pad_mask")
+DECODER_FIXED_OUTPUTS = ("logits", "log_probs", "top_log_probs", "top_tokens")
+
+NEXT = "next."  # prefix of the updated self-attention state outputs (ONNX names must be unique)
+BATCH, PREV_BATCH, SRC_LEN, STEPS = "batch", "prev_batch", "src_len", "steps"
+
+
+class ExportError(Exception):
+    """An export that cannot be done or did not verify; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """One cached tensor of one decoder layer, as discovered from a torch decoding step.
+
+    `shape` holds ints for fixed axes and symbolic names for dynamic ones: "batch" (always axis 0),
+    "steps" (self-attention position axis, absent for running-sum states) or "src_len" (cross
+    position axis, absent for summarised memories).
+    """
+
+    name: str  # graph name, e.g. "L0.self.k"
+    layer: int
+    kind: str  # "self" | "cross"
+    key: str  # the mechanism's own name for it, e.g. "k"
+    shape: tuple[int | str, ...]
+    dtype: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "shape": list(self.shape)}
+
+    @property
+    def position_axis(self) -> int | None:
+        for axis, size in enumerate(self.shape):
+            if size in (STEPS, SRC_LEN):
+                return axis
+        return None
+
+
+def _symbolic_shape(a: Tensor, b: Tensor, batch: int, grow: int, symbol: str, where: str) -> tuple[int | str, ...]:
+    """Shape of a cached tensor seen at two sizes of one axis (grown by `grow`): that axis becomes `symbol`."""
+    if a.dim() != b.dim() or a.shape[0] != batch:
+        raise ExportError(f"{where}: cached tensors must be batch-first [B, ...] (got {tuple(a.shape)})")
+    shape: list[int | str] = [BATCH]
+    grown = []
+    for axis in range(1, a.dim()):
+        if a.shape[axis] == b.shape[axis]:
+            shape.append(int(a.shape[axis]))
+        elif b.shape[axis] - a.shape[axis] == grow:
+            shape.append(symbol)
+            grown.append(axis)
+        else:
+            raise ExportError(f"{where}: axis {axis} changed from {a.shape[axis]} to {b.shape[axis]}; "
+                              f"only one position axis may grow (by {grow})")
+    if len(grown) > 1:
+        raise ExportError(f"{where}: more than one axis follows the sequence length {tuple(a.shape)}")
+    return tuple(shape)
+
+
+@torch.no_grad()
+def discover_caches(model: Transformer) -> list[CacheSpec]:
+    """Run torch decoding steps on a dummy batch and describe every cached tensor generically.
+
+    Two source lengths reveal the cross caches' source axis; two decoding steps reveal the
+    self caches' position axis. Order: layer by layer, self then cross, names sorted.
+    """
+    cfg = model.cfg
+    batch, src_len, extra = 2, 5, 3
+    src = torch.full((batch, src_len), 4 % cfg.vocab_size, dtype=torch.long)
+    longer = torch.cat([src, torch.full((batch, extra), cfg.pad_id, dtype=torch.long)], dim=1)
+    bos = torch.full((batch, 1), cfg.bos_id, dtype=torch.long)
+    states = []
+    for source in (src, longer):
+        memory, pad = model.encode(source)
+        state = model.init_state()
+        model.decode(bos, memory, pad, state, 0)
+        first = [{kind: dict(cache) for kind, cache in layer.items()} for layer in state]
+        model.decode(bos, memory, pad, state, 1)
+        states.append((first, state))
+    (first, second), (first_long, _) = states
+    specs: list[CacheSpec] = []
+    for i in range(len(first)):
+        for kind in ("self", "cross"):
+            keys = sorted(first[i][kind])
+            if not keys:
+                raise ExportError(f"decoder layer {i} {kind}-attention cached nothing during incremental decoding")
+            for key in keys:
+                where = f"decoder layer {i} {kind}-attention cache {key!r}"
+                if kind == "self":
+                    shape = _symbolic_shape(first[i][kind][key], second[i][kind][key], batch, 1, STEPS, where)
+                else:
+                    shape = _symbolic_shape(first[i][kind][key], first_long[i][kind][key], batch, extra, SRC_LEN,
+                                            where)
+                dtype = str(first[i][kind][key].dtype).replace("torch.", "")
+                specs.append(CacheSpec(f"L{i}.{kind}.{key}", i, kind, key, shape, dtype))
+    return specs
+
+
+def concrete_shape(spec: CacheSpec, batch: int, steps: int = 0, src_len: int = 0) -> list[int]:
+    sizes = {BATCH: batch, STEPS: steps, SRC_LEN: src_len}
+    return [sizes[s] if isinstance(s, str) else s for s in spec.shape]
+
+
+def cross_caches(model: Transformer, memory: Tensor, pad_mask: Tensor) -> list[dict[str, Tensor]]:
+    """Every decoder layer's cross-attention cache for memory [B, S, D], built by the mechanism's own
+    first-step path (a cross-attention call with an empty cache) rather than `project_memory`:
+    some mechanisms cache something else (MLK: masked running sums "kv", "z"). The one dummy
+    query's output is discarded (and pruned from the ONNX graph)."""
+    query = memory.new_zeros(memory.shape[0], 1, memory.shape[2])  # [B, 1, D]
+    caches = []
+    for layer in model.decoder.layers:
+        cache: dict[str, Tensor] = {}
+        layer.cross_attn(query, memory, key_padding_mask=pad_mask, cache=cache)
+        caches.append(cache)
+    return caches
+
+
+class EncoderGraph(nn.Module):
+    """src_tokens [B, S] → memory, memory_pad_mask, every decoder layer's cross-attention cache."""
+
+    def __init__(self, model: Transformer, specs: list[CacheSpec]) -> None:
+        super().__init__()
+        self.model = model
+        self.cross = [s for s in specs if s.kind == "cross"]
+
+    def forward(self, src_tokens: Tensor) -> tuple[Tensor, ...]:
+        memory, pad_mask = self.model.encode(src_tokens)  # [B, S, D], [B, S]
+        per_layer = cross_caches(self.model, memory, pad_mask)
+        return (memory, pad_mask, *[per_layer[s.layer][s.key] for s in self.cross])
+
+
+class DecoderStepGraph(nn.Module):
+    """One incremental decoder step with flat cache inputs/outputs (see the module docstring)."""
+
+    def __init__(self, model: Transformer, specs: list[CacheSpec]) -> None:
+        super().__init__()
+        self.model = model
+        self.cross = [s for s in specs if s.kind == "cross"]
+        self.self_specs = [s for s in specs if s.kind == "self"]
+        self.embed_scale = math.sqrt(model.cfg.d_model)
+
+    def forward(self, tokens: Tensor, step: Tensor, beam_order: Tensor, topk: Tensor, memory_pad_mask: Tensor,
+                *caches: Tensor) -> tuple[Tensor, ...]:
+        m = self.model
+        cross, prev = caches[: len(self.cross)], caches[len(self.cross):]
+        state: list[dict[str, dict[str, Tensor]]] = [{"self": {}, "cross": {}} for _ in m.decoder.layers]
+        for spec, value in zip(self.cross, cross, strict=True):
+            state[spec.layer]["cross"][spec.key] = value  # [N, ...]
+        for spec, value in zip(self.self_specs, prev, strict=True):
+            state[spec.layer]["self"][spec.key] = value.index_select(0, beam_order)  # [N_prev, ...] -> [N, ...]
+        # Transformer.decode with a tensor offset: positions table indexed by `step` [1]
+        x = m.tgt_embed(tokens) * self.embed_scale + m.positions.index_select(0, step)  # [N, 1, D]
+        unused_memory = memory_pad_mask  # cross-attention reads its cache, never the memory itself
+        for i, layer in enumerate(m.decoder.layers):
+            x = layer(x, unused_memory, memory_pad_mask, state[i])
+        x = m.decoder.final_norm(x)
+        weight = m.output_proj.weight if m.output_proj is not None else m.tgt_embed.weight
+        logits = (x @ weight.t())[:, 0]  # [N, V]
+        log_probs = torch.log_softmax(logits, dim=-1)
+        k = topk.item()  # a graph input: one graph serves greedy (k=4) and every beam size
+        torch._check(k >= 1)
+        torch._check(k <= log_probs.shape[1])
+        top_log_probs, top_tokens = torch.topk(log_probs, k, dim=-1)  # [N, k] each
+        new_state = [state[s.layer]["self"][s.key] for s in self.self_specs]
+        return (logits, log_probs, top_log_probs, top_tokens, *new_state)
+
+
+def decoder_io_names(specs: list[CacheSpec]) -> tuple[list[str], list[str]]:
+    cross = [s.name for s in specs if s.kind == "cross"]
+    selfs = [s.name for s in specs if s.kind == "self"]
+    return [*DECODER_FIXED_INPUTS, *cross, *selfs], [*DECODER_FIXED_OUTPUTS, *[NEXT + n for n in selfs]]
+
+
+def encoder_io_names(specs: list[CacheSpec]) -> tuple[list[str], list[str]]:
+    return list(ENCODER_INPUTS), [*ENCODER_FIXED_OUTPUTS, *[s.name for s in specs if s.kind == "cross"]]

@@ -1,0 +1,388 @@
+"""Run an exported attention-zoo model with numpy + onnxruntime + sentencepiece only.
+
+    import export
+    model = export.load("exports/transformer-deen")
+    model.translate(["Guten Morgen."])            # → ["Good morning."]
+
+Why a separate runtime: serving (the Triton Python backend, which gets a copy of this very file)
+must not need torch. So this module is self-contained — standard library, numpy, onnxruntime and
+sentencepiece, no project imports — and everything model-specific comes from the export
+directory's manifest.json (special ids, position limit, the per-layer cache layout, defaults).
+
+Search semantics are those of `zoo.generate` exactly (the export verifies identical hypotheses):
+pad and bos are banned, eos is banned before `min_len`, and forced at each sentence's length limit
+`int(max_len_a·src_len + max_len_b)` (float32 arithmetic, as torch does it) clamped to
+[1, max_positions-1]; beam search keeps fairseq's 2·K candidates, counts only eos among the top K
+as finished, normalises by length**len_penalty (length counting eos), stops a sentence after K
+finished hypotheses and drops it from the batch; greedy search runs until every row has emitted eos.
+`translate` batches texts exactly as `zoo.evaluation.translate_texts` does.
+
+Per step the host touches only small arrays: the decoder state stays inside onnxruntime between
+steps (OrtValues out, OrtValues back in), beam reordering is the graph's `beam_order` input, and
+the graph returns each row's k = 2·beam + 3 best log-probs and tokens (in-graph TopK) instead of a
+[rows, vocab] array. Whatever the search bans (pad, bos, eos) removes at most 3 of a row's best
+tokens, so each row's 2·beam best allowed candidates are always among them, and the sentence's
+2·beam best candidates over all its beams (what `torch.topk` over [beams·vocab] finds) too.
+Cross-attention caches are re-sliced on the host only when a finished sentence leaves the batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import sentencepiece as spm
+
+MANIFEST = "manifest.json"
+RUNTIME_FORMAT = 1
+OPTIMIZATION_LEVELS = {
+    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+_NEXT = "next."  # decoder output name prefix of an updated self-attention state
+_BANNED = 3  # tokens the search may ban from a row (pad, bos, eos): fetch this many extra best tokens
+
+
+class ExportedModelError(Exception):
+    """An export directory that cannot be loaded (missing, corrupt or from a newer exporter)."""
+
+
+@dataclass(frozen=True)
+class Search:
+    """The search settings of `zoo.generate.SearchConfig` (same names, same defaults)."""
+
+    beam_size: int = 5
+    len_penalty: float = 1.0
+    max_len_a: float = 1.2
+    max_len_b: int = 10
+    min_len: int = 1
+
+
+def max_lengths(src_lengths: np.ndarray, search: Search, max_positions: int) -> np.ndarray:
+    """Per-sentence output limit (tokens incl. eos), computed in float32 like torch's
+    `(a * src_len + b).long().clamp(1, max_positions - 1)` so limits agree to the token."""
+    raw = np.float32(search.max_len_a) * src_lengths.astype(np.float32) + np.float32(search.max_len_b)
+    return np.clip(raw.astype(np.int64), 1, max_positions - 1)
+
+
+def _batches(lengths: Sequence[int], max_tokens: int, max_sentences: int) -> list[list[int]]:
+    """`zoo.evaluation._batches`: indices by decreasing length, ≤ max_tokens padded tokens and
+    ≤ max_sentences per batch (kept identical so batch composition matches the torch path)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        width = max(longest, lengths[i])
+        if current and (width * (len(current) + 1) > max_tokens or len(current) >= max_sentences):
+            batches.append(current)
+            current, width = [], lengths[i]
+        current.append(i)
+        longest = width
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class _Stepper:
+    """Per-row best tokens for the live rows; the decoder state lives in OrtValues between steps.
+
+    `select(rows)` keeps rows of the logical batch (beam reordering / finished sentences leaving):
+    the self-attention state is reordered by the graph at the next step (`beam_order`), the
+    cross-attention caches on the host, and only when the set of sentences actually changes.
+    """
+
+    def __init__(self, model: ExportedModel, encoded: dict[str, np.ndarray], rows: np.ndarray,
+                 full: bool = False) -> None:
+        self.m = model
+        self.sentence = rows  # [N] source row of every decoder row
+        self.cross = {name: np.ascontiguousarray(encoded[name][rows]) for name in [*model.cross_names,
+                                                                                   "memory_pad_mask"]}
+        n = len(rows)
+        self.state = [ort.OrtValue.ortvalue_from_numpy(np.zeros(model.cache_shape(spec, n), spec["dtype"]))
+                      for spec in model.self_specs]
+        self.order = np.arange(n, dtype=np.int64)
+        self.full = full
+        self.outputs = (["logits", "log_probs"] if full else []) + ["top_log_probs", "top_tokens", *model.next_names]
+        self.logits: np.ndarray | None = None  # [N, V] of the last step when `full`
+        self.log_probs: np.ndarray | None = None
+
+    def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """last [N] int64 tokens at position t → the k best (log-prob [N, k] f32, token [N, k] int64)
+        of every row, descending (writable arrays)."""
+        feeds = {
+            "tokens": np.ascontiguousarray(last, dtype=np.int64).reshape(-1, 1),
+            "step": np.array([t], dtype=np.int64),
+            "beam_order": self.order,
+            "topk": np.array([min(k, self.m.vocab_size)], dtype=np.int64),
+            **self.cross,
+        }
+        used = self.m.decoder_inputs
+        values = {name: ort.OrtValue.ortvalue_from_numpy(v) for name, v in feeds.items() if name in used}
+        values.update(zip(self.m.self_names, self.state, strict=True))
+        out = self.m.decoder.run_with_ort_values(self.outputs, values)
+        if self.full:
+            self.logits, self.log_probs = out[0].numpy(), out[1].numpy()
+            out = out[2:]
+        self.state = list(out[2:])
+        self.order = np.arange(len(self.order), dtype=np.int64)
+        return out[0].numpy(), out[1].numpy()
+
+    def select(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        sentence = self.sentence[rows]
+        if sentence.shape != self.sentence.shape or not np.array_equal(sentence, self.sentence):
+            self.cross = {k: np.ascontiguousarray(v[rows]) for k, v in self.cross.items()}
+        self.sentence = sentence
+        self.order = self.order[rows]
+
+
+class ExportedModel:
+    """An export directory loaded into two onnxruntime sessions plus its sentencepiece model."""
+
+    def __init__(self, directory: str | os.PathLike[str], threads: int | None = None,
+                 optimization: str | None = None, check_files: bool = True, spinning: bool = False) -> None:
+        self.directory = Path(directory)
+        manifest_path = self.directory / MANIFEST
+        if not manifest_path.is_file():
+            raise ExportedModelError(f"{self.directory} is not an export directory (no {MANIFEST})")
+        try:
+            self.manifest: dict[str, Any] = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ExportedModelError(f"cannot read {manifest_path}: {exc}") from exc
+        m = self.manifest
+        if m.get("runtime_format", 0) > RUNTIME_FORMAT:
+            raise ExportedModelError(f"{self.directory} needs a newer runtime (format {m.get('runtime_format')})")
+        for name, digest in m["files"].items():
+            path = self.directory / name
+            if not path.is_file():
+                raise ExportedModelError(f"{path} is missing from the export")
+            if check_files and _sha256(path) != digest:
+                raise ExportedModelError(f"{path} does not match its sha256 in {MANIFEST}; the export is corrupt")
+        vocab = m["vocab"]
+        self.pad_id, self.unk_id, self.bos_id, self.eos_id = (vocab[k] for k in ("pad_id", "unk_id", "bos_id",
+                                                                               "eos_id"))
+        self.vocab_size: int = vocab["size"]
+        self.max_positions: int = m["max_positions"]
+        self.name: str = m["name"]
+        self.self_specs = [c for c in m["caches"] if c["kind"] == "self"]
+        self.self_names = [c["name"] for c in self.self_specs]
+        self.next_names = [_NEXT + n for n in self.self_names]
+        self.cross_names = [c["name"] for c in m["caches"] if c["kind"] == "cross"]
+        gen = m.get("generation", {})
+        self.search = Search(**{f.name: gen[f.name] for f in fields(Search) if f.name in gen})
+        self.max_tokens: int = gen.get("max_tokens", 6000)
+        self.max_sentences: int = gen.get("max_sentences", 128)
+
+        defaults = m.get("runtime", {})
+        options = ort.SessionOptions()
+        threads = threads if threads is not None else defaults.get("threads")
+        if threads:
+            options.intra_op_num_threads = int(threads)
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        level = optimization or defaults.get("graph_optimization_level", "all")
+        if level not in OPTIMIZATION_LEVELS:
+            raise ExportedModelError(f"unknown graph optimization level {level!r}; use {sorted(OPTIMIZATION_LEVELS)}")
+        options.graph_optimization_level = OPTIMIZATION_LEVELS[level]
+        options.log_severity_level = 3
+        # by default no spin-waiting after a run: the host does real work between steps and the cores may be
+        # shared (other processes, torch in the same process); spinning trades that CPU for wake-up latency
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        providers = ["CPUExecutionProvider"]
+        graphs = m["graphs"]
+        self.encoder = ort.InferenceSession(str(self.directory / graphs["encoder"]["file"]), options,
+                                            providers=providers)
+        self.decoder = ort.InferenceSession(str(self.directory / graphs["decoder"]["file"]), options,
+                                            providers=providers)
+        self.decoder_inputs = frozenset(i.name for i in self.decoder.get_inputs())
+        missing = sorted({*self.self_names, "tokens", "step", "beam_order", "topk"} - self.decoder_inputs)
+        if missing:
+            raise ExportedModelError(f"{graphs['decoder']['file']} lacks inputs {missing}; re-export the model")
+        self.sp = spm.SentencePieceProcessor()
+        self.sp.LoadFromSerializedProto((self.directory / m["tokenizer"]).read_bytes())
+        self._special = frozenset((self.pad_id, self.bos_id, self.eos_id))
+
+    # ------------------------------------------------------------------ building blocks
+    def cache_shape(self, spec: dict[str, Any], batch: int, steps: int = 0, src_len: int = 0) -> list[int]:
+        sizes = {"batch": batch, "steps": steps, "src_len": src_len}
+        return [sizes[s] if isinstance(s, str) else int(s) for s in spec["shape"]]
+
+    def encode(self, src: np.ndarray, with_memory: bool = False) -> dict[str, np.ndarray]:
+        """src [B, S] int64 (pad-right) → memory_pad_mask [B, S] and every cross cache (+ memory)."""
+        names = (["memory"] if with_memory else []) + ["memory_pad_mask", *self.cross_names]
+        out = self.encoder.run(names, {"src_tokens": np.ascontiguousarray(src, dtype=np.int64)})
+        return dict(zip(names, out, strict=True))
+
+    def stepper(self, encoded: dict[str, np.ndarray], rows: np.ndarray | None = None,
+                full: bool = False) -> _Stepper:
+        """A decoding state over source rows `rows` (default: every row once); `full` also fetches
+        the [N, V] logits and log-probs of every step (verification)."""
+        if rows is None:
+            rows = np.arange(len(encoded["memory_pad_mask"]), dtype=np.int64)
+        return _Stepper(self, encoded, np.asarray(rows, dtype=np.int64), full)
+
+    def _mask(self, lp: np.ndarray, tok: np.ndarray, t: int, at_limit: np.ndarray, search: Search) -> None:
+        """zoo.generate's bans on a row's best-token list: pad and bos always, eos before min_len;
+        a row at its length limit gets only eos (log-prob 0). In place on lp/tok [N, k]."""
+        banned = (tok == self.pad_id) | (tok == self.bos_id)
+        if t < search.min_len:
+            banned |= tok == self.eos_id
+        lp[banned] = -np.inf
+        if at_limit.any():
+            lp[at_limit] = -np.inf
+            lp[at_limit, 0] = 0.0
+            tok[at_limit, 0] = self.eos_id
+
+    def _strip(self, ids: Sequence[int]) -> list[int]:
+        out = []
+        for i in ids:
+            if i in (self.eos_id, self.pad_id):
+                break
+            out.append(int(i))
+        return out
+
+    # ------------------------------------------------------------------ search
+    def greedy_search(self, src: np.ndarray, search: Search | None = None) -> list[list[int]]:
+        """Argmax decoding of src [B, S]; token ids per sentence (no bos/eos)."""
+        search = search or self.search
+        b = src.shape[0]
+        step = self.stepper(self.encode(src))
+        max_len = max_lengths((src != self.pad_id).sum(1), search, self.max_positions)  # [B]
+        tokens = np.full((b, 1), self.bos_id, dtype=np.int64)
+        finished = np.zeros(b, dtype=bool)
+        for t in range(int(max_len.max())):
+            lp, tok = step(tokens[:, -1], t, _BANNED + 1)  # [B, k] best first
+            self._mask(lp, tok, t, max_len <= t + 1, search)
+            nxt = tok[np.arange(b), lp.argmax(-1)]  # first maximum = lowest id among ties, as argmax
+            nxt[finished] = self.pad_id
+            tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
+            finished |= nxt == self.eos_id
+            if finished.all():
+                break
+        return [self._strip(row[1:].tolist()) for row in tokens]
+
+    def beam_search(self, src: np.ndarray, search: Search | None = None) -> list[list[int]]:
+        """Batched beam search of src [B, S] (see the module docstring); best hypothesis per sentence."""
+        search = search or self.search
+        k = search.beam_size
+        b = src.shape[0]
+        step = self.stepper(self.encode(src), np.repeat(np.arange(b, dtype=np.int64), k))
+        max_len = max_lengths((src != self.pad_id).sum(1), search, self.max_positions)  # [B]
+        active = np.arange(b)  # original sentence ids still searching
+        tokens = np.full((b * k, 1), self.bos_id, dtype=np.int64)
+        scores = np.full((b, k), -np.inf, dtype=np.float32)
+        scores[:, 0] = 0.0  # all beams start identical: keep one so the first step yields distinct ones
+        finals: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
+        arange2k = np.arange(2 * k)
+        for t in range(int(max_len.max())):
+            n = active.size
+            lp, tok = step(tokens[:, -1], t, 2 * k + _BANNED)  # [n*K, c] best first per row
+            c = lp.shape[1]
+            self._mask(lp, tok, t, np.repeat(max_len[active] <= t + 1, k), search)
+            # torch.topk(2K) over [n, K*V] finds the same finite candidates among each row's c best
+            cand = (scores.reshape(-1, 1) + lp).reshape(n, k * c)
+            flat_tok = tok.reshape(n, k * c)
+            flat_id = (np.arange(k * c) // c)[None, :] * self.vocab_size + flat_tok  # beam*V + token: tie order
+            top = np.lexsort((flat_id, -cand), axis=1)[:, : 2 * k]  # [n, 2K] sorted by score desc
+            top_scores = np.take_along_axis(cand, top, 1)
+            beam_idx, token_idx = top // c, np.take_along_axis(flat_tok, top, 1)
+            is_eos = (token_idx == self.eos_id) & (top_scores > -np.inf)
+            done = np.zeros(n, dtype=bool)
+            if is_eos.any():
+                norm = float(t + 1) ** search.len_penalty
+                prefix = tokens.reshape(n, k, -1)
+                for r, j in zip(*np.nonzero(is_eos), strict=True):
+                    bucket = finals[int(active[r])]
+                    if len(bucket) < k and j < k:  # only eos among the top K counts, as fairseq
+                        bucket.append((float(top_scores[r, j]) / norm, prefix[r, beam_idx[r, j], 1:].tolist()))
+                done = np.array([len(finals[int(s)]) >= k for s in active])
+            # continue with the best K non-eos candidates of every live sentence
+            keep = np.argsort(arange2k[None, :] + is_eos * (2 * k), axis=1, kind="stable")[:, :k]  # [n, K]
+            new_scores = np.take_along_axis(top_scores, keep, 1)
+            new_beams = np.take_along_axis(beam_idx, keep, 1)
+            new_tokens = np.take_along_axis(token_idx, keep, 1)
+            live = np.nonzero(~done)[0]
+            if live.size == 0:
+                break
+            rows = (live[:, None] * k + new_beams[live]).reshape(-1)  # rows of tokens/cache to continue
+            tokens = np.concatenate([tokens[rows], new_tokens[live].reshape(-1, 1)], axis=1)
+            scores = new_scores[live]
+            active = active[live]
+            step.select(rows)
+        out = []
+        for bucket in finals:
+            if not bucket:
+                out.append([])
+                continue
+            best = max(bucket, key=lambda item: item[0])  # first max wins ties, as zoo.generate
+            out.append(self._strip(best[1]))
+        return out
+
+    def generate(self, src: np.ndarray, search: Search | None = None) -> list[list[int]]:
+        """Greedy when beam_size <= 1, else beam search (as zoo.generate.generate)."""
+        search = search or self.search
+        if search.beam_size <= 1:
+            return self.greedy_search(src, search)
+        return self.beam_search(src, search)
+
+    # ------------------------------------------------------------------ text in, text out
+    def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids per text, truncated to half the position limit (as zoo's translate_texts)."""
+        limit = max(1, self.max_positions // 2)
+        return [ids[:limit] or [self.unk_id] for ids in self.sp.encode(list(texts), out_type=int)]
+
+    def decode_ids(self, ids: Sequence[int]) -> str:
+        return self.sp.decode([int(i) for i in ids if int(i) not in self._special])
+
+    def pad(self, encoded: Sequence[Sequence[int]]) -> np.ndarray:
+        """Right-padded [B, S] int64 batch."""
+        src = np.full((len(encoded), max(len(e) for e in encoded)), self.pad_id, dtype=np.int64)
+        for row, ids in enumerate(encoded):
+            src[row, : len(ids)] = ids
+        return src
+
+    def translate(self, texts: str | Sequence[str], beam_size: int | None = None, len_penalty: float | None = None,
+                  max_len_a: float | None = None, max_len_b: int | None = None, min_len: int | None = None,
+                  max_tokens: int | None = None, max_sentences: int | None = None) -> list[str]:
+        """Source strings → output strings in input order (unset options: the manifest's defaults)."""
+        if isinstance(texts, str):
+            texts = [texts]
+        given = {"beam_size": beam_size, "len_penalty": len_penalty, "max_len_a": max_len_a,
+                 "max_len_b": max_len_b, "min_len": min_len}
+        search = Search(**{**self.search.__dict__, **{k: v for k, v in given.items() if v is not None}})
+        encoded = self.encode_texts(texts)
+        outputs = [""] * len(encoded)
+        for idx in _batches([len(e) for e in encoded], max_tokens or self.max_tokens,
+                            max_sentences or self.max_sentences):
+            hyps = self.generate(self.pad([encoded[i] for i in idx]), search)
+            for i, hyp in zip(idx, hyps, strict=True):
+                outputs[i] = self.decode_ids(hyp)
+        return outputs
+
+
+def load(directory: str | os.PathLike[str], threads: int | None = None, optimization: str | None = None,
+         check_files: bool = True, spinning: bool = False) -> ExportedModel:
+    """Load an export directory (`python -m export …` output) for translation: `threads` ORT intra-op
+    threads (default: the manifest's, else all cores), `optimization` ORT graph optimisation level
+    (disabled|basic|extended|all, default: the manifest's), `check_files` verifies sha256 checksums,
+    `spinning` lets ORT's idle threads spin (lower latency on dedicated cores)."""
+    return ExportedModel(directory, threads=threads, optimization=optimization, check_files=check_files,
+                         spinning=spinning)

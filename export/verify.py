@@ -1,0 +1,157 @@
+"""Parity checks run at the end of every export (and reusable from tests and the bench).
+
+Why: an export is only as good as its proof that the ONNX graphs compute what the checkpoint
+computes. On real held-out sentences we check that (1) the physically pruned torch model equals the
+gated one, (2) ORT's encoder outputs and per-step decoder logits equal torch's at several batch
+sizes and source lengths, with in-graph beam reordering and shrinking batches exercised, and (3)
+the numpy/ORT runtime's greedy and beam search produce exactly the hypotheses of `zoo.generate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import torch
+
+from export.graph import ExportError, cross_caches
+from export.runtime import ExportedModel, Search
+from zoo.data import Tokenizer
+from zoo.evaluation import translate_texts
+from zoo.generate import SearchConfig, generate
+from zoo.model import Transformer
+
+
+def _pad(rows: Sequence[Sequence[int]], pad: int) -> torch.Tensor:
+    out = torch.full((len(rows), max(len(r) for r in rows)), pad, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(list(r), dtype=torch.long)
+    return out
+
+
+def encode_pairs(tokenizer: Tokenizer, srcs: Sequence[str], tgts: Sequence[str], max_positions: int,
+                 max_target_tokens: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Source ids as the runtime truncates them; target ids capped for teacher forcing."""
+    limit = max(1, max_positions // 2)
+    src = [tokenizer.encode(s)[:limit] or [tokenizer.unk_id] for s in srcs]
+    cap = min(max_target_tokens, max_positions - 1)
+    tgt = [tokenizer.encode(t)[: cap - 1] for t in tgts]
+    return src, tgt
+
+
+def _max_diff(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor) -> float:
+    a = a.detach().numpy() if isinstance(a, torch.Tensor) else a
+    b = b.detach().numpy() if isinstance(b, torch.Tensor) else b
+    if a.shape != b.shape:
+        raise ExportError(f"ORT output shape {a.shape} differs from torch's {b.shape}")
+    return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()) if a.size else 0.0
+
+
+@torch.no_grad()
+def pruned_vs_gated(pruned: Transformer, gated: Transformer, src: torch.Tensor, tgt_in: torch.Tensor) -> float:
+    """Max |logit difference| of the teacher-forced forward pass."""
+    return _max_diff(pruned(src, tgt_in), gated(src, tgt_in))
+
+
+@torch.no_grad()
+def graph_parity(runtime: ExportedModel, model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor,
+                 reorder: bool = True) -> dict[str, float]:
+    """ORT vs torch on one batch: encoder outputs, then teacher-forced decoder steps.
+
+    With `reorder`, step 2 reverses the rows (beam reordering: in-graph `beam_order` plus host
+    re-slicing of the cross caches) and step 4 drops the last row (a finished sentence leaving).
+    """
+    enc = runtime.encode(src.numpy(), with_memory=True)
+    memory, pad = model.encode(src)
+    diffs = {"encoder": _max_diff(enc["memory"], memory), "cross_cache_rel": 0.0}
+    if not np.array_equal(enc["memory_pad_mask"], pad.numpy()):
+        raise ExportError("ORT's memory_pad_mask differs from torch's")
+    per_layer = cross_caches(model, memory, pad)
+    for spec in runtime.manifest["caches"]:
+        if spec["kind"] == "cross":
+            # relative to the tensor's scale: running sums (MLK) grow with the source length
+            ref = per_layer[spec["layer"]][spec["key"]]
+            scale = max(1.0, float(ref.abs().max())) if ref.numel() else 1.0
+            diffs["cross_cache_rel"] = max(diffs["cross_cache_rel"], _max_diff(enc[spec["name"]], ref) / scale)
+    step = runtime.stepper(enc, full=True)
+    state = model.init_state()
+    rows = torch.arange(src.shape[0])
+    logits_diff = lprobs_diff = 0.0
+    for t in range(tgt_in.shape[1]):
+        if reorder and t in (2, 4) and rows.numel() > 1:
+            order = torch.arange(rows.numel() - 1, -1, -1) if t == 2 else torch.arange(rows.numel() - 1)
+            model.reorder_state(state, order)
+            memory, pad, rows = memory[order], pad[order], rows[order]
+            step.select(order.numpy())
+        tokens = tgt_in[rows, t : t + 1]  # [N, 1]
+        ref = model.decode(tokens, memory, pad, state, t)[:, -1]  # [N, V]
+        step(tokens[:, 0].numpy(), t, 1)
+        assert step.logits is not None and step.log_probs is not None
+        logits_diff = max(logits_diff, _max_diff(step.logits, ref))
+        lprobs_diff = max(lprobs_diff, _max_diff(step.log_probs, torch.log_softmax(ref, -1)))
+    diffs.update(logits=logits_diff, log_probs=lprobs_diff)
+    return diffs
+
+
+def _shapes(src_ids: list[list[int]]) -> list[list[int]]:
+    """Row subsets giving different batch sizes and padded lengths: all, a middle third, one short row."""
+    order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
+    subsets = [list(range(len(src_ids)))]
+    if len(order) >= 6:
+        third = len(order) // 3
+        subsets.append(order[third : 2 * third])
+    subsets.append(order[:1])
+    return subsets
+
+
+def verify_export(runtime: ExportedModel, pruned: Transformer, gated: Transformer, tokenizer: Tokenizer,
+                  srcs: Sequence[str], tgts: Sequence[str], search: Search, tolerance: float,
+                  max_target_tokens: int = 64, strict: bool = True) -> dict[str, Any]:
+    """The export's parity report; raises ExportError when `strict` and anything is off."""
+    if not srcs:
+        raise ExportError("the checkpoint has no held-out sentences to verify the export on")
+    src_ids, tgt_ids = encode_pairs(tokenizer, srcs, tgts, pruned.cfg.max_positions, max_target_tokens)
+    cfg = pruned.cfg
+    tgt_rows = [[cfg.bos_id, *t] for t in tgt_ids]
+    report: dict[str, Any] = {"sentences": len(srcs), "tolerance": tolerance, "shapes": []}
+    src_all, tgt_all = _pad(src_ids, cfg.pad_id), _pad(tgt_rows, cfg.pad_id)
+    report["pruned_vs_gated"] = pruned_vs_gated(pruned, gated, src_all, tgt_all)
+    worst = {"encoder": 0.0, "cross_cache_rel": 0.0, "logits": 0.0, "log_probs": 0.0}
+    for subset in _shapes(src_ids):
+        src = _pad([src_ids[i] for i in subset], cfg.pad_id)
+        tgt = _pad([tgt_rows[i] for i in subset], cfg.pad_id)
+        diffs = graph_parity(runtime, pruned, src, tgt)
+        report["shapes"].append({"batch": src.shape[0], "src_len": src.shape[1], "steps": tgt.shape[1]})
+        worst = {k: max(worst[k], diffs[k]) for k in worst}
+    report.update({f"max_abs_{k}_diff": v for k, v in worst.items()})
+
+    torch_search = SearchConfig(**asdict(search))
+    greedy = Search(**{**asdict(search), "beam_size": 1})
+    for label, s, ts in (("beam", search, torch_search), ("greedy", greedy, SearchConfig(**asdict(greedy)))):
+        ref = generate(gated, src_all, ts)
+        got = runtime.generate(src_all.numpy(), s)
+        same = sum(a == b for a, b in zip(ref, got, strict=True))
+        report[label] = {"beam_size": s.beam_size, "identical": same, "total": len(ref)}
+    ref_text = translate_texts(gated, tokenizer, list(srcs), torch_search, max_tokens=runtime.max_tokens,
+                               max_sentences=runtime.max_sentences)
+    got_text = runtime.translate(list(srcs), **asdict(search))
+    report["translate_identical"] = sum(a == b for a, b in zip(ref_text, got_text, strict=True))
+    problems = []
+    if report["pruned_vs_gated"] > tolerance:
+        problems.append(f"pruned vs gated torch logits differ by {report['pruned_vs_gated']:.3g}")
+    if max(worst["logits"], worst["encoder"], worst["cross_cache_rel"]) > tolerance:
+        problems.append(f"ORT vs torch: max |Δlogits| {worst['logits']:.3g}, max |Δencoder states| "
+                        f"{worst['encoder']:.3g}, max relative |Δcross caches| {worst['cross_cache_rel']:.3g}")
+    for label in ("beam", "greedy"):
+        if report[label]["identical"] != report[label]["total"]:
+            problems.append(f"{label} search: {report[label]['identical']}/{report[label]['total']} hypotheses "
+                            "identical to zoo.generate")
+    if report["translate_identical"] != len(srcs):
+        problems.append(f"translate(): {report['translate_identical']}/{len(srcs)} outputs identical")
+    report["passed"] = not problems
+    if problems and strict:
+        raise ExportError(f"verification failed (tolerance {tolerance:g}): " + "; ".join(problems))
+    report["problems"] = problems
+    return report

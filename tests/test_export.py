@@ -1,0 +1,484 @@
+"""ONNX export: physical pruning, ORT vs PyTorch parity, torch-free runtime with identical search,
+dynamic shapes, head plans from JSON and from importance, bad inputs (DESIGN.md §3b, §6).
+
+Every export here runs with one thread (`runtime.threads=1`): the test machine's two cores are
+shared, and torch's OpenMP pool degrades badly when oversubscribed.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+from onnx import numpy_helper
+
+import export
+from export import bench
+from export import runtime as rt
+from export.exporter import export_checkpoint
+from export.graph import ExportError
+from export.pruning import active_heads, head_importance, plan_from_importance, prune, validate_plan
+from export.verify import encode_pairs, graph_parity
+from tests.zoo_testing import ENTRIES, REPO, random_batch, tiny_model
+from zoo.attention import HeadPruningUnsupported
+from zoo.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint, resolve_checkpoint
+from zoo.data import Tokenizer
+from zoo.entries import CONF_DIR
+from zoo.evaluation import translate_texts
+from zoo.generate import SearchConfig, _max_lengths, generate
+
+PLAN = {"decoder.layers.0.self_attn": [1, 6], "encoder.layers.1.self_attn": [0, 2, 5],
+        "decoder.layers.1.cross_attn": [7]}  # what plan_for(8) gives: the transformer's plan
+
+
+def plan_for(num_heads: int) -> dict[str, list[int]]:
+    """A head plan valid for any head count ≥ 4: 2, 3 and 1 kept heads in three different modules."""
+    h = num_heads
+    return {"decoder.layers.0.self_attn": [1, h - 2], "encoder.layers.1.self_attn": sorted({0, 2, h - 3}),
+            "decoder.layers.1.cross_attn": [h - 1]}
+
+
+def export_config(checkpoint: Path | str, out: Path, *overrides: str) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="export",
+                       overrides=[f"checkpoint={checkpoint}", f"out={out}", "runtime.threads=1", *overrides])
+
+
+def pruning_overrides(run_dir: Path, root: Path) -> tuple[list[str], dict[str, list[int]]]:
+    """How every entry is exported in these tests: with a head plan, so physical pruning is exercised
+    for every mechanism — the checkpoint's own (GHT-PS), else `plan_for(H)`; mechanisms whose head
+    removal is inexact (Mixhead) keep the planned-away heads gated (remove_heads=false)."""
+    model = model_from_checkpoint(load_checkpoint(run_dir))
+    if model.cfg.head_plan:
+        return [], {name: sorted(heads) for name, heads in model.cfg.head_plan.items()}
+    plan = plan_for(model.cfg.num_heads)
+    path = root / f"plan-{run_dir.parent.name}.json"
+    path.write_text(json.dumps(plan))
+    overrides = [f"head_plan={path}"]
+    try:
+        model.attention_modules()["decoder.layers.0.self_attn"].check_head_removal()
+    except HeadPruningUnsupported:
+        overrides.append("remove_heads=false")
+    return overrides, plan
+
+
+@pytest.fixture(scope="module")
+def exported(smoke_run, tmp_path_factory) -> Callable[..., tuple[Path, dict]]:
+    """(entry, *overrides) → (export dir, manifest), each done once per module. Without overrides
+    the entry is exported with its test head plan (`pruning_overrides`)."""
+    root = tmp_path_factory.mktemp("exports")
+    done: dict[tuple, tuple[Path, dict]] = {}
+
+    def get(entry: str, *overrides: str) -> tuple[Path, dict]:
+        key = (entry, *overrides)
+        if key not in done:
+            run = smoke_run(entry)
+            out = root / f"{entry}-{len(done)}"
+            extra = list(overrides) if overrides else pruning_overrides(run, root)[0]
+            done[key] = (out, export_checkpoint(export_config(run, out, *extra)))
+        return done[key]
+
+    return get
+
+
+def _heldout_batch(run_dir: Path, n: int = 32) -> tuple[torch.Tensor, list[str], Tokenizer, dict]:
+    payload = load_checkpoint(run_dir)
+    tok = Tokenizer.from_bytes(payload["tokenizer"])
+    texts = payload["heldout"]["src"][:n]
+    src_ids, _ = encode_pairs(tok, texts, texts, payload["model_config"]["max_positions"], 8)
+    width = max(map(len, src_ids))
+    src = torch.zeros(len(src_ids), width, dtype=torch.long)
+    for i, row in enumerate(src_ids):
+        src[i, : len(row)] = torch.tensor(row)
+    return src, texts, tok, payload
+
+
+def onnx_weights(out: Path) -> list[np.ndarray]:
+    """Every initializer of both graphs as an array (cross-attention k/v live in the encoder graph)."""
+    return [numpy_helper.to_array(init) for name in ("encoder.onnx", "decoder.onnx")
+            for init in onnx.load(str(out / name)).graph.initializer]
+
+
+def holds(weights: list[np.ndarray], w: torch.Tensor) -> bool:
+    """Whether the graphs hold weight `w` exactly, as stored or transposed (MatMul takes [in, out])."""
+    a = w.detach().numpy()
+    return any((x.shape == a.shape and np.array_equal(x, a)) or (x.shape == a.T.shape and np.array_equal(x, a.T))
+               for x in weights)
+
+
+def assert_removed_heads_absent(out: Path, manifest: dict, payload: dict) -> None:
+    """For every pruned module: the graphs hold its sliced q/k/v/out projections (kept heads × head_dim
+    rows, resp. columns) and none of the checkpoint's full-width ones — read off the ONNX weights."""
+    weights = onnx_weights(out)
+    original = model_from_checkpoint(payload).attention_modules()
+    pruned = prune(model_from_checkpoint(payload), manifest["head_plan"])[0].attention_modules()
+    d = manifest["model_config"]["d_model"]
+    for name, kept in manifest["head_plan"].items():
+        module, full = pruned[name], original[name]
+        width = len(kept) * module.head_dim
+        assert module.num_heads == len(kept) < full.num_heads, name
+        for proj in ("q_proj", *module.key_projections):
+            assert tuple(getattr(module, proj).weight.shape) == (width, d), (name, proj)
+            assert holds(weights, getattr(module, proj).weight), f"{name}.{proj}: sliced weight not in the graphs"
+            assert not holds(weights, getattr(full, proj).weight), f"{name}.{proj}: full weight still in the graphs"
+        assert tuple(module.out_proj.weight.shape) == (d, width)
+        assert holds(weights, module.out_proj.weight) and not holds(weights, full.out_proj.weight), name
+
+
+# ------------------------------------------------------------------------------------------- every entry
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_export_with_pruning_verifies_for_every_entry(entry: str, exported, smoke_run, tmp_path) -> None:
+    out, manifest = exported(entry)
+    overrides, plan = pruning_overrides(smoke_run(entry), tmp_path)
+    v = manifest["verification"]
+    assert v["passed"], v
+    assert v["max_abs_logits_diff"] <= 1e-4 and v["pruned_vs_gated"] <= 1e-4
+    assert v["beam"]["identical"] == v["beam"]["total"] == v["sentences"]
+    assert {f.name for f in out.iterdir()} == {"encoder.onnx", "decoder.onnx", "tokenizer.model", "manifest.json",
+                                               "heldout.json"}
+    removed = "remove_heads=false" not in overrides
+    assert manifest["heads_removed"] == removed and manifest["head_plan"] == plan
+    num_heads = manifest["model_config"]["num_heads"]
+    for name, heads in manifest["heads"].items():
+        assert heads["kept"] == plan.get(name, list(range(num_heads)))
+        assert heads["num_heads"] == (len(heads["kept"]) if removed else num_heads), name
+    if removed:
+        assert manifest["size"]["flops_ratio"] < 1 and manifest["size"]["params_ratio"] < 1
+        assert_removed_heads_absent(out, manifest, load_checkpoint(smoke_run(entry)))
+    # cache tensors follow each layer's own head count; the decoder's ONNX inputs carry the same layout
+    decoder = onnx.load(str(out / "decoder.onnx"))
+    inputs = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in decoder.graph.input}
+    for cache in manifest["caches"]:
+        module = f"decoder.layers.{cache['layer']}.{'self_attn' if cache['kind'] == 'self' else 'cross_attn'}"
+        assert cache["shape"][0] == "batch"
+        assert cache["shape"][1] == manifest["heads"][module]["num_heads"], cache
+        assert [d if isinstance(d, int) else None for d in inputs[cache["name"]][1:]] == \
+            [d if isinstance(d, int) else None for d in cache["shape"][1:]]
+    assert manifest["name"] == f"{manifest['entry']}-smoke" and manifest["entry"] == entry
+    assert all(isinstance(manifest["graphs"][g][k], int) for g in ("encoder", "decoder") for k in ("opset",
+                                                                                                  "ir_version"))
+
+
+# ------------------------------------------------------------------------------------------- pruning
+def test_removed_heads_are_absent_from_the_onnx_weights(exported, smoke_run) -> None:
+    out, manifest = exported("transformer")
+    d, dh = manifest["model_config"]["d_model"], manifest["heads"]["encoder.layers.0.self_attn"]["head_dim"]
+    assert manifest["head_plan"] == PLAN and manifest["head_plan_source"].startswith("json:")
+    assert manifest["heads"]["decoder.layers.0.self_attn"]["num_heads"] == 2
+    shapes = [x.shape for x in onnx_weights(out)]
+    # a module that kept 2 of 8 heads of size dh has q/k/v of 2·dh rows (stored [d, 2·dh] for MatMul)
+    assert (d, 2 * dh) in shapes or (2 * dh, d) in shapes
+    assert (d, 3 * dh) in shapes or (3 * dh, d) in shapes
+    assert (d, dh) in shapes or (dh, d) in shapes
+    assert_removed_heads_absent(out, manifest, load_checkpoint(smoke_run("transformer")))
+    caches = {c["name"]: c["shape"] for c in manifest["caches"]}
+    assert caches["L0.self.k"] == ["batch", 2, "steps", dh] and caches["L1.cross.v"] == ["batch", 1, "src_len", dh]
+    size = manifest["size"]
+    assert size["after"]["params"] < size["before"]["params"] and 0 < size["flops_ratio"] < 1
+    assert manifest["verification"]["passed"]
+
+
+def test_physical_pruning_of_an_already_pruned_model(smoke_run) -> None:
+    model = model_from_checkpoint(load_checkpoint(smoke_run("transformer")))
+    pruned, gated = prune(model, validate_plan(PLAN, model))
+    assert pruned.cfg.heads_removed and active_heads(pruned)["decoder.layers.0.self_attn"] == [1, 6]
+    # a plan for the pruned model names original heads; a removed one is refused
+    with pytest.raises(ExportError, match=r"not active"):
+        validate_plan({"decoder.layers.0.self_attn": [0, 1]}, pruned)
+    again, _ = prune(pruned, validate_plan({"decoder.layers.0.self_attn": [6]}, pruned))
+    _, reference = prune(model, validate_plan({**PLAN, "decoder.layers.0.self_attn": [6]}, model))
+    src, tgt = torch.randint(4, 100, (3, 9)), torch.randint(4, 100, (3, 6))
+    with torch.no_grad():
+        assert torch.allclose(again(src, tgt), reference(src, tgt), atol=1e-5)
+        assert torch.allclose(pruned(src, tgt), gated(src, tgt), atol=1e-5)
+    assert again.cfg.head_plan["decoder.layers.0.self_attn"] == [6]
+    assert again.attention_modules()["decoder.layers.0.self_attn"].num_heads == 1
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_inexact_head_removal_is_refused_with_a_way_out(entry: str) -> None:
+    """Mechanisms whose head removal would change the kept heads (Mixhead) refuse a plan clearly and
+    can still be exported gated (remove_heads=false); the others remove heads exactly."""
+    model = tiny_model(entry)
+    plan = {"decoder.layers.0.self_attn": [0]}
+    try:
+        model.attention_modules()["decoder.layers.0.self_attn"].check_head_removal()
+    except HeadPruningUnsupported:
+        with pytest.raises(ExportError, match="remove_heads=false"):
+            prune(model, plan)
+        exported_model, gated = prune(model, plan, remove=False)
+        gate = gated.attention_modules()["decoder.layers.0.self_attn"].head_gate
+        assert exported_model is gated and gate.tolist() == [1.0] + [0.0] * (len(gate) - 1)
+        return
+    pruned, gated = prune(model, plan)
+    src, tgt = random_batch()
+    with torch.no_grad():
+        assert torch.allclose(pruned(src, tgt), gated(src, tgt), atol=1e-5)
+    assert pruned.attention_modules()["decoder.layers.0.self_attn"].num_heads == 1
+
+
+def test_head_importance_plan_and_int8_export(exported, smoke_run) -> None:
+    payload = load_checkpoint(smoke_run("transformer"))
+    model = model_from_checkpoint(payload)
+    tok = Tokenizer.from_bytes(payload["tokenizer"])
+    src, tgt = encode_pairs(tok, payload["heldout"]["src"], payload["heldout"]["tgt"], 256, 10**9)
+    scores = head_importance(model, list(zip(src, tgt, strict=True)))
+    assert set(scores) == set(model.attention_modules())
+    assert all(len(s) == 8 and min(s.values()) >= 0 for s in scores.values())
+    assert all(len(set(s.values())) > 1 for s in scores.values())  # real gradients, not a constant
+    plan = plan_from_importance(scores, 2)
+    for name, kept in plan.items():
+        ranked = sorted(scores[name], key=lambda h: -scores[name][h])
+        assert set(kept) == set(ranked[:2])
+    # a per-module budget: by module kind, a full module name wins; unnamed modules keep every head
+    budget = plan_from_importance(scores, {"decoder_self": 1, "encoder_self": 4, "encoder.layers.0.self_attn": 3})
+    assert {n: len(h) for n, h in budget.items()} == {"encoder.layers.0.self_attn": 3, "encoder.layers.1.self_attn": 4,
+                                                     "decoder.layers.0.self_attn": 1, "decoder.layers.1.self_attn": 1}
+    with pytest.raises(ExportError, match="module kinds"):
+        plan_from_importance(scores, {"decoder_ffn": 2})
+    # gated-off heads (GHT-PS style) are never ranked
+    model.apply_head_plan({"decoder.layers.0.self_attn": [0, 1, 2]}, remove=False)
+    gated_scores = head_importance(model, list(zip(src[:4], tgt[:4], strict=True)), batch_size=2)
+    assert sorted(gated_scores["decoder.layers.0.self_attn"]) == [0, 1, 2]
+
+    out, manifest = exported("transformer", "keep_heads=2", "quantize=true")
+    assert manifest["head_plan"] == plan and manifest["head_plan_source"].startswith("importance:heldout")
+    assert manifest["name"] == "transformer-smoke-int8" and manifest["quantized"]
+    ops = {n.op_type for n in onnx.load(str(out / "decoder.onnx")).graph.node}
+    assert "MatMulInteger" in ops or "DynamicQuantizeMatMul" in ops
+    assert manifest["verification"]["passed"]  # fp32 graphs verified strictly before quantising
+    assert "max_abs_logits_diff" in manifest["verification_int8"]  # int8 drift reported, not failed
+    q = manifest["int8_quality"]  # its BLEU cost, measured on the (smoke) test split
+    assert q["split"].startswith("test (") and 0 <= q["bleu_int8"] <= 100 and 0 <= q["p_value"] <= 1
+    assert all(isinstance(s, str) for s in export.load(out).translate(payload["heldout"]["src"][:4]))
+
+
+# ------------------------------------------------------------------------------------------- runtime
+def test_ort_search_equals_torch_search(exported, smoke_run) -> None:
+    out, _ = exported("transformer")
+    src, texts, tok, payload = _heldout_batch(smoke_run("transformer"))
+    model = model_from_checkpoint(payload)
+    model.apply_head_plan(PLAN, remove=False)  # the gated original: what the pruned export must equal
+    runtime = export.load(out, threads=1)
+    for search in (SearchConfig(beam_size=4, len_penalty=0.6), SearchConfig(beam_size=2, len_penalty=1.3, min_len=3),
+                   SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=5, min_len=5),
+                   SearchConfig(beam_size=5, max_len_a=0.0, max_len_b=4, min_len=4)):  # fixed length
+        mine = rt.Search(**{k: getattr(search, k) for k in ("beam_size", "len_penalty", "max_len_a", "max_len_b",
+                                                              "min_len")})
+        assert runtime.generate(src.numpy(), mine) == generate(model, src, search), search
+    reference = translate_texts(model, tok, texts, SearchConfig(beam_size=5))
+    assert runtime.translate(texts, beam_size=5) == reference
+    assert runtime.translate(texts[0]) == reference[:1]  # a single string, the manifest's defaults (beam 5)
+    assert len({*reference}) > len(reference) // 3  # the (pruned) smoke model is not degenerate
+
+
+@pytest.mark.parametrize("entry", ["transformer", "ght_ps", "mgk_4head", "mixhead_b", "fixhead"])
+def test_ort_beam_equals_torch_beam_on_the_test_split(entry: str, exported, smoke_run, smoke_corpus) -> None:
+    """The acceptance check: ORT beam search (beam 5) returns zoo.generate's hypotheses on the smoke test split."""
+    out, manifest = exported(entry)
+    payload = load_checkpoint(smoke_run(entry))
+    tok = Tokenizer.from_bytes(payload["tokenizer"])
+    # the checkpoint's model with the export's plan gated: what the (pruned) export must equal
+    _, reference = prune(model_from_checkpoint(payload), manifest["head_plan"], remove=False)
+    texts = (smoke_corpus / "test.de").read_text(encoding="utf-8").splitlines()
+    runtime = export.load(out, threads=1)
+    src = torch.from_numpy(runtime.pad(runtime.encode_texts(texts)))
+    ids = generate(reference, src, SearchConfig(beam_size=5))
+    assert runtime.generate(src.numpy(), rt.Search(beam_size=5)) == ids
+    assert runtime.translate(texts, beam_size=5) == translate_texts(reference, tok, texts, SearchConfig(beam_size=5))
+    if entry == "transformer":  # non-degeneracy is checked on the baseline smoke checkpoint (DESIGN.md §3c);
+        assert len({tuple(h) for h in ids}) > len(ids) // 3  # pruned 300-update variants repeat more
+
+
+def test_dynamic_batch_and_length(exported, smoke_run) -> None:
+    out, _ = exported("transformer")
+    src, _, _, payload = _heldout_batch(smoke_run("transformer"))
+    pruned = prune(model_from_checkpoint(payload), PLAN)[0]
+    runtime = export.load(out, threads=1)
+    g = torch.Generator().manual_seed(0)
+    for batch, extra_pad, steps in ((1, 0, 3), (2, 5, 9), (7, 1, 14), (45, 3, 6)):
+        rows = torch.arange(batch) % src.shape[0]
+        s = torch.nn.functional.pad(src[rows], (0, extra_pad))
+        tgt = torch.randint(4, pruned.cfg.vocab_size, (batch, steps), generator=g)
+        tgt[:, 0] = pruned.cfg.bos_id
+        diffs = graph_parity(runtime, pruned, s, tgt)
+        assert max(diffs.values()) < 1e-4, (batch, diffs)
+
+
+def test_max_lengths_match_torch() -> None:
+    lengths = torch.arange(0, 400).repeat(2)
+    src = (torch.arange(400)[None, :] < lengths[:, None]).long() * 5  # rows with 0…399 non-pad tokens
+    for a in (0.0, 0.5, 1.1, 1.2, 1.5, 2.0):
+        for b in (0, 3, 10):
+            for limit in (64, 256, 1024):
+                search = SearchConfig(max_len_a=a, max_len_b=b)
+                ref = _max_lengths(src, 0, search, limit).numpy()
+                got = rt.max_lengths(src.ne(0).sum(1).numpy(), rt.Search(max_len_a=a, max_len_b=b), limit)
+                assert np.array_equal(ref, got), (a, b, limit)
+
+
+def test_runtime_imports_no_torch_and_stays_self_contained(exported) -> None:
+    out, _ = exported("transformer")
+    code = (
+        "import sys, export, export.runtime as r\n"
+        f"m = r.load({str(out)!r}, threads=1)\n"
+        "assert all(isinstance(t, str) for t in m.translate(['Guten Morgen.', 'Das Haus ist klein.']))\n"
+        "bad = sorted(n for n in sys.modules if n.split('.')[0] in ('torch', 'zoo', 'hydra', 'omegaconf', 'onnx'))\n"
+        "print(bad)\n"
+        "sys.exit(1 if bad else 0)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # one file, standard library + numpy + onnxruntime + sentencepiece: copied as is into a Triton model
+    tree = ast.parse((REPO / "export" / "runtime.py").read_text())
+    imported = {(n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+                for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
+                for a in (n.names if isinstance(n, ast.Import) else [n])}
+    assert imported <= {"__future__", "hashlib", "json", "os", "collections", "dataclasses", "pathlib", "typing",
+                        "numpy", "onnxruntime", "sentencepiece"}, imported
+
+
+def test_runtime_refuses_a_corrupt_export(exported, tmp_path) -> None:
+    out, _ = exported("transformer")
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    with open(copy / "decoder.onnx", "r+b") as fh:
+        fh.seek(1000)
+        fh.write(b"\0\0\0\0")
+    with pytest.raises(rt.ExportedModelError, match="sha256"):
+        export.load(copy)
+    with pytest.raises(rt.ExportedModelError, match=r"no manifest\.json"):
+        export.load(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------- bad input
+def test_bad_checkpoints_fail_clearly(smoke_run, tmp_path) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(CheckpointError, match="does not exist"):
+        export_checkpoint(export_config(tmp_path / "missing.pt", out))
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError, match="cannot read"):
+        export_checkpoint(export_config(garbage, out))
+    real = resolve_checkpoint(smoke_run("transformer"))
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(real.read_bytes()[: real.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="cannot read"):
+        export_checkpoint(export_config(truncated, out))
+    payload = torch.load(real, weights_only=True)
+    payload["model_config"]["attention"] = "nonesuch"
+    torch.save(payload, tmp_path / "unknown_attention.pt")
+    with pytest.raises(CheckpointError, match="nonesuch"):
+        export_checkpoint(export_config(tmp_path / "unknown_attention.pt", out))
+    payload = torch.load(real, weights_only=True)
+    payload["entry"] = "nonesuch"
+    torch.save(payload, tmp_path / "unknown_entry.pt")
+    with pytest.raises(ExportError, match="not a model entry"):
+        export_checkpoint(export_config(tmp_path / "unknown_entry.pt", out))
+    assert not out.exists()
+
+
+def test_bad_head_plans_fail_before_exporting(smoke_run, tmp_path) -> None:
+    run = smoke_run("transformer")
+    cases = {
+        '{"decoder.layers.9.self_attn": [0]}': "unknown attention modules",
+        '{"decoder.layers.0.self_attn": [0, 8]}': "not active",
+        '{"decoder.layers.0.self_attn": [1, 1]}': "repeats",
+        '{"decoder.layers.0.self_attn": []}': "keeps no head",
+        '{"decoder.layers.0.self_attn": "0,1"}': "must be a JSON object",
+        "{not json": "not valid JSON",
+    }
+    for i, (text, message) in enumerate(cases.items()):
+        path = tmp_path / f"plan{i}.json"
+        path.write_text(text)
+        with pytest.raises(ExportError, match=message):
+            export_checkpoint(export_config(run, tmp_path / "out", f"head_plan={path}"))
+    with pytest.raises(ExportError, match="not both"):
+        export_checkpoint(export_config(run, tmp_path / "out", f"head_plan={path}", "keep_heads=2"))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def ght_ps_unpruned(smoke_run, tmp_path_factory) -> tuple[Path, Path, dict]:
+    """(export root, export dir, manifest) of the smoke GHT-PS checkpoint exported with every head kept
+    (remove_heads=false), written over an existing directory: on the way it checks that an existing
+    directory is refused without overwrite=true, and that a failed verification (a real export checked at
+    an impossible tolerance) leaves the old directory untouched and no temporary directory behind."""
+    root = tmp_path_factory.mktemp("overwrite")
+    run = smoke_run("ght_ps")
+    existing = root / "existing"
+    existing.mkdir()
+    (existing / "keep.txt").write_text("mine")
+    with pytest.raises(ExportError, match=r"already exists.*overwrite=true"):
+        export_checkpoint(export_config(run, existing, "remove_heads=false"))
+    assert (existing / "keep.txt").read_text() == "mine"
+    with pytest.raises(ExportError, match="verification failed"):  # logits differ by ~1e-6 > 1e-12
+        export_checkpoint(export_config(run, existing, "remove_heads=false", "overwrite=true",
+                                        "verify.tolerance=1e-12"))
+    assert (existing / "keep.txt").read_text() == "mine"  # the old export survives a failed one
+    assert [p.name for p in root.iterdir()] == ["existing"]  # no temporary directory left behind
+    manifest = export_checkpoint(export_config(run, existing, "remove_heads=false", "overwrite=true"))
+    return root, existing, manifest
+
+
+def test_existing_output_and_failed_verification_leave_nothing_half_written(ght_ps_unpruned) -> None:
+    root, out, manifest = ght_ps_unpruned
+    assert manifest["verification"]["passed"] and not (out / "keep.txt").exists()
+    assert sorted(p.name for p in root.iterdir()) == ["existing"]
+    # remove_heads=false keeps the gated-off heads in the graph: every module computes all its heads
+    assert not manifest["heads_removed"] and manifest["head_plan"]
+    assert all(h["num_heads"] == manifest["model_config"]["num_heads"] for h in manifest["heads"].values())
+    assert manifest["size"]["flops_ratio"] == 1.0
+
+
+def test_bench_runs_side_by_side(ght_ps_unpruned, exported, smoke_run, tmp_path, capsys) -> None:
+    """`python -m export.bench` end to end on smoke checkpoints with tiny settings (numbers meaningless here)."""
+    _, unpruned, _ = ght_ps_unpruned
+    pruned, _ = exported("ght_ps")
+    report_path = tmp_path / "bench.json"
+    bench.main(["--checkpoint", str(smoke_run("ght_ps")), "--export", str(unpruned), "--pruned-export", str(pruned),
+                "--threads", "1", "--repeats", "1", "--batches", "1,4", "--batch1-sentences", "2",
+                "--paper-batch", "8", "--fixed-len", "4", "--json", str(report_path)])
+    text = capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    labels = [p["label"] for p in report["points"]]
+    for mode in ("natural", "fixed"):
+        for search in ("greedy", "beam5"):
+            for batch in (1, 4):
+                assert f"{mode} {search} batch {batch}" in labels
+    assert "paper: beam 5, batch 8, max len 10" in labels
+    for p in report["points"]:
+        e = p["engines"]
+        assert set(e) == {"torch", "ort"} and all(v["sentences_per_s"] > 0 for v in e.values())
+        assert e["ort"]["identical_to_first"] == p["sentences"]  # both engines return the same hypotheses
+        if p.get("mode") == "fixed":
+            assert 0 < e["ort"]["gflops_per_s"] < report["matmul_roofline_gflops"] * 2
+    assert report["matmul_roofline_gflops"] > 0
+    pruning = report["pruning"]
+    assert 0 < pruning["analytic_flops_ratio"] < 1 and pruning["torch"]["speedup"] > 0 and pruning["ort"]["speedup"] > 0
+    assert "ratio" in text and "analytic FLOP ratio" in text and "roofline" in text
+
+
+def test_cli_exit_codes(tmp_path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "export", f"checkpoint={tmp_path / 'missing.pt'}",
+                           f"out={tmp_path / 'out'}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "error:" in proc.stderr and "does not exist" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+    proc = subprocess.run([sys.executable, "-m", "export"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and "no checkpoint given" in proc.stderr, proc.stderr
