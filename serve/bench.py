@@ -52,6 +52,8 @@ class Point:
     inprocess_sentences_per_s: float | None = None
     ratio: float | None = None
     first_error: str | None = None
+    rounds_sentences_per_s: list[float] = field(default_factory=list)
+    rounds_ratio: list[float] = field(default_factory=list)
 
 
 def load_sentences(export_dir: Path, path: str | None) -> list[str]:
@@ -166,6 +168,19 @@ def inprocess_rate(model: Any, pool: Sequence[str], batch: int, search: dict[str
     return done / (time.perf_counter() - t0)
 
 
+def median_point(rounds: list[Point]) -> Point:
+    """The round with the median sentences/s stands for the point; every round's rate and ratio are kept, the
+    ratio reported is the median of the per-round ratios (each measured right after its served run)."""
+    ordered = sorted(rounds, key=lambda p: p.sentences_per_s)
+    point = ordered[(len(ordered) - 1) // 2]
+    point.rounds_sentences_per_s = [p.sentences_per_s for p in rounds]
+    ratios = [p.ratio for p in rounds if p.ratio is not None]
+    point.rounds_ratio = ratios
+    point.ratio = float(np.median(ratios)) if ratios else None
+    point.errors = sum(p.errors for p in rounds)
+    return point
+
+
 def markdown(points: list[Point]) -> str:
     head = ("| model | protocol | dyn. batching | client batch | concurrency | sent/s | p50 ms | p95 ms | p99 ms "
             "| eff. batch | in-process sent/s | served / in-process | requests | errors |\n"
@@ -264,9 +279,9 @@ def bench(cfg: Any) -> dict[str, Any]:
         if cfg.no_batching_concurrency:
             write_python_model(e, repo, off, overwrite=True, name=name + NO_BATCHING)
     search = {k: v for k, v in OmegaConf.to_container(cfg.search, resolve=True).items() if v is not None}  # type: ignore[union-attr]
-    points: list[Point] = []
-    baselines: dict[tuple[str, int], float] = {}
+    rounds: dict[tuple, list[Point]] = {}
     inproc: dict[str, Any] = {}
+    repeats = max(1, int(cfg.repeats))
     server = Server.start(repo, http_port=0, grpc_port=0, metrics_port=0, timeout=timeout)
     try:
         info = server.info
@@ -276,28 +291,32 @@ def bench(cfg: Any) -> dict[str, Any]:
                 for b in cfg.client_batch:
                     plan += [(name, protocol, int(b), int(c), True) for c in cfg.concurrency]
                     plan += [(name, protocol, int(b), int(c), False) for c in cfg.no_batching_concurrency]
-        for k, (name, protocol, b, c, db) in enumerate(plan, 1):
-            model = name if db else name + NO_BATCHING
-            p = run_point(info.url(protocol), info.http_url, Point(model, protocol, db, b, c), pools[name],
-                          search, float(cfg.duration_s), int(cfg.max_requests), int(cfg.warmup_requests))
-            if cfg.baseline and p.effective_batch > 0:
-                eff = max(1, round(p.effective_batch))
-                if (name, eff) not in baselines:
-                    if name not in inproc:
-                        inproc[name] = export.load(exports[names.index(name)], threads=settings.threads or None)
-                    baselines[(name, eff)] = inprocess_rate(inproc[name], pools[name], eff, search,
-                                                            float(cfg.baseline_duration_s))
-                p.inprocess_sentences_per_s = baselines[(name, eff)]
-                p.ratio = p.sentences_per_s / p.inprocess_sentences_per_s
-            points.append(p)
-            print(f"[{k}/{len(plan)}] {model} {protocol} b={b} c={c}: {p.sentences_per_s:.1f} sent/s, "
-                  f"p95 {p.latency_ms.get('p95', float('nan')):.1f} ms, eff. batch {p.effective_batch:.2f}"
-                  + (f", in-process {p.inprocess_sentences_per_s:.1f} (×{p.ratio:.2f})" if p.ratio else "")
-                  + (f", {p.errors} errors: {p.first_error}" if p.errors else ""), flush=True)
+        for r in range(repeats):  # every round covers the whole plan: compared settings are interleaved
+            baselines: dict[tuple[str, int], float] = {}  # in-process rate per effective batch, this round
+            for k, (name, protocol, b, c, db) in enumerate(plan, 1):
+                model = name if db else name + NO_BATCHING
+                p = run_point(info.url(protocol), info.http_url, Point(model, protocol, db, b, c), pools[name],
+                              search, float(cfg.duration_s), int(cfg.max_requests), int(cfg.warmup_requests))
+                if cfg.baseline and p.effective_batch > 0:
+                    eff = max(1, round(p.effective_batch))
+                    if (name, eff) not in baselines:
+                        if name not in inproc:
+                            inproc[name] = export.load(exports[names.index(name)], threads=settings.threads or None)
+                        baselines[(name, eff)] = inprocess_rate(inproc[name], pools[name], eff, search,
+                                                                float(cfg.baseline_duration_s))
+                    p.inprocess_sentences_per_s = baselines[(name, eff)]
+                    p.ratio = p.sentences_per_s / p.inprocess_sentences_per_s
+                rounds.setdefault((model, protocol, b, c), []).append(p)
+                print(f"[round {r + 1}/{repeats}, {k}/{len(plan)}] {model} {protocol} b={b} c={c}: "
+                      f"{p.sentences_per_s:.1f} sent/s, p95 {p.latency_ms.get('p95', float('nan')):.1f} ms, "
+                      f"eff. batch {p.effective_batch:.2f}"
+                      + (f", in-process {p.inprocess_sentences_per_s:.1f} (×{p.ratio:.2f})" if p.ratio else "")
+                      + (f", {p.errors} errors: {p.first_error}" if p.errors else ""), flush=True)
+        points = [median_point(ps) for ps in rounds.values()]
     finally:
         server.stop()
-    result = {"config": OmegaConf.to_container(cfg, resolve=True), "models": names, "search": search,
-              "created": stamp, "machine": _machine(), "points": [asdict(p) for p in points],
+    result = {"repeats": repeats, "config": OmegaConf.to_container(cfg, resolve=True), "models": names,
+              "search": search, "created": stamp, "machine": _machine(), "points": [asdict(p) for p in points],
               "comparisons": comparisons(points)}
     (out / "results.json").write_text(json.dumps(result, indent=1))
     table = markdown(points)

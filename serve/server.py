@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -157,13 +158,25 @@ def state_dir_for(repo: Path) -> Path:
     return repo.parent / f"{repo.name}.serve"
 
 
-def log_errors(log: Path, limit: int = 20) -> str:
-    """The lines of Triton's log that say why it failed (model load errors, bind errors)."""
+NOISE = ("CudaDriverHelper", "Unable to allocate pinned system memory")  # harmless on a CPU-only machine
+LOAD_FAILURE = re.compile(r"failed to load '([^']+)' version (\d+): (.*)")
+
+
+def log_errors(log: Path, limit: int = 12) -> str:
+    """Why Triton failed, from its log: one line per model that failed to load (its reason without the Python
+    traceback), else the error lines (bind errors, invalid repository)."""
     if not log.is_file():
         return ""
-    lines = log.read_text(errors="replace").splitlines()
-    picked = [ln for ln in lines if ln.startswith("E") or "error" in ln.lower() or "failed" in ln.lower()
-              or "Traceback" in ln or "Error:" in ln]
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if not any(n in ln for n in NOISE)]
+    failures = {}
+    for ln in lines:
+        match = LOAD_FAILURE.search(ln)
+        if match:
+            reason = match.group(3).split("\\n\\nAt:")[0].split("\\n")[0].rstrip('"')
+            failures[match.group(1)] = f"model {match.group(1)} (version {match.group(2)}) failed to load: {reason}"
+    if failures:
+        return "\n".join(failures.values())
+    picked = [ln for ln in lines if ln.startswith("E") or "error" in ln.lower() or "failed" in ln.lower()]
     return "\n".join((picked or lines)[-limit:])
 
 

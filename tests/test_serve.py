@@ -434,13 +434,14 @@ def test_model_load_failure_shows_tritons_reason(translator_export, tmp_path) ->
 def test_bench_smoke(translator_export, tmp_path) -> None:
     out = tmp_path / "bench"
     proc = _cli("serve.bench", f"exports=[{translator_export}]", f"out={out}", "concurrency=[1,4]",
-                "client_batch=[1,2]", "duration_s=1", "baseline_duration_s=0.5", "no_batching_concurrency=[4]",
-                "server.threads=1", "max_requests=200", timeout=300)
+                "client_batch=[2]", "repeats=2", "duration_s=1", "baseline_duration_s=0.5",
+                "no_batching_concurrency=[4]", "server.threads=1", "max_requests=200", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "results.json").read_text())
     points = result["points"]
-    assert len(points) == 2 * 2 * (2 + 1)  # protocols × client batches × (2 concurrencies + 1 without batching)
+    assert len(points) == 2 * (2 + 1)  # protocols × (2 concurrencies + 1 without batching), median of 2 rounds
     for p in points:
+        assert len(p["rounds_sentences_per_s"]) == len(p["rounds_ratio"]) == 2
         assert p["errors"] == 0 and p["sentences_per_s"] > 0 and p["effective_batch"] >= 1
         assert p["inprocess_sentences_per_s"] > 0 and p["ratio"] > 0
         assert set(p["latency_ms"]) >= {"p50", "p95", "p99"}
