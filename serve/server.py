@@ -116,7 +116,10 @@ def server_env() -> dict[str, str]:
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on the port now. SO_REUSEADDR as Triton's own listeners use it, so the
+    TIME_WAIT connections a just-stopped server leaves do not count as busy, while a listening socket does."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -256,10 +259,10 @@ class Server:
                                        env=server_env(), start_new_session=detach)
         info = ServerInfo(pid=process.pid, repo=str(repo), host=host, shm_prefix=prefix, log=str(log),
                           state_dir=str(state), models=models, **ports)
-        (state / STATE_FILE).write_text(json.dumps(asdict(info), indent=1))
-        (state / "server.pid").write_text(f"{process.pid}\n")
         server = cls(info, process)
-        try:
+        try:  # from here on, any failure or interrupt stops what was started
+            (state / STATE_FILE).write_text(json.dumps(asdict(info), indent=1))
+            (state / "server.pid").write_text(f"{process.pid}\n")
             server.wait_ready(timeout)
         except BaseException:
             server.stop()

@@ -18,8 +18,15 @@ from omegaconf import DictConfig
 from serve.server import Server, ServerError
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 @hydra.main(config_path="../conf", config_name="start", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    # installed before the server starts: a SIGTERM at any moment (even while waiting for readiness) must stop
+    # tritonserver rather than kill only this launcher and leave the server orphaned
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         server = Server.start(cfg.repo, host=str(cfg.host), http_port=int(cfg.http_port),
                               grpc_port=int(cfg.grpc_port), metrics_port=int(cfg.metrics_port),
@@ -28,6 +35,9 @@ def main(cfg: DictConfig) -> None:
     except ServerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Server.start already stopped what it had started
+        print("interrupted while starting", file=sys.stderr)
+        sys.exit(130)
     info = server.info
     print(f"tritonserver ready (pid {info.pid}): models {', '.join(info.models)}\n"
           f"  HTTP http://{info.http_url}   gRPC {info.grpc_url}   log {info.log}\n"
@@ -35,11 +45,6 @@ def main(cfg: DictConfig) -> None:
           f"  stop: python -m serve.stop repo={info.repo}", flush=True)
     if cfg.detach:
         return
-
-    def shutdown(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, shutdown)
     try:
         while server.alive():
             time.sleep(0.5)
@@ -47,6 +52,8 @@ def main(cfg: DictConfig) -> None:
     except KeyboardInterrupt:
         print("stopping tritonserver …", flush=True)
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the shutdown short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         server.stop()
 
 

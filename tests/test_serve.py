@@ -406,12 +406,18 @@ def test_start_stop_cli(translator_export, local, tmp_path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+        if (tmp_path / "one.serve" / "server.json").exists():
+            _cli("serve.stop", f"repo={repo}")
     _assert_gone(info["pid"], info["shm_prefix"])
     # foreground server stopped by SIGTERM (as a service manager would)
     proc, _ = _start_cli(repo, ports)
     info = json.loads((tmp_path / "one.serve" / "server.json").read_text())
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if (tmp_path / "one.serve" / "server.json").exists():
+            _cli("serve.stop", f"repo={repo}")
     _assert_gone(info["pid"], info["shm_prefix"])
     assert not (tmp_path / "one.serve" / "server.json").exists()
 
