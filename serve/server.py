@@ -25,6 +25,7 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -222,9 +223,11 @@ class Server:
     @classmethod
     def start(cls, repo: str | Path, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int = 8001,
               metrics_port: int = 8002, state_dir: str | Path | None = None, timeout: float = 180.0,
-              log_verbose: int = 0, detach: bool = False, extra_args: tuple[str, ...] = ()) -> Server:
+              log_verbose: int = 0, detach: bool = False, extra_args: tuple[str, ...] = (),
+              cancelled: Callable[[], bool] | None = None) -> Server:
         """Launch and wait until every model is ready. Port 0 picks a free port. `detach` starts the server in
-        its own session so it outlives this process (then stop it with `serve.stop`)."""
+        its own session so it outlives this process (then stop it with `serve.stop`). `cancelled()` true while
+        waiting (e.g. a signal arrived) stops the server and raises ServerError."""
         repo = Path(repo).resolve()
         models = check_repository(repo)
         state = Path(state_dir) if state_dir else state_dir_for(repo)
@@ -263,17 +266,19 @@ class Server:
         try:  # from here on, any failure or interrupt stops what was started
             (state / STATE_FILE).write_text(json.dumps(asdict(info), indent=1))
             (state / "server.pid").write_text(f"{process.pid}\n")
-            server.wait_ready(timeout)
+            server.wait_ready(timeout, cancelled)
         except BaseException:
             server.stop()
             raise
         return server
 
-    def wait_ready(self, timeout: float) -> None:
+    def wait_ready(self, timeout: float, cancelled: Callable[[], bool] | None = None) -> None:
         """Poll readiness; if the process dies, raise with Triton's own reason from the log."""
         deadline = time.monotonic() + timeout
         url = f"http://{self.info.http_url}/v2/health/ready"
         while time.monotonic() < deadline:
+            if cancelled is not None and cancelled():
+                raise ServerError("interrupted while waiting for tritonserver to become ready; stopped it")
             if self.process is not None and self.process.poll() is not None:
                 raise ServerError(f"tritonserver exited with code {self.process.returncode} while starting "
                                   f"(log: {self.info.log}):\n{log_errors(Path(self.info.log))}")
