@@ -1,0 +1,359 @@
+"""`python -m serve.bench exports=[…]`: a load generator on tritonclient for the served models.
+
+Why our own: `perf_analyzer` is not installable here, and the numbers users want are sentences/s (not
+inferences/s) at a given concurrency and client batch, next to what the same model does in-process. One run:
+write a repository with every export as `<name>` (dynamic batching on) and `<name>-nodb` (off), start a real
+tritonserver, and for each model × protocol × client batch × concurrency keep `concurrency` requests in flight
+(one client thread each) for `duration_s` or `max_requests`, whichever ends first. Per point: sentences/s,
+latency p50/p95/p99, errors, and Triton's effective batch (Δinference_count / Δexecution_count from its
+statistics API); then the in-process export runtime (same ORT threads) translating batches of that size gives
+the overhead ratio served / in-process. Results: results.json, results.md (table), results.png (plot).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from serve.client import Client, ClientError
+from serve.repository import ModelSettings, read_manifest, write_python_model
+from serve.server import Server
+
+NO_BATCHING = "-nodb"
+
+
+@dataclass
+class Point:
+    """One measured load point."""
+
+    model: str
+    protocol: str
+    dynamic_batching: bool
+    client_batch: int
+    concurrency: int
+    requests: int = 0
+    errors: int = 0
+    sentences: int = 0
+    seconds: float = 0.0
+    sentences_per_s: float = 0.0
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    effective_batch: float = 0.0
+    queue_ms: float = 0.0
+    compute_ms: float = 0.0
+    inprocess_sentences_per_s: float | None = None
+    ratio: float | None = None
+    first_error: str | None = None
+    rounds_sentences_per_s: list[float] = field(default_factory=list)
+    rounds_ratio: list[float] = field(default_factory=list)
+
+
+def load_sentences(export_dir: Path, path: str | None) -> list[str]:
+    if path:
+        lines = [ln.strip() for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    else:
+        manifest = read_manifest(export_dir)
+        lines = json.loads((export_dir / manifest["heldout"]).read_text(encoding="utf-8"))["src"]
+    if not lines:
+        raise SystemExit(f"error: no source sentences for {export_dir} (give sentences=<file>)")
+    return lines
+
+
+def _stats(url: str, model: str) -> tuple[int, int, int, int]:
+    """(inference_count, execution_count, queue ns, compute_infer ns) from Triton's statistics API."""
+    with Client(url, "http", model) as c:
+        s = c.statistics()
+    inf = s["inference_stats"]
+    return (int(s["inference_count"]), int(s["execution_count"]), int(inf["queue"]["ns"]),
+            int(inf["compute_infer"]["ns"]))
+
+
+def run_point(url: str, stats_url: str, point: Point, pool: Sequence[str], search: dict[str, Any],
+              duration: float, max_requests: int, warmup: int) -> Point:
+    """Keep `concurrency` requests in flight for `duration` s or `max_requests`; fill in the point's numbers."""
+    b, n = point.client_batch, len(pool)
+    lock = threading.Lock()
+    issued = [0]
+    latencies: list[float] = []
+    errors: list[str] = []
+    clock: dict[str, Any] = {}
+
+    def begin() -> None:  # runs once, when every client is connected and warmed up
+        clock["stats"] = _stats(stats_url, point.model)
+        clock["start"] = time.perf_counter()
+        clock["deadline"] = clock["start"] + duration
+
+    barrier = threading.Barrier(point.concurrency, action=begin)
+
+    def worker(k: int) -> None:
+        # each thread makes its own client: the HTTP client (gevent) only works in the thread that created it
+        try:
+            client = Client(url, point.protocol, point.model)
+            if k < warmup:
+                client.infer([pool[(k + j) % n] for j in range(b)], search)
+        except Exception as exc:
+            with lock:
+                errors.append(f"client setup: {exc}")
+            barrier.abort()
+            return
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            return
+        try:
+            while True:
+                with lock:
+                    i = issued[0]
+                    if i >= max_requests or time.perf_counter() >= clock["deadline"]:
+                        return
+                    issued[0] += 1
+                texts = [pool[(i * b + j) % n] for j in range(b)]
+                t0 = time.perf_counter()
+                try:
+                    client.infer(texts, search)
+                except Exception as exc:  # every failure is counted, never lost with its thread
+                    with lock:
+                        errors.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                with lock:
+                    latencies.append(time.perf_counter() - t0)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(point.concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if "start" not in clock:
+        raise ClientError(f"load point {point} could not start: {errors[:1]}")
+    elapsed = time.perf_counter() - clock["start"]
+    start_stats = clock["stats"]
+    end_stats = _stats(stats_url, point.model)
+    d_inf, d_exec, d_queue, d_compute = (e - s for e, s in zip(end_stats, start_stats, strict=True))
+    lat = np.array(latencies) * 1e3
+    point.requests, point.errors = len(latencies) + len(errors), len(errors)
+    point.first_error = errors[0] if errors else None
+    point.sentences, point.seconds = len(latencies) * b, elapsed
+    point.sentences_per_s = point.sentences / elapsed if elapsed > 0 else 0.0
+    if lat.size:
+        point.latency_ms = {f"p{q}": float(np.percentile(lat, q)) for q in (50, 95, 99)}
+        point.latency_ms["mean"] = float(lat.mean())
+    point.effective_batch = d_inf / d_exec if d_exec else 0.0
+    point.queue_ms = d_queue / max(len(latencies) + len(errors), 1) / 1e6
+    point.compute_ms = d_compute / max(d_exec, 1) / 1e6
+    return point
+
+
+def inprocess_rate(model: Any, pool: Sequence[str], batch: int, search: dict[str, Any], duration: float) -> float:
+    """Sentences/s of the export runtime translating batches of `batch` sentences in this process."""
+    n, done, i = len(pool), 0, 0
+    model.translate([pool[j % n] for j in range(batch)], max_sentences=batch, max_tokens=1 << 30, **search)  # warm
+    t0 = time.perf_counter()
+    while True:
+        texts = [pool[(i + j) % n] for j in range(batch)]
+        model.translate(texts, max_sentences=batch, max_tokens=1 << 30, **search)
+        done += batch
+        i += batch
+        if time.perf_counter() - t0 >= duration:
+            break
+    return done / (time.perf_counter() - t0)
+
+
+def median_point(rounds: list[Point]) -> Point:
+    """The round with the median sentences/s stands for the point; every round's rate and ratio are kept, the
+    ratio reported is the median of the per-round ratios (each measured right after its served run)."""
+    ordered = sorted(rounds, key=lambda p: p.sentences_per_s)
+    point = ordered[(len(ordered) - 1) // 2]
+    point.rounds_sentences_per_s = [p.sentences_per_s for p in rounds]
+    ratios = [p.ratio for p in rounds if p.ratio is not None]
+    point.rounds_ratio = ratios
+    point.ratio = float(np.median(ratios)) if ratios else None
+    point.errors = sum(p.errors for p in rounds)
+    return point
+
+
+def markdown(points: list[Point]) -> str:
+    head = ("| model | protocol | dyn. batching | client batch | concurrency | sent/s | p50 ms | p95 ms | p99 ms "
+            "| eff. batch | in-process sent/s | served / in-process | requests | errors |\n"
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+    rows = []
+    for p in points:
+        lat = p.latency_ms
+        rows.append(
+            f"| {p.model} | {p.protocol} | {'on' if p.dynamic_batching else 'off'} | {p.client_batch} "
+            f"| {p.concurrency} | {p.sentences_per_s:.1f} | {lat.get('p50', float('nan')):.1f} "
+            f"| {lat.get('p95', float('nan')):.1f} | {lat.get('p99', float('nan')):.1f} | {p.effective_batch:.2f} "
+            f"| {'' if p.inprocess_sentences_per_s is None else f'{p.inprocess_sentences_per_s:.1f}'} "
+            f"| {'' if p.ratio is None else f'{p.ratio:.2f}'} | {p.requests} | {p.errors} |")
+    return head + "\n".join(rows) + "\n"
+
+
+def comparisons(points: list[Point]) -> list[str]:
+    """Dynamic batching on vs off, and model vs model, at the same protocol / batch / concurrency."""
+    lines = []
+    key = {(p.model, p.protocol, p.dynamic_batching, p.client_batch, p.concurrency): p for p in points}
+    for p in points:
+        if p.dynamic_batching:
+            continue
+        on = key.get((p.model.removesuffix(NO_BATCHING), p.protocol, True, p.client_batch, p.concurrency))
+        if on and p.sentences_per_s:
+            lines.append(f"- {on.model} {p.protocol} batch {p.client_batch} concurrency {p.concurrency}: dynamic "
+                         f"batching on {on.sentences_per_s:.1f} vs off {p.sentences_per_s:.1f} sent/s "
+                         f"(×{on.sentences_per_s / p.sentences_per_s:.2f})")
+    models = sorted({p.model for p in points if p.dynamic_batching})
+    for a in models:
+        for b in models:
+            if a >= b:
+                continue
+            for p in points:
+                if p.model != a or not p.dynamic_batching:
+                    continue
+                q = key.get((b, p.protocol, True, p.client_batch, p.concurrency))
+                if q and q.sentences_per_s:
+                    lines.append(f"- {p.protocol} batch {p.client_batch} concurrency {p.concurrency}: {a} "
+                                 f"{p.sentences_per_s:.1f} vs {b} {q.sentences_per_s:.1f} sent/s "
+                                 f"(×{p.sentences_per_s / q.sentences_per_s:.2f})")
+    return lines
+
+
+def plot(points: list[Point], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    series: dict[tuple[str, str, int], list[Point]] = {}
+    for p in points:
+        if p.dynamic_batching:
+            series.setdefault((p.model, p.protocol, p.client_batch), []).append(p)
+    for (model, protocol, batch), ps in sorted(series.items()):
+        ps.sort(key=lambda p: p.concurrency)
+        label = f"{model} {protocol} b={batch}"
+        xs = [p.concurrency for p in ps]
+        (line,) = ax1.plot(xs, [p.sentences_per_s for p in ps], marker="o", label=label)
+        base = [(p.concurrency, p.inprocess_sentences_per_s) for p in ps if p.inprocess_sentences_per_s]
+        if base:
+            ax1.plot(*zip(*base, strict=True), ls=":", color=line.get_color(), alpha=0.7)
+        ax2.plot(xs, [p.latency_ms.get("p95", np.nan) for p in ps], marker="o", label=label)
+    ax1.set(xscale="log", xlabel="concurrency", ylabel="sentences/s",
+            title="served (solid) vs in-process at the same effective batch (dotted)")
+    ax2.set(xscale="log", yscale="log", xlabel="concurrency", ylabel="p95 latency (ms)", title="latency")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    ax1.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def bench(cfg: Any) -> dict[str, Any]:
+    """Run the whole sweep described by `cfg` (conf/bench.yaml); returns the JSON written."""
+    from omegaconf import OmegaConf
+
+    import export
+
+    exports = [Path(e) for e in ([cfg.exports] if isinstance(cfg.exports, str) else cfg.exports)]
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = Path(cfg.out or f"bench/serve-{stamp}")
+    out.mkdir(parents=True, exist_ok=True)
+    repo = out / "repo"
+    srv = OmegaConf.to_container(cfg.server, resolve=True)
+    timeout = float(srv.pop("timeout_s", 300))  # type: ignore[union-attr]
+    settings = ModelSettings.from_mapping(srv)  # type: ignore[arg-type]
+    off = ModelSettings.from_mapping({**srv, "dynamic_batching": False})  # type: ignore[dict-item]
+    names, pools = [], {}
+    for e in exports:
+        name = write_python_model(e, repo, settings, overwrite=True)
+        names.append(name)
+        pools[name] = load_sentences(e, cfg.sentences)
+        if cfg.no_batching_concurrency:
+            write_python_model(e, repo, off, overwrite=True, name=name + NO_BATCHING)
+    search = {k: v for k, v in OmegaConf.to_container(cfg.search, resolve=True).items() if v is not None}  # type: ignore[union-attr]
+    rounds: dict[tuple, list[Point]] = {}
+    inproc: dict[str, Any] = {}
+    repeats = max(1, int(cfg.repeats))
+    server = Server.start(repo, http_port=0, grpc_port=0, metrics_port=0, timeout=timeout)
+    try:
+        info = server.info
+        plan = []
+        for name in names:
+            for protocol in cfg.protocols:
+                for b in cfg.client_batch:
+                    plan += [(name, protocol, int(b), int(c), True) for c in cfg.concurrency]
+                    plan += [(name, protocol, int(b), int(c), False) for c in cfg.no_batching_concurrency]
+        for r in range(repeats):  # every round covers the whole plan: compared settings are interleaved
+            baselines: dict[tuple[str, int], float] = {}  # in-process rate per effective batch, this round
+            for k, (name, protocol, b, c, db) in enumerate(plan, 1):
+                model = name if db else name + NO_BATCHING
+                p = run_point(info.url(protocol), info.http_url, Point(model, protocol, db, b, c), pools[name],
+                              search, float(cfg.duration_s), int(cfg.max_requests), int(cfg.warmup_requests))
+                if cfg.baseline and p.effective_batch > 0:
+                    eff = max(1, round(p.effective_batch))
+                    if (name, eff) not in baselines:
+                        if name not in inproc:
+                            inproc[name] = export.load(exports[names.index(name)], threads=settings.threads or None)
+                        baselines[(name, eff)] = inprocess_rate(inproc[name], pools[name], eff, search,
+                                                                float(cfg.baseline_duration_s))
+                    p.inprocess_sentences_per_s = baselines[(name, eff)]
+                    p.ratio = p.sentences_per_s / p.inprocess_sentences_per_s
+                rounds.setdefault((model, protocol, b, c), []).append(p)
+                print(f"[round {r + 1}/{repeats}, {k}/{len(plan)}] {model} {protocol} b={b} c={c}: "
+                      f"{p.sentences_per_s:.1f} sent/s, p95 {p.latency_ms.get('p95', float('nan')):.1f} ms, "
+                      f"eff. batch {p.effective_batch:.2f}"
+                      + (f", in-process {p.inprocess_sentences_per_s:.1f} (×{p.ratio:.2f})" if p.ratio else "")
+                      + (f", {p.errors} errors: {p.first_error}" if p.errors else ""), flush=True)
+        points = [median_point(ps) for ps in rounds.values()]
+    finally:
+        server.stop()
+    result = {"repeats": repeats, "config": OmegaConf.to_container(cfg, resolve=True), "models": names,
+              "search": search, "created": stamp, "machine": _machine(), "points": [asdict(p) for p in points],
+              "comparisons": comparisons(points)}
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    table = markdown(points)
+    (out / "results.md").write_text(f"# Served throughput ({', '.join(names)})\n\n{table}\n"
+                                    + "\n".join(result["comparisons"]) + "\n")
+    plot(points, out / "results.png")
+    print(table + "\n".join(result["comparisons"]))
+    print(f"wrote {out}/results.json, results.md, results.png")
+    return result
+
+
+def _machine() -> dict[str, Any]:
+    import os
+    import platform
+
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+
+
+def main() -> None:
+    import hydra
+    from omegaconf import DictConfig
+
+    @hydra.main(config_path="../conf", config_name="bench", version_base="1.3")
+    def run(cfg: DictConfig) -> None:
+        try:
+            bench(cfg)
+        except Exception as exc:
+            from serve.repository import RepositoryError
+            from serve.server import ServerError
+
+            if isinstance(exc, (RepositoryError, ServerError, ClientError)):
+                print(f"error: {exc}", file=sys.stderr)
+                sys.exit(2)
+            raise
+
+    run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""Query a served attention-zoo model over Triton's HTTP or gRPC protocol (KServe v2).
+
+    python -m serve.client "Guten Morgen." "Wie geht es dir?"
+    echo "Guten Morgen." | python -m serve.client --protocol grpc --model transformer-deen --beam-size 1
+
+    from serve.client import translate
+    translate(["Guten Morgen."], url="127.0.0.1:8000", protocol="http")
+
+Ordinary flags, not Hydra: free text such as "Guten Morgen." is not a Hydra override. The client splits
+inputs into requests of at most the model's max_batch_size rows, so any number of sentences can be sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+INPUT, OUTPUT, TRUNCATED = "TEXT", "OUTPUT", "TRUNCATED"
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
+SEARCH_PARAMETERS = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len")
+
+
+class ClientError(Exception):
+    """A request the server refused or could not answer; the message is Triton's (or the model's) reason."""
+
+
+def _encode(texts: Sequence[str | bytes]) -> np.ndarray:
+    return np.array([t if isinstance(t, bytes) else t.encode("utf-8") for t in texts], dtype=np.object_
+                    ).reshape(-1, 1)
+
+
+class Client:
+    """One connection to a Triton server (HTTP or gRPC); thread-compatible, not thread-safe: one per thread."""
+
+    def __init__(self, url: str | None = None, protocol: str = "http", model: str | None = None,
+                 timeout: float = 120.0) -> None:
+        if protocol not in DEFAULT_PORTS:
+            raise ClientError(f"protocol {protocol!r}; use http or grpc")
+        self.protocol = protocol
+        self.url = url or f"127.0.0.1:{DEFAULT_PORTS[protocol]}"
+        self.timeout = timeout
+        self.lib: Any = httpclient if protocol == "http" else grpcclient
+        try:
+            if protocol == "http":
+                self.client: Any = httpclient.InferenceServerClient(self.url, connection_timeout=timeout,
+                                                                    network_timeout=timeout)
+            else:
+                self.client = grpcclient.InferenceServerClient(self.url)
+        except InferenceServerException as exc:
+            raise ClientError(f"cannot connect to {self.url} ({protocol}): {exc}") from exc
+        self.model = model or self._only_model()
+        self._max_batch: int | None = None
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except InferenceServerException as exc:
+            raise ClientError(f"{what} failed: {exc.message() or exc}") from exc
+        except OSError as exc:  # connection refused / reset (HTTP)
+            raise ClientError(f"{what} failed: cannot reach {self.url} ({exc}); is the server running "
+                              "(`python -m serve.start repo=…`) and is this its port?") from exc
+
+    def ready_models(self) -> list[str]:
+        index = self._call("listing the models", self.client.get_model_repository_index,
+                           **({"as_json": True} if self.protocol == "grpc" else {}))
+        if self.protocol == "grpc":
+            index = index.get("models", [])
+        return sorted(m["name"] for m in index if m.get("state") == "READY")
+
+    def _only_model(self) -> str:
+        models = self.ready_models()
+        if len(models) != 1:
+            raise ClientError(f"the server at {self.url} has {len(models)} ready models {models}; "
+                              "name one with --model / model=")
+        return models[0]
+
+    @property
+    def max_batch_size(self) -> int:
+        if self._max_batch is None:
+            config = self._call(f"reading {self.model}'s config", self.client.get_model_config, self.model,
+                                **({"as_json": True} if self.protocol == "grpc" else {}))
+            config = config.get("config", config)
+            self._max_batch = int(config.get("max_batch_size", 0)) or 1 << 30
+        return self._max_batch
+
+    def infer(self, texts: Sequence[str | bytes], parameters: dict[str, Any] | None = None
+              ) -> tuple[list[str], list[bool]]:
+        """One request (no splitting): outputs and truncation flags; errors as ClientError."""
+        inp = self.lib.InferInput(INPUT, [len(texts), 1], "BYTES")
+        inp.set_data_from_numpy(_encode(texts))
+        outputs = [self.lib.InferRequestedOutput(OUTPUT), self.lib.InferRequestedOutput(TRUNCATED)]
+        kwargs: dict[str, Any] = {"parameters": parameters} if parameters else {}
+        if self.protocol == "grpc":
+            kwargs["client_timeout"] = self.timeout
+        result = self._call(f"inference on {self.model}", self.client.infer, self.model, [inp], outputs=outputs,
+                            **kwargs)
+        out = [b.decode("utf-8") if isinstance(b, bytes) else str(b) for b in result.as_numpy(OUTPUT).reshape(-1)]
+        return out, [bool(x) for x in result.as_numpy(TRUNCATED).reshape(-1)]
+
+    def translate(self, texts: Sequence[str | bytes], **search: Any) -> list[str]:
+        """Any number of texts → outputs in order; `search`: beam_size, len_penalty, max_len_a, max_len_b,
+        min_len (None = the model's default)."""
+        unknown = sorted(set(search) - set(SEARCH_PARAMETERS))
+        if unknown:
+            raise ClientError(f"unknown search option(s) {unknown}; use {list(SEARCH_PARAMETERS)}")
+        parameters = {k: v for k, v in search.items() if v is not None}
+        out: list[str] = []
+        for start in range(0, len(texts), self.max_batch_size):
+            out += self.infer(texts[start:start + self.max_batch_size], parameters)[0]
+        return out
+
+    def statistics(self) -> dict[str, Any]:
+        """Triton's statistics of this model (inference_count, execution_count, timings) as JSON."""
+        stats = self._call("reading statistics", self.client.get_inference_statistics, self.model,
+                           **({"as_json": True} if self.protocol == "grpc" else {}))
+        return stats["model_stats"][0]
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def translate(texts: str | Sequence[str], url: str | None = None, protocol: str = "http", model: str | None = None,
+              timeout: float = 120.0, **search: Any) -> list[str]:
+    """Translate (or summarise) texts on a running server; the model may be omitted when it serves one."""
+    if isinstance(texts, str):
+        texts = [texts]
+    with Client(url, protocol, model, timeout) as client:
+        return client.translate(list(texts), **search)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m serve.client", description=__doc__.splitlines()[0])
+    parser.add_argument("--protocol", choices=sorted(DEFAULT_PORTS), default="http")
+    parser.add_argument("--url", help="host:port (default 127.0.0.1:8000 for http, :8001 for grpc)")
+    parser.add_argument("--model", help="model name (may be omitted when the server has one model)")
+    parser.add_argument("--beam-size", type=int, help="1 = greedy; default: the model's (manifest)")
+    parser.add_argument("--len-penalty", type=float)
+    parser.add_argument("--max-len-a", type=float)
+    parser.add_argument("--max-len-b", type=int)
+    parser.add_argument("--min-len", type=int)
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    parser.add_argument("text", nargs="*", help="source texts; stdin lines when none are given")
+    args = parser.parse_args(argv)
+    texts = args.text or [line.rstrip("\n") for line in sys.stdin]
+    try:
+        outputs = translate(texts, url=args.url, protocol=args.protocol, model=args.model, timeout=args.timeout,
+                            beam_size=args.beam_size, len_penalty=args.len_penalty, max_len_a=args.max_len_a,
+                            max_len_b=args.max_len_b, min_len=args.min_len)
+    except ClientError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for out in outputs:
+        print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

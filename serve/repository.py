@@ -1,0 +1,250 @@
+"""Write a Triton model repository for exported attention-zoo models.
+
+    python -m serve.repository export_dir=exports/transformer-deen repo=triton_repo
+    python -m serve.repository 'export_dir=[exports/transformer-deen,exports/transformer-summ]' repo=triton_repo
+    python -m serve.repository export_dir=exports/transformer-deen repo=ngc_repo variant=ngc
+
+Why: users should get a working repository without writing Triton configs or backend code. Two variants:
+- `python` (default, runs on this machine's pytriton wheel): `<name>/config.pbtxt` + `<name>/<v>/model.py`, a
+  Python-backend model running the export runtime; the runtime module, ONNX graphs, tokenizer and manifest are
+  copied next to it, so the model directory is self-contained (numpy + onnxruntime + sentencepiece only).
+- `ngc` (a full NGC Triton container with the onnxruntime backend, for GPUs): `<name>-encoder` and
+  `<name>-decoder` served by the `onnxruntime` backend (KIND_GPU) and `<name>`, a Python BLS model that
+  tokenizes, runs the export runtime's beam search and calls the two ONNX models per step (serve/ngc.py).
+
+Every config.pbtxt written is parsed back with Triton's model-config protobuf (shipped in tritonclient), so a
+malformed config fails here with the field named instead of at server start.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from export import runtime as export_runtime
+
+HERE = Path(__file__).resolve().parent
+TRITON_MODELS = HERE / "triton"
+RUNTIME_FILE = "export_runtime.py"  # the copy of export/runtime.py inside every model version dir
+COMMON_FILE = "model_common.py"  # request handling shared by both variants' model.py
+INPUT, OUTPUT, TRUNCATED = "TEXT", "OUTPUT", "TRUNCATED"
+KINDS = ("KIND_CPU", "KIND_GPU", "KIND_AUTO")
+
+
+class RepositoryError(Exception):
+    """A repository that cannot be written (bad export dir, name clash, invalid settings)."""
+
+
+@dataclass
+class ModelSettings:
+    """Per-model Triton settings (conf/serve.yaml `model:`)."""
+
+    version: int = 1
+    version_policy: Any = "latest"
+    max_batch_size: int = 64
+    dynamic_batching: bool = True
+    preferred_batch_size: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
+    max_queue_delay_microseconds: int = 2000
+    instance_count: int = 1
+    instance_kind: str = "KIND_CPU"
+    onnx_instance_kind: str = "KIND_GPU"
+    provider: str = "cpu"
+    threads: int = 0
+    optimization: str | None = None
+    check_files: bool = True
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any] | None) -> ModelSettings:
+        values = dict(values or {})
+        unknown = sorted(set(values) - {f.name for f in fields(cls)})
+        if unknown:
+            raise RepositoryError(f"unknown model setting(s) {unknown}; known: {sorted(f.name for f in fields(cls))}")
+        settings = cls(**values)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        for key in ("instance_kind", "onnx_instance_kind"):
+            if getattr(self, key) not in KINDS:
+                raise RepositoryError(f"{key}={getattr(self, key)!r}; use one of {KINDS}")
+        if self.provider not in ("cpu", "cuda"):
+            raise RepositoryError(f"provider={self.provider!r}; use cpu or cuda")
+        if self.max_batch_size < 1:
+            raise RepositoryError("max_batch_size must be ≥ 1 (requests carry a batch dimension)")
+        if self.version < 1:
+            raise RepositoryError("version must be ≥ 1 (Triton version directories are positive integers)")
+        self.preferred_batch_size = sorted({int(b) for b in self.preferred_batch_size if int(b) <= self.max_batch_size})
+
+    def version_policy_text(self) -> str:
+        policy = self.version_policy
+        if policy == "latest":
+            return "version_policy: { latest: { num_versions: 1 } }"
+        if policy == "all":
+            return "version_policy: { all: {} }"
+        if isinstance(policy, Sequence) and not isinstance(policy, str) and policy:
+            return f"version_policy: {{ specific: {{ versions: [{', '.join(str(int(v)) for v in policy)}] }} }}"
+        raise RepositoryError(f"version_policy={policy!r}; use latest, all or a list of versions")
+
+
+def pbtxt_string(value: str) -> str:
+    return json.dumps(value)  # a JSON string literal is a valid protobuf text-format string literal
+
+
+def parameters_text(params: dict[str, Any]) -> str:
+    return "\n".join(f"parameters: {{ key: {pbtxt_string(k)} value: {{ string_value: {pbtxt_string(str(v))} }} }}"
+                     for k, v in params.items())
+
+
+def batching_text(settings: ModelSettings) -> str:
+    if not settings.dynamic_batching:
+        return ""
+    preferred = ", ".join(str(b) for b in settings.preferred_batch_size)
+    return ("dynamic_batching {\n"
+            + (f"  preferred_batch_size: [ {preferred} ]\n" if preferred else "")
+            + f"  max_queue_delay_microseconds: {int(settings.max_queue_delay_microseconds)}\n}}")
+
+
+def text_io_text() -> str:
+    """The public interface of both variants: a batch of strings in, a batch of strings (+ flags) out."""
+    return (f'input [ {{ name: "{INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]\n'
+            f'output [ {{ name: "{OUTPUT}" data_type: TYPE_STRING dims: [ 1 ] }},\n'
+            f'         {{ name: "{TRUNCATED}" data_type: TYPE_BOOL dims: [ 1 ] }} ]')
+
+
+def parse_config(text: str, where: str = "config.pbtxt") -> model_config_pb2.ModelConfig:
+    """Parse config.pbtxt text with Triton's ModelConfig protobuf; a clear error on any unknown/malformed field."""
+    try:
+        return text_format.Parse(text, model_config_pb2.ModelConfig())
+    except text_format.ParseError as exc:
+        raise RepositoryError(f"{where} is not a valid Triton model config: {exc}") from exc
+
+
+def python_config(name: str, settings: ModelSettings, extra: dict[str, Any] | None = None,
+                  kind: str | None = None) -> str:
+    """config.pbtxt of a Python-backend text model (the `python` variant, and the BLS model of `ngc`)."""
+    params = {"provider": settings.provider, "threads": settings.threads,
+              "optimization": settings.optimization or "", "check_files": str(settings.check_files).lower(),
+              **(extra or {})}
+    parts = [
+        f"name: {pbtxt_string(name)}",
+        'backend: "python"',
+        f"max_batch_size: {int(settings.max_batch_size)}",
+        settings.version_policy_text(),
+        text_io_text(),
+        batching_text(settings),
+        f"instance_group [ {{ count: {int(settings.instance_count)} kind: {kind or settings.instance_kind} }} ]",
+        parameters_text(params),
+    ]
+    text = "\n".join(p for p in parts if p) + "\n"
+    parse_config(text, f"{name}/config.pbtxt")
+    return text
+
+
+def read_manifest(export_dir: Path) -> dict[str, Any]:
+    path = export_dir / export_runtime.MANIFEST
+    if not path.is_file():
+        raise RepositoryError(f"{export_dir} is not an export directory (no {export_runtime.MANIFEST}); "
+                              "create one with `python -m export checkpoint=<run dir> out=<dir>`")
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    missing = [f for f in manifest.get("files", {}) if not (export_dir / f).is_file()]
+    if missing:
+        raise RepositoryError(f"{export_dir} lacks {missing} listed in its manifest; re-run the export")
+    return manifest
+
+
+def check_name(name: str) -> str:
+    if not name or "/" in name or name.startswith(".") or any(c.isspace() for c in name):
+        raise RepositoryError(f"model name {name!r} is not usable as a Triton model directory name")
+    return name
+
+
+def _install(tmp: Path, target: Path, overwrite: bool) -> None:
+    if target.exists():
+        if not overwrite:
+            raise RepositoryError(f"{target} exists; pass overwrite=true to replace it")
+        shutil.rmtree(target)
+    tmp.rename(target)
+
+
+def write_python_model(export_dir: Path, repo: Path, settings: ModelSettings, overwrite: bool = False,
+                       name: str | None = None) -> str:
+    """One export → `<repo>/<name>/` (python variant); returns the model name."""
+    manifest = read_manifest(export_dir)
+    name = check_name(name or manifest["name"])
+    repo.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=repo.parent))
+    try:
+        version_dir = tmp / str(settings.version)
+        version_dir.mkdir()
+        for f in [*manifest["files"], export_runtime.MANIFEST]:
+            shutil.copy2(export_dir / f, version_dir / f)
+        shutil.copy2(export_runtime.__file__, version_dir / RUNTIME_FILE)
+        shutil.copy2(TRITON_MODELS / "translator_model.py", version_dir / "model.py")
+        shutil.copy2(TRITON_MODELS / COMMON_FILE, version_dir / COMMON_FILE)
+        (tmp / "config.pbtxt").write_text(python_config(name, settings), encoding="utf-8")
+        tmp.chmod(0o755)
+        _install(tmp, repo / name, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return name
+
+
+def write_repository(export_dirs: Iterable[str | Path], repo: str | Path, settings: ModelSettings | None = None,
+                     variant: str = "python", overwrite: bool = False) -> list[str]:
+    """Write one model (python) or three (ngc: BLS + encoder + decoder) per export; returns the public names."""
+    settings = settings or ModelSettings()
+    settings.check()
+    dirs = [Path(d) for d in export_dirs]
+    if not dirs:
+        raise RepositoryError("no export_dir given")
+    names = [check_name(read_manifest(d)["name"]) for d in dirs]
+    clash = sorted({n for n in names if names.count(n) > 1})
+    if clash:
+        raise RepositoryError(f"several exports are named {clash}; export them with distinct name=… (§3b)")
+    repo = Path(repo)
+    if variant == "python":
+        return [write_python_model(d, repo, settings, overwrite) for d in dirs]
+    if variant == "ngc":
+        from serve.ngc import write_ngc_model
+
+        return [write_ngc_model(d, repo, settings, overwrite) for d in dirs]
+    raise RepositoryError(f"variant={variant!r}; use python or ngc")
+
+
+def _as_list(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]
+
+
+def main() -> None:
+    import hydra
+    from omegaconf import DictConfig, OmegaConf
+
+    @hydra.main(config_path="../conf", config_name="serve", version_base="1.3")
+    def run(cfg: DictConfig) -> None:
+        try:
+            settings = ModelSettings.from_mapping(OmegaConf.to_container(cfg.model, resolve=True))  # type: ignore[arg-type]
+            names = write_repository(_as_list(cfg.export_dir), cfg.repo, settings, str(cfg.variant),
+                                     bool(cfg.overwrite))
+        except RepositoryError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        print(f"wrote {', '.join(names)} ({cfg.variant} variant) to {cfg.repo}")
+        print(f"start it with: python -m serve.start repo={cfg.repo}")
+
+    run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,379 @@
+"""Run the pytriton wheel's `tritonserver` on a model repository (DESIGN.md §6 done for the user).
+
+Why this module exists: the wheel's binary works only with a backend directory of *symlinks* (copies break the
+stub's `$ORIGIN` library lookup), with the venv's `bin` first on PATH and libpython's directory on
+LD_LIBRARY_PATH (or the Python stub mixes interpreters), and with pinned memory off on a CPU-only machine.
+The Python backend keeps its tensors in /dev/shm regions that a crashed server leaves behind; every server
+started here gets its own region prefix so exactly its regions are removed when it stops.
+
+State of a started server lives in `<repo>.serve/` (beside the repository — Triton would try to load any
+directory inside it): `server.json` (pid, ports, shm prefix), `server.pid`, `server.log`, `backends/`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+SHM_DIR = Path("/dev/shm")
+PYTHON_BACKEND_SHM = "triton_python_backend_shm_region"  # the python backend's default region prefix
+OUR_SHM = "zoo_triton_"  # prefix of the regions of servers started here (+ a random id per server)
+STATE_FILE = "server.json"
+
+
+class ServerError(Exception):
+    """A server that cannot start or stop; the message names the cause and the fix."""
+
+
+@dataclass
+class ServerInfo:
+    """What `serve.stop`, clients and tests need to know about a running server (saved as server.json)."""
+
+    pid: int
+    repo: str
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    shm_prefix: str
+    log: str
+    state_dir: str
+    models: list[str] = field(default_factory=list)
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    def url(self, protocol: str) -> str:
+        return self.http_url if protocol == "http" else self.grpc_url
+
+
+def wheel_dir() -> Path:
+    """The tritonserver tree inside the nvidia-pytriton wheel."""
+    try:
+        import pytriton
+    except ImportError as exc:
+        raise ServerError("nvidia-pytriton is not installed; `pip install nvidia-pytriton==0.7.0` "
+                          "(Linux x86_64; it bundles tritonserver with the Python backend)") from exc
+    root = Path(pytriton.__file__).resolve().parent / "tritonserver"
+    if not (root / "bin" / "tritonserver").is_file():
+        raise ServerError(f"{root}/bin/tritonserver is missing; reinstall nvidia-pytriton==0.7.0")
+    return root
+
+
+def backend_dir(state_dir: Path) -> Path:
+    """`<state>/backends/python/` with symlinks to the wheel's backend library, utils and matching stub."""
+    root = wheel_dir()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    sources = {
+        "libtriton_python.so": root / "backends" / "python" / "libtriton_python.so",
+        "triton_python_backend_utils.py": root / "backends" / "python" / "triton_python_backend_utils.py",
+        "triton_python_backend_stub": root / "python_backend_stubs" / version / "triton_python_backend_stub",
+    }
+    for src in sources.values():
+        if not src.is_file():
+            raise ServerError(f"{src} is missing from the pytriton wheel (no Python {version} stub?); "
+                              "use Python 3.8–3.13 and reinstall nvidia-pytriton==0.7.0")
+    target = state_dir / "backends" / "python"
+    target.mkdir(parents=True, exist_ok=True)
+    for name, src in sources.items():
+        link = target / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(src)
+    return target.parent
+
+
+def server_env() -> dict[str, str]:
+    """PATH with this interpreter's bin first, LD_LIBRARY_PATH with libpython's dir (§6)."""
+    env = dict(os.environ)
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in [libdir, env.get("LD_LIBRARY_PATH", "")] if p)
+    env.setdefault("OMP_NUM_THREADS", "1")  # ORT sets its own pools; keep numpy/BLAS in the stubs single-threaded
+    return env
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on the port now. SO_REUSEADDR as Triton's own listeners use it, so the
+    TIME_WAIT connections a just-stopped server leaves do not count as busy, while a listening socket does."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def check_repository(repo: Path) -> list[str]:
+    """Model names of a repository, after parsing every config.pbtxt (a clear error before Triton's)."""
+    if not repo.is_dir():
+        raise ServerError(f"model repository {repo} does not exist; write one with "
+                          "`python -m serve.repository export_dir=<export> repo=<dir>`")
+    names = []
+    for model_dir in sorted(p for p in repo.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        config = model_dir / "config.pbtxt"
+        if not config.is_file():
+            raise ServerError(f"{model_dir} has no config.pbtxt, so {repo} is not a valid model repository; "
+                              "remove the directory or re-run serve.repository")
+        try:
+            text_format.Parse(config.read_text(), model_config_pb2.ModelConfig())
+        except text_format.ParseError as exc:
+            raise ServerError(f"{config} is invalid: {exc}") from exc
+        if not any(v.is_dir() and v.name.isdigit() for v in model_dir.iterdir()):
+            raise ServerError(f"{model_dir} has no numeric version directory (e.g. {model_dir}/1)")
+        names.append(model_dir.name)
+    if not names:
+        raise ServerError(f"{repo} contains no models; write some with `python -m serve.repository`")
+    return names
+
+
+def state_dir_for(repo: Path) -> Path:
+    repo = Path(repo).resolve()
+    return repo.parent / f"{repo.name}.serve"
+
+
+NOISE = ("CudaDriverHelper", "Unable to allocate pinned system memory")  # harmless on a CPU-only machine
+LOAD_FAILURE = re.compile(r"failed to load '([^']+)' version (\d+): (.*)")
+
+
+def log_errors(log: Path, limit: int = 12) -> str:
+    """Why Triton failed, from its log: one line per model that failed to load (its reason without the Python
+    traceback), else the error lines (bind errors, invalid repository)."""
+    if not log.is_file():
+        return ""
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if not any(n in ln for n in NOISE)]
+    failures = {}
+    for ln in lines:
+        match = LOAD_FAILURE.search(ln)
+        if match:
+            reason = match.group(3).split("\\n\\nAt:")[0].split("\\n")[0].rstrip('"')
+            failures[match.group(1)] = f"model {match.group(1)} (version {match.group(2)}) failed to load: {reason}"
+    if failures:
+        return "\n".join(failures.values())
+    picked = [ln for ln in lines if ln.startswith("E") or "error" in ln.lower() or "failed" in ln.lower()]
+    return "\n".join((picked or lines)[-limit:])
+
+
+def _http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via an http_proxy
+    try:
+        with opener.open(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):  # a zombie (exited, not yet reaped) is not alive
+        if Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z"):
+            return False
+    return True
+
+
+def _is_tritonserver(pid: int) -> bool:
+    try:
+        return "tritonserver" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+class Server:
+    """A tritonserver process started on a repository; `stop()` ends it and removes its shm regions."""
+
+    def __init__(self, info: ServerInfo, process: subprocess.Popen | None = None) -> None:
+        self.info = info
+        self.process = process
+
+    @classmethod
+    def start(cls, repo: str | Path, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int = 8001,
+              metrics_port: int = 8002, state_dir: str | Path | None = None, timeout: float = 180.0,
+              log_verbose: int = 0, detach: bool = False, extra_args: tuple[str, ...] = (),
+              cancelled: Callable[[], bool] | None = None) -> Server:
+        """Launch and wait until every model is ready. Port 0 picks a free port. `detach` starts the server in
+        its own session so it outlives this process (then stop it with `serve.stop`). `cancelled()` true while
+        waiting (e.g. a signal arrived) stops the server and raises ServerError."""
+        repo = Path(repo).resolve()
+        models = check_repository(repo)
+        state = Path(state_dir) if state_dir else state_dir_for(repo)
+        state.mkdir(parents=True, exist_ok=True)
+        previous = read_info(state)
+        if previous and _alive(previous.pid) and _is_tritonserver(previous.pid):
+            raise ServerError(f"a server (pid {previous.pid}) already runs from {state}; stop it with "
+                              f"`python -m serve.stop repo={repo}`")
+        ports = {}
+        for key, port in (("http_port", http_port), ("grpc_port", grpc_port), ("metrics_port", metrics_port)):
+            if port and not port_free(port, host):
+                raise ServerError(f"port {port} ({key}) on {host} is busy (another tritonserver? "
+                                  f"`python -m serve.stop`); choose another with {key}=… or {key}=0 for a free one")
+            ports[key] = port or free_port(host)
+        clean_stale_shm()
+        prefix = f"{OUR_SHM}{secrets.token_hex(4)}_"
+        log = state / "server.log"
+        cmd = [
+            str(wheel_dir() / "bin" / "tritonserver"),
+            f"--model-repository={repo}",
+            f"--backend-directory={backend_dir(state)}",
+            f"--http-address={host}", f"--http-port={ports['http_port']}",
+            f"--grpc-address={host}", f"--grpc-port={ports['grpc_port']}",
+            f"--metrics-port={ports['metrics_port']}", "--allow-metrics=false", "--allow-gpu-metrics=false",
+            "--pinned-memory-pool-byte-size=0",
+            f"--backend-config=python,shm-region-prefix-name={prefix}",
+            "--strict-readiness=true", "--exit-on-error=true", f"--log-verbose={int(log_verbose)}",
+            *extra_args,
+        ]
+        with log.open("wb") as out:
+            process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env=server_env(), start_new_session=detach)
+        info = ServerInfo(pid=process.pid, repo=str(repo), host=host, shm_prefix=prefix, log=str(log),
+                          state_dir=str(state), models=models, **ports)
+        server = cls(info, process)
+        try:  # from here on, any failure or interrupt stops what was started
+            (state / STATE_FILE).write_text(json.dumps(asdict(info), indent=1))
+            (state / "server.pid").write_text(f"{process.pid}\n")
+            server.wait_ready(timeout, cancelled)
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    def wait_ready(self, timeout: float, cancelled: Callable[[], bool] | None = None) -> None:
+        """Poll readiness; if the process dies, raise with Triton's own reason from the log."""
+        deadline = time.monotonic() + timeout
+        url = f"http://{self.info.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if cancelled is not None and cancelled():
+                raise ServerError("interrupted while waiting for tritonserver to become ready; stopped it")
+            if self.process is not None and self.process.poll() is not None:
+                raise ServerError(f"tritonserver exited with code {self.process.returncode} while starting "
+                                  f"(log: {self.info.log}):\n{log_errors(Path(self.info.log))}")
+            with contextlib.suppress(OSError):
+                if _http_get(url)[0] == 200:
+                    return
+            time.sleep(0.25)
+        raise ServerError(f"tritonserver was not ready after {timeout:.0f} s (log: {self.info.log}):\n"
+                          f"{log_errors(Path(self.info.log))}")
+
+    def ready(self) -> bool:
+        with contextlib.suppress(OSError):
+            return _http_get(f"http://{self.info.http_url}/v2/health/ready")[0] == 200
+        return False
+
+    def alive(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        return _alive(self.info.pid)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM (Triton unloads models and exits), SIGKILL after `timeout`; then remove its shm regions."""
+        code = stop_pid(self.info.pid, timeout, self.process)
+        remove_shm(self.info.shm_prefix)
+        with contextlib.suppress(FileNotFoundError):
+            (Path(self.info.state_dir) / STATE_FILE).unlink()
+        with contextlib.suppress(FileNotFoundError):
+            (Path(self.info.state_dir) / "server.pid").unlink()
+        return code
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def stop_pid(pid: int, timeout: float, process: subprocess.Popen | None = None) -> int | None:
+    if process is None and not (_alive(pid) and _is_tritonserver(pid)):
+        return None  # gone already (or the pid was reused by something else: never signal that)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None:
+            if process.poll() is not None:
+                return process.returncode
+        elif not _alive(pid):
+            return 0
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    if process is not None:
+        return process.wait(10)
+    return -9
+
+
+def read_info(state_dir: Path) -> ServerInfo | None:
+    path = Path(state_dir) / STATE_FILE
+    if not path.is_file():
+        return None
+    return ServerInfo(**json.loads(path.read_text()))
+
+
+def _mapped_shm() -> set[str]:
+    """/dev/shm files mapped by any process we can inspect (in use: never remove those)."""
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        with contextlib.suppress(OSError):
+            for line in maps.read_text().splitlines():
+                if "/dev/shm/" in line:
+                    mapped.add(line.split("/dev/shm/", 1)[1].split(" (deleted)")[0].strip())
+    return mapped
+
+
+def remove_shm(prefix: str) -> list[str]:
+    """Remove this server's regions (it has exited, so nothing maps them any more)."""
+    removed = []
+    for path in SHM_DIR.glob(f"{prefix}*"):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path.name)
+    return removed
+
+
+def clean_stale_shm(min_age_s: float = 30.0) -> list[str]:
+    """Remove Python-backend regions left by crashed servers: ours (uid), unmapped, older than `min_age_s`."""
+    mapped = _mapped_shm()
+    removed = []
+    now = time.time()
+    for pattern in (f"{PYTHON_BACKEND_SHM}*", f"{OUR_SHM}*"):
+        for path in SHM_DIR.glob(pattern):
+            with contextlib.suppress(FileNotFoundError):
+                st = path.stat()
+                if st.st_uid == os.getuid() and path.name not in mapped and now - st.st_mtime > min_age_s:
+                    path.unlink()
+                    removed.append(path.name)
+    return removed

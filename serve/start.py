@@ -1,0 +1,57 @@
+"""`python -m serve.start repo=<dir> [http_port=8000 grpc_port=8001 host=127.0.0.1 detach=false]`
+
+Thin Hydra entry point around `serve.server.Server.start`: launches the wheel's tritonserver, waits until every
+model is ready, prints the endpoints, then (unless detach=true) stays in the foreground and stops the server
+cleanly on Ctrl-C / SIGTERM — or returns when `python -m serve.stop` ended it.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType
+
+import hydra
+from omegaconf import DictConfig
+
+from serve.server import Server, ServerError
+
+
+@hydra.main(config_path="../conf", config_name="start", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    # The handlers only set a flag (raising from a handler could land between two statements and orphan the
+    # server); they are installed before launching, so a SIGTERM/SIGINT at any moment ends in a clean stop.
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        server = Server.start(cfg.repo, host=str(cfg.host), http_port=int(cfg.http_port),
+                              grpc_port=int(cfg.grpc_port), metrics_port=int(cfg.metrics_port),
+                              state_dir=cfg.state_dir, timeout=float(cfg.timeout_s),
+                              log_verbose=int(cfg.log_verbose), detach=bool(cfg.detach), cancelled=stop.is_set)
+    except ServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(130 if stop.is_set() else 2)
+    info = server.info
+    print(f"tritonserver ready (pid {info.pid}): models {', '.join(info.models)}\n"
+          f"  HTTP http://{info.http_url}   gRPC {info.grpc_url}   log {info.log}\n"
+          f"  try: python -m serve.client --url {info.http_url} \"Guten Morgen.\"\n"
+          f"  stop: python -m serve.stop repo={info.repo}", flush=True)
+    if cfg.detach and not stop.is_set():
+        return
+    while server.alive() and not stop.wait(0.5):
+        pass
+    if stop.is_set():
+        print("stopping tritonserver …", flush=True)
+    else:
+        print(f"tritonserver exited (code {server.process.poll() if server.process else '?'})", flush=True)
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Triton Python BLS model of the NGC variant (copied as `<name>/1/model.py` by `serve.repository variant=ngc`).
+
+Why: on a GPU server the ONNX encoder/decoder run in Triton's onnxruntime backend (`<name>-encoder`,
+`<name>-decoder`), and this model does what does not fit a graph: tokenization, beam search, batching of the
+dynamic batch. The search is the export runtime's own code (`export_runtime.py`, a verbatim copy of
+export/runtime.py): `BlsModel` subclasses its `ExportedModel` and only replaces where the two graphs run —
+`encode` and the per-step `stepper` send BLS requests instead of calling local ORT sessions — so hypotheses are
+those of `export.load(dir).translate` for the same batch.
+
+Interface, defined results and per-request errors are those of the python variant (`translator_model.py`).
+Decoder state tensors are passed back to the decoder model each step (beam reordering happens in the graph
+through its `beam_order` input). Outputs are requested in CPU memory, so on a GPU the state crosses PCIe each
+step; keeping it on device would need a DLPack array library in the stub (not assumed here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sentencepiece as spm
+import triton_python_backend_utils as pb_utils
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import export_runtime
+from model_common import TextModel
+
+
+def _cpu() -> Any:
+    """BLS outputs in CPU memory (np arrays), where the python backend supports asking for it."""
+    memory = getattr(pb_utils, "PreferredMemory", None)
+    return memory(pb_utils.TRITONSERVER_MEMORY_CPU, 0) if memory else None
+
+
+def _call(model: str, inputs: dict[str, Any], outputs: list[str]) -> dict[str, Any]:
+    """One BLS request → {output name: pb_utils.Tensor}; a failed composing model is raised with its message."""
+    tensors = [v if isinstance(v, pb_utils.Tensor) else pb_utils.Tensor(k, v) for k, v in inputs.items()]
+    kwargs = {"preferred_memory": _cpu()} if _cpu() is not None else {}
+    response = pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs, inputs=tensors,
+                                         **kwargs).exec()
+    if response.has_error():
+        raise RuntimeError(f"{model}: {response.error().message()}")
+    return {t.name(): t for t in response.output_tensors()}
+
+
+def _renamed(tensor: Any, name: str) -> Any:
+    """A decoder output (`next.X`) as the next step's input `X`, without copying."""
+    if tensor.is_cpu():
+        return pb_utils.Tensor(name, tensor.as_numpy())
+    return pb_utils.Tensor.from_dlpack(name, tensor.to_dlpack())
+
+
+class BlsStepper:
+    """`export_runtime._Stepper`'s contract (`__call__(last, t, k)`, `select(rows)`) over BLS calls."""
+
+    def __init__(self, model: BlsModel, encoded: dict[str, np.ndarray], rows: np.ndarray) -> None:
+        self.m = model
+        self.sentence = rows
+        self.cross = {n: np.ascontiguousarray(encoded[n][rows]) for n in [*model.cross_names, "memory_pad_mask"]}
+        self.state = {spec["name"]: np.zeros(model.cache_shape(spec, len(rows)), spec["dtype"])
+                      for spec in model.self_specs}
+        self.order = np.arange(len(rows), dtype=np.int64)
+
+    def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        feeds = {
+            "tokens": np.ascontiguousarray(last, dtype=np.int64).reshape(-1, 1),
+            "step": np.array([t], dtype=np.int64),
+            "beam_order": self.order,
+            "topk": np.array([min(k, self.m.vocab_size)], dtype=np.int64),
+            **self.cross,
+        }
+        inputs = {n: v for n, v in feeds.items() if n in self.m.decoder_inputs}
+        inputs.update(self.state)
+        out = _call(self.m.decoder_model, inputs, ["top_log_probs", "top_tokens", *self.m.next_names])
+        self.state = {n: _renamed(out[export_runtime._NEXT + n], n) for n in self.m.self_names}
+        self.order = np.arange(len(self.order), dtype=np.int64)
+        return out["top_log_probs"].as_numpy().copy(), out["top_tokens"].as_numpy().copy()
+
+    def select(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        sentence = self.sentence[rows]
+        if sentence.shape != self.sentence.shape or not np.array_equal(sentence, self.sentence):
+            self.cross = {k: np.ascontiguousarray(v[rows]) for k, v in self.cross.items()}
+        self.sentence = sentence
+        self.order = self.order[rows]
+
+
+class BlsModel(export_runtime.ExportedModel):
+    """The export runtime's search with the graphs running in other Triton models (no local ORT sessions)."""
+
+    def __init__(self, directory: str, encoder_model: str, decoder_model: str, decoder_inputs: list[str]) -> None:
+        self.directory = Path(directory)
+        self.manifest = m = json.loads((self.directory / export_runtime.MANIFEST).read_text(encoding="utf-8"))
+        vocab = m["vocab"]
+        self.pad_id, self.unk_id, self.bos_id, self.eos_id = (vocab[k] for k in ("pad_id", "unk_id", "bos_id",
+                                                                               "eos_id"))
+        self.vocab_size = vocab["size"]
+        self.max_positions = m["max_positions"]
+        self.name = m["name"]
+        self.self_specs = [c for c in m["caches"] if c["kind"] == "self"]
+        self.self_names = [c["name"] for c in self.self_specs]
+        self.next_names = [export_runtime._NEXT + n for n in self.self_names]
+        self.cross_names = [c["name"] for c in m["caches"] if c["kind"] == "cross"]
+        gen = m.get("generation", {})
+        self.search = export_runtime.Search(**{k: gen[k] for k in export_runtime.Search.__dataclass_fields__
+                                               if k in gen})
+        self.max_tokens = gen.get("max_tokens", 6000)
+        self.max_sentences = gen.get("max_sentences", 128)
+        self.encoder_model, self.decoder_model = encoder_model, decoder_model
+        self.decoder_inputs = frozenset(decoder_inputs)
+        self.sp = spm.SentencePieceProcessor()
+        self.sp.LoadFromSerializedProto((self.directory / m["tokenizer"]).read_bytes())
+        self._special = frozenset((self.pad_id, self.bos_id, self.eos_id))
+
+    def encode(self, src: np.ndarray, with_memory: bool = False) -> dict[str, np.ndarray]:
+        names = (["memory"] if with_memory else []) + ["memory_pad_mask", *self.cross_names]
+        out = _call(self.encoder_model, {"src_tokens": np.ascontiguousarray(src, dtype=np.int64)}, names)
+        return {n: out[n].as_numpy() for n in names}
+
+    def stepper(self, encoded: dict[str, np.ndarray], rows: np.ndarray | None = None,
+                full: bool = False) -> BlsStepper:
+        if full:
+            raise NotImplementedError("full logits are a verification feature of the local runtime")
+        if rows is None:
+            rows = np.arange(len(encoded["memory_pad_mask"]), dtype=np.int64)
+        return BlsStepper(self, encoded, np.asarray(rows, dtype=np.int64))
+
+
+class TritonPythonModel(TextModel):
+    """The public text model of the NGC variant."""
+
+    def load(self, directory: str, params: dict[str, str], args: dict[str, str]) -> Any:
+        return BlsModel(directory, params["encoder_model"], params["decoder_model"],
+                        json.loads(params["decoder_inputs"]))

@@ -1,0 +1,43 @@
+"""Triton Python-backend model serving one exported attention-zoo model (copied as `<name>/1/model.py`).
+
+Why this file is so small: the model directory must be self-contained — it imports only numpy, onnxruntime,
+sentencepiece and its neighbours `export_runtime.py` (a verbatim copy of export/runtime.py) and
+`model_common.py` (request parsing, per-request errors, one generation per execute call), so it can be copied
+to any Triton server whose Python environment has those three packages; no torch, no project checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import export_runtime
+from model_common import TextModel
+
+
+class TritonPythonModel(TextModel):
+    """The export runtime's ORT sessions (CPU, or CUDA with provider=cuda) in this model instance."""
+
+    def load(self, directory: str, params: dict[str, str], args: dict[str, str]) -> Any:
+        model = export_runtime.load(directory, threads=int(params.get("threads", "0")) or None,
+                                    optimization=params.get("optimization") or None,
+                                    check_files=params.get("check_files", "true") == "true")
+        if params.get("provider", "cpu") == "cuda":
+            self._use_cuda(model, int(args.get("model_instance_device_id", "0")))
+        return model
+
+    @staticmethod
+    def _use_cuda(model: Any, device: int) -> None:
+        """Swap the runtime's CPU sessions for CUDA ones (the runtime itself is CPU-only by design)."""
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError("provider=cuda but this onnxruntime has no CUDAExecutionProvider; "
+                               "install onnxruntime-gpu in the server's Python environment")
+        providers = [("CUDAExecutionProvider", {"device_id": device}), "CPUExecutionProvider"]
+        graphs = model.manifest["graphs"]
+        for attr in ("encoder", "decoder"):
+            setattr(model, attr, ort.InferenceSession(str(model.directory / graphs[attr]["file"]),
+                                                      providers=providers))
