@@ -21,8 +21,8 @@ def _cli(tmp: Path, corpus: Path, *extra: str) -> list[str]:
              "trainer.validate_every=20", "trainer.lr=3e-3", "generation.beam_size=2"]
     return [sys.executable, "-m", "zoo.report", "+suite=quick", f"suite.entries=[{','.join(ENTRIES)}]",
             "suite.data=files", "suite.size=tiny", "suite.trainer=smoke", "suite.seeds=[1,2]",
-            "suite.overrides=[" + ",".join(f"'{o}'" for o in train) + "]", "suite.speed.sentences=12", "suite.speed.threads=1",
-            "suite.speed.export=false", "bootstrap_samples=50",
+            "suite.overrides=[" + ",".join(f"'{o}'" for o in train) + "]", "suite.speed.sentences=12",
+            "suite.speed.threads=1", "bootstrap_samples=50",
             "suite.speed.settings=[{name:b2,beam_size:2,batch:4,max_len_a:1.2,max_len_b:5}]",
             f"reports_root={tmp}", *extra]
 
@@ -56,9 +56,11 @@ def test_report_numbers_come_from_the_runs(smoke_report: Path) -> None:
         assert rec["quality"]["bleu"]["mean"] == pytest.approx(sum(bleus) / 2)
         summary = json.loads((runs[(entry, 1)] / "summary.json").read_text())
         assert rec["size"]["params"] == summary["size"]["params"]
-        speed = json.loads((smoke_report / "speed" / entry / "b2-torch.json").read_text())
-        assert rec["speed"]["b2/torch"]["sentences_per_s"] == speed["sentences_per_s"] > 0
-        assert speed["sentences"] == 12 and speed["peak_rss_mb"] > 0
+        for engine in ("torch", "ort"):  # both engines, each measured in its own process
+            speed = json.loads((smoke_report / "speed" / entry / f"b2-{engine}.json").read_text())
+            assert rec["speed"][f"b2/{engine}"]["sentences_per_s"] == speed["sentences_per_s"] > 0
+            assert speed["sentences"] == 12 and speed["peak_rss_mb"] > 0 and speed["engine"] == engine
+        assert (smoke_report / "exports" / entry / "manifest.json").is_file()
         row = next(line for line in text.splitlines() if line.startswith(f"| `{entry}` |"))
         assert f"{rec['quality']['bleu']['mean']:.2f}" in row
         assert f"{speed['sentences_per_s']:.1f}" in row
