@@ -22,7 +22,7 @@ def _cli(tmp: Path, corpus: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "zoo.report", "+suite=quick", f"suite.entries=[{','.join(ENTRIES)}]",
             "suite.data=files", "suite.size=tiny", "suite.trainer=smoke", "suite.seeds=[1,2]",
             "suite.overrides=[" + ",".join(f"'{o}'" for o in train) + "]", "suite.speed.sentences=12",
-            "suite.speed.threads=1", "bootstrap_samples=50",
+            "suite.speed.threads=1", "bootstrap_samples=50", "suite.speed.triton.duration_s=3",
             "suite.speed.settings=[{name:b2,beam_size:2,batch:4,max_len_a:1.2,max_len_b:5}]",
             f"reports_root={tmp}", *extra]
 
@@ -61,7 +61,11 @@ def test_report_numbers_come_from_the_runs(smoke_report: Path) -> None:
             assert rec["speed"][f"b2/{engine}"]["sentences_per_s"] == speed["sentences_per_s"] > 0
             assert speed["sentences"] == 12 and speed["peak_rss_mb"] > 0 and speed["engine"] == engine
         assert (smoke_report / "exports" / entry / "manifest.json").is_file()
+        served = json.loads((smoke_report / "triton" / "results.json").read_text())
+        point = next(p for p in served["points"] if p["model"] == rec["triton"]["model"])
+        assert rec["triton"]["sentences_per_s"] == point["sentences_per_s"] > 0 and point["errors"] == 0
         row = next(line for line in text.splitlines() if line.startswith(f"| `{entry}` |"))
+        assert f"{point['sentences_per_s']:.1f}" in row
         assert f"{rec['quality']['bleu']['mean']:.2f}" in row
         assert f"{speed['sentences_per_s']:.1f}" in row
     # the variant is compared with the baseline of the same seed, one paired bootstrap per seed

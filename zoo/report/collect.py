@@ -102,10 +102,31 @@ def read_speed(report_dir: Path, entry: str) -> dict[str, Any]:
     return out
 
 
+def read_triton(report_dir: Path) -> dict[str, Any]:
+    """entry → its served load point (sentences/s, effective batch, latency) from serve.bench's results.json,
+    or {"error": ...} for every entry when the serving run failed."""
+    out = report_dir / "triton"
+    if (out / "error.txt").is_file():
+        return {"*": {"error": (out / "error.txt").read_text().strip()}}
+    results, entries = _read_json(out / "results.json"), _read_json(out / "entries.json")
+    if not results or not entries:
+        return {}
+    by_model = {p["model"]: p for p in results["points"] if p["dynamic_batching"]}
+    served: dict[str, Any] = {}
+    for entry, model in zip(entries, results["models"], strict=True):
+        p = by_model.get(model)
+        if p is not None:
+            served[entry] = {"model": model, "protocol": p["protocol"], "concurrency": p["concurrency"],
+                             "sentences_per_s": p["sentences_per_s"], "effective_batch": p["effective_batch"],
+                             "p95_ms": p["latency_ms"].get("p95"), "errors": p["errors"]}
+    return served
+
+
 def collect(report_dir: Path, suite: Suite, runs: Mapping[tuple[str, int], Path],
             bootstrap_samples: int = 1000) -> dict[str, Any]:
     """The report's data: per entry, per-seed records, mean ± std over seeds, bootstrap, speed, size."""
     entries: dict[str, Any] = {}
+    triton = read_triton(report_dir)
     for entry in suite.entries:
         seeds = {seed: collect_run(runs[(entry, seed)]) for seed in suite.seeds if (entry, seed) in runs}
         quality: dict[str, Any] = {}
@@ -124,9 +145,11 @@ def collect(report_dir: Path, suite: Suite, runs: Mapping[tuple[str, int], Path]
             "bootstrap": [b for seed in suite.seeds
                           if (b := _bootstrap(suite, runs, entry, seed, bootstrap_samples)) is not None],
             "speed": read_speed(report_dir, entry),
+            "triton": triton.get(entry) or triton.get("*"),
         }
     return {"suite": suite.name, "task": suite.task, "data": suite.data, "baseline": suite.baseline,
-            "seeds": list(suite.seeds), "metrics": list(suite.metrics), "entries": entries}
+            "seeds": list(suite.seeds), "metrics": list(suite.metrics), "triton_settings": suite.triton,
+            "entries": entries}
 
 
 def _per_source_mean(seeds: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
@@ -140,4 +163,4 @@ def _per_source_mean(seeds: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[s
     return {o: {k: round(statistics.fmean(v), 2) for k, v in m.items()} for o, m in sorted(pooled.items())}
 
 
-__all__ = ["collect", "collect_run", "compactness", "mean_std", "read_speed", "test_references"]
+__all__ = ["collect", "collect_run", "compactness", "mean_std", "read_speed", "read_triton", "test_references"]

@@ -59,11 +59,37 @@ def _time_engine(engine: str, model: Path, texts: Path, setting, threads: int | 
         out.write_text(json.dumps({"engine": engine, "error": " | ".join(tail)}) + "\n")
 
 
+def run_triton(report_dir: Path, suite: Suite, exports: Mapping[str, Path], texts: Path) -> None:
+    """All exported entries served by one real tritonserver, each loaded in turn at the suite's concurrency
+    (serve.bench), so the served number sits next to the in-process ones. Skipped if already measured."""
+    cfg = suite.triton
+    out = report_dir / "triton"
+    if not cfg.get("enabled") or not exports or (out / "results.json").is_file():
+        return
+    entries = list(exports)
+    cmd = [sys.executable, "-m", "serve.bench", "exports=[" + ",".join(str(exports[e]) for e in entries) + "]",
+           f"sentences={texts}", f"protocols=[{cfg.get('protocol', 'grpc')}]",
+           f"concurrency=[{int(cfg.get('concurrency', 16))}]", "no_batching_concurrency=[]", "baseline=false",
+           f"duration_s={cfg.get('duration_s', 20)}", f"out={out}"]
+    if suite.speed_threads:
+        cmd.append(f"server.threads={suite.speed_threads}")
+    print(f"[report] triton: {' '.join(cmd[1:])}", flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    out.mkdir(parents=True, exist_ok=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        (out / "error.txt").write_text(" | ".join(tail) + "\n")
+        return
+    (out / "entries.json").write_text(json.dumps(entries) + "\n")  # results.json lists models in this order
+
+
 def run_speed(report_dir: Path, suite: Suite, runs: Mapping[tuple[str, int], Path]) -> None:
     """Measure every entry of the speed seed. A failed export or engine is recorded with its error (the
     report shows it) instead of stopping the remaining entries."""
     if not suite.speed_enabled or not suite.speed_settings:
         return
+    exports: dict[str, Path] = {}
+    texts: Path | None = None
     for entry in suite.entries:
         run_dir = runs.get((entry, suite.speed_seed))
         if run_dir is None:
@@ -75,6 +101,8 @@ def run_speed(report_dir: Path, suite: Suite, runs: Mapping[tuple[str, int], Pat
         engines: dict[str, Path | str] = {"torch": checkpoint}
         if suite.speed_export:
             engines["ort"] = export_entry(report_dir, entry, checkpoint, suite.speed_threads)
+            if isinstance(engines["ort"], Path):
+                exports[entry] = engines["ort"]
         for setting in suite.speed_settings:
             for engine, model in engines.items():
                 out = out_dir / f"{setting.name}-{engine}.json"
@@ -85,6 +113,8 @@ def run_speed(report_dir: Path, suite: Suite, runs: Mapping[tuple[str, int], Pat
                     continue
                 print(f"[report] speed {entry} {setting.name} {engine}", flush=True)
                 _time_engine(engine, model, texts, setting, suite.speed_threads, out)
+    if texts is not None:
+        run_triton(report_dir, suite, exports, texts)
 
 
-__all__ = ["export_entry", "run_speed", "speed_texts"]
+__all__ = ["export_entry", "run_speed", "run_triton", "speed_texts"]

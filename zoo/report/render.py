@@ -32,6 +32,16 @@ def _speed_cell(speed: dict[str, Any], key: str, notes: list[str], entry: str) -
     return f"{rec['sentences_per_s']:.1f}"
 
 
+def _triton_cell(served: dict[str, Any] | None, notes: list[str], entry: str) -> str:
+    if not served:
+        return "—"
+    if "error" in served:
+        if not any(n.startswith("Triton:") for n in notes):
+            notes.append(f"Triton: {served['error']}")
+        return "error"
+    return f"{served['sentences_per_s']:.1f}"
+
+
 def _bootstrap_cell(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "—"
@@ -60,7 +70,7 @@ def markdown(data: dict[str, Any], settings: list[dict[str, Any]], command: str)
         header.append("Δ BLEU vs baseline")
     header += ["params excl. emb", "params", "FLOPs"]
     header += [f"{name} {'PyTorch' if e == 'torch' else 'ORT'} sent/s" for name, e in speed_cols]
-    header += ["peak MB PyTorch", "peak MB ORT", "train min", "updates"]
+    header += ["Triton sent/s", "peak MB PyTorch", "peak MB ORT", "train min", "updates"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for entry, rec in data["entries"].items():
         size = rec["size"] or {}
@@ -71,12 +81,19 @@ def markdown(data: dict[str, Any], settings: list[dict[str, Any]], command: str)
                 format_count(size["params"]) if size else "—",
                 format_flops(size["flops"]) if size else "—"]
         row += [_speed_cell(rec["speed"], f"{name}/{e}", notes, entry) for name, e in speed_cols]
-        row += [_peak(rec["speed"], "torch"), _peak(rec["speed"], "ort"), _pm(rec["train_minutes"], 1),
+        row += [_triton_cell(rec.get("triton"), notes, entry), _peak(rec["speed"], "torch"), _peak(rec["speed"], "ort"),
+                _pm(rec["train_minutes"], 1),
                 _pm(rec["updates"], 0)]
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Speed settings: " + "; ".join(
         f"`{s['name']}` = beam {s['beam_size']}, batch {s['batch']}, max length {s['max_len_a']}·src + {s['max_len_b']}"
         for s in settings) + ".", ""]
+    tcfg = data.get("triton_settings") or {}
+    if tcfg.get("enabled"):
+        lines += [f"Triton: the export served by a real `tritonserver` (Python backend, the same ORT runtime, the "
+                  f"manifest's beam), one sentence per request over {tcfg.get('protocol', 'grpc')}, "
+                  f"{tcfg.get('concurrency', 16)} requests in flight, dynamic batching on, "
+                  f"{tcfg.get('duration_s', 20)} s per model.", ""]
     per_source = {e: r["per_source"] for e, r in data["entries"].items() if r["per_source"]}
     if per_source:
         origins = sorted({o for ps in per_source.values() for o in ps})

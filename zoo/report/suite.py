@@ -42,6 +42,7 @@ class Suite:
     speed_threads: int | None = None
     speed_export: bool = True
     speed_settings: tuple[SpeedSetting, ...] = field(default_factory=tuple)
+    triton: dict[str, Any] = field(default_factory=dict)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -103,4 +104,5 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
         speed_enabled=bool(speed.get("enabled", True)), speed_seed=speed_seed,
         speed_sentences=int(speed.get("sentences", 512)), speed_threads=speed.get("threads"),
         speed_export=bool(speed.get("export", True)), speed_settings=settings,
+        triton=dict(speed.get("triton") or {}),
     )
