@@ -46,7 +46,7 @@ class RepositoryError(Exception):
 
 @dataclass
 class ModelSettings:
-    """Per-model Triton settings (conf/serve.yaml `model:`)."""
+    """Per-model Triton settings (conf/serve.yaml `triton:`)."""
 
     version: int = 1
     version_policy: Any = "latest"
@@ -234,7 +234,7 @@ def main() -> None:
     @hydra.main(config_path="../conf", config_name="serve", version_base="1.3")
     def run(cfg: DictConfig) -> None:
         try:
-            settings = ModelSettings.from_mapping(OmegaConf.to_container(cfg.model, resolve=True))  # type: ignore[arg-type]
+            settings = ModelSettings.from_mapping(OmegaConf.to_container(cfg.triton, resolve=True))  # type: ignore[arg-type]
             names = write_repository(_as_list(cfg.export_dir), cfg.repo, settings, str(cfg.variant),
                                      bool(cfg.overwrite))
         except RepositoryError as exc:

@@ -88,8 +88,8 @@ def repo(translator_export, summarizer_export, tmp_path_factory) -> Path:
     """Both models in one repository, written by the CLI (key=value overrides for the Triton settings)."""
     repo = tmp_path_factory.mktemp("triton") / "repo"
     proc = _cli("serve.repository", f"export_dir=[{translator_export},{summarizer_export}]", f"repo={repo}",
-                "model.max_batch_size=16", "model.preferred_batch_size=[4,8,16]",
-                "model.max_queue_delay_microseconds=3000", "model.threads=1")
+                "triton.max_batch_size=16", "triton.preferred_batch_size=[4,8,16]",
+                "triton.max_queue_delay_microseconds=3000", "triton.threads=1")
     assert proc.returncode == 0, proc.stderr
     return repo
 
