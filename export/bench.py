@@ -202,6 +202,16 @@ def _line(p: dict[str, Any], roofline: float) -> str:
 
 # ---------------------------------------------------------------------------------------------- main
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    previous_threads = torch.get_num_threads()
+    try:
+        return _run(args)
+    finally:
+        # called in-process (tests, notebooks): leave torch's thread count as found, or later training in
+        # the same process stops being bit-identical to a subprocess run with the same seed
+        torch.set_num_threads(previous_threads)
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     payload = load_checkpoint(args.checkpoint)
     runtime = load(args.export, threads=args.threads, spinning=args.ort_spinning)

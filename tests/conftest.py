@@ -68,6 +68,17 @@ def smoke_run(tmp_path_factory, smoke_corpus) -> Callable[[str], Path]:
     return get
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_unchanged():
+    """Tests compare in-process training with subprocess runs bit for bit: a test that leaves torch's thread
+    count changed (an in-process benchmark or export) would break those far away from the culprit."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    assert torch.get_num_threads() == before, "this test left torch.set_num_threads changed"
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_threads():
     # two cores: keep torch from oversubscribing when tests spawn subprocesses
