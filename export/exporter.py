@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import hashlib
 import io
 import json
 import logging
@@ -58,7 +57,7 @@ from export.pruning import (
     prune,
     validate_plan,
 )
-from export.runtime import MANIFEST, OPTIMIZATION_LEVELS, RUNTIME_FORMAT, ExportedModel, Search
+from export.runtime import MANIFEST, OPTIMIZATION_LEVELS, RUNTIME_FORMAT, ExportedModel, Search, _sha256
 from export.verify import encode_pairs, verify_export
 from zoo.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from zoo.data import Tokenizer
@@ -395,14 +394,6 @@ def quantize_graphs(directory: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- manifest
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _versions() -> dict[str, str]:
     import onnxscript
     import sentencepiece

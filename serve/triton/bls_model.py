@@ -54,8 +54,8 @@ def _renamed(tensor: Any, name: str) -> Any:
     return pb_utils.Tensor.from_dlpack(name, tensor.to_dlpack())
 
 
-class BlsStepper:
-    """`export_runtime._Stepper`'s contract (`__call__(last, t, k)`, `select(rows)`) over BLS calls."""
+class BlsStepper(export_runtime._Stepper):
+    """`export_runtime._Stepper` with its decoder step made by BLS calls (`select(rows)` is inherited)."""
 
     def __init__(self, model: BlsModel, encoded: dict[str, np.ndarray], rows: np.ndarray) -> None:
         self.m = model
@@ -79,14 +79,6 @@ class BlsStepper:
         self.state = {n: _renamed(out[export_runtime._NEXT + n], n) for n in self.m.self_names}
         self.order = np.arange(len(self.order), dtype=np.int64)
         return out["top_log_probs"].as_numpy().copy(), out["top_tokens"].as_numpy().copy()
-
-    def select(self, rows: np.ndarray) -> None:
-        rows = np.asarray(rows, dtype=np.int64)
-        sentence = self.sentence[rows]
-        if sentence.shape != self.sentence.shape or not np.array_equal(sentence, self.sentence):
-            self.cross = {k: np.ascontiguousarray(v[rows]) for k, v in self.cross.items()}
-        self.sentence = sentence
-        self.order = self.order[rows]
 
 
 class BlsModel(export_runtime.ExportedModel):
