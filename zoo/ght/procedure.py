@@ -134,6 +134,8 @@ class GHTProcedure(Procedure):
 
     # ------------------------------------------------------------------ stages
     def on_start(self, trainer: Trainer) -> None:
+        if self.stage == "gct" and trainer.state.step == 0 and not self.probe_labels:
+            self._probe(trainer)  # compactness before any group-constrained update: the "before GCT" row
         if self.stage == "vote":
             self._vote(trainer)
 
