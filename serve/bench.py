@@ -282,6 +282,7 @@ def bench(cfg: Any) -> dict[str, Any]:
     rounds: dict[tuple, list[Point]] = {}
     inproc: dict[str, Any] = {}
     repeats = max(1, int(cfg.repeats))
+    baseline_threads = _baseline_threads(cfg.baseline_threads, settings)
     server = Server.start(repo, http_port=0, grpc_port=0, metrics_port=0, timeout=timeout)
     try:
         info = server.info
@@ -301,7 +302,7 @@ def bench(cfg: Any) -> dict[str, Any]:
                     eff = max(1, round(p.effective_batch))
                     if (name, eff) not in baselines:
                         if name not in inproc:
-                            inproc[name] = export.load(exports[names.index(name)], threads=settings.threads or None)
+                            inproc[name] = export.load(exports[names.index(name)], threads=baseline_threads)
                         baselines[(name, eff)] = inprocess_rate(inproc[name], pools[name], eff, search,
                                                                 float(cfg.baseline_duration_s))
                     p.inprocess_sentences_per_s = baselines[(name, eff)]
@@ -315,7 +316,8 @@ def bench(cfg: Any) -> dict[str, Any]:
         points = [median_point(ps) for ps in rounds.values()]
     finally:
         server.stop()
-    result = {"repeats": repeats, "config": OmegaConf.to_container(cfg, resolve=True), "models": names,
+    result = {"repeats": repeats, "baseline_threads": baseline_threads,
+              "config": OmegaConf.to_container(cfg, resolve=True), "models": names,
               "search": search, "created": stamp, "machine": _machine(), "points": [asdict(p) for p in points],
               "comparisons": comparisons(points)}
     (out / "results.json").write_text(json.dumps(result, indent=1))
@@ -326,6 +328,19 @@ def bench(cfg: Any) -> dict[str, Any]:
     print(table + "\n".join(result["comparisons"]))
     print(f"wrote {out}/results.json, results.md, results.png")
     return result
+
+
+def _baseline_threads(requested: int | None, settings: ModelSettings) -> int | None:
+    """ORT threads of the in-process baseline: by default the CPU the served model may use (threads per
+    instance × instances, at most the machine's cores), so `instance_count: 2, threads: 1` is compared with one
+    2-thread runtime on a 2-core machine, not with a 1-thread one that leaves a core idle."""
+    import os
+
+    if requested:
+        return int(requested)
+    if not settings.threads:
+        return None  # ORT's default (all cores), as the served instances use
+    return min(int(settings.threads) * int(settings.instance_count), os.cpu_count() or 1)
 
 
 def _machine() -> dict[str, Any]:

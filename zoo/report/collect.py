@@ -149,7 +149,7 @@ def collect(report_dir: Path, suite: Suite, runs: Mapping[tuple[str, int], Path]
         }
     return {"suite": suite.name, "task": suite.task, "data": suite.data, "baseline": suite.baseline,
             "seeds": list(suite.seeds), "metrics": list(suite.metrics), "triton_settings": suite.triton,
-            "entries": entries}
+            "speed_threads": suite.speed_threads, "entries": entries}
 
 
 def _per_source_mean(seeds: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[str, float]]:

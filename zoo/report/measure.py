@@ -71,8 +71,10 @@ def run_triton(report_dir: Path, suite: Suite, exports: Mapping[str, Path], text
            f"sentences={texts}", f"protocols=[{cfg.get('protocol', 'grpc')}]",
            f"concurrency=[{int(cfg.get('concurrency', 16))}]", "no_batching_concurrency=[]", "baseline=false",
            f"duration_s={cfg.get('duration_s', 20)}", f"out={out}"]
-    if suite.speed_threads:
-        cmd.append(f"server.threads={suite.speed_threads}")
+    threads = cfg.get("threads") or suite.speed_threads
+    if threads:
+        cmd.append(f"server.threads={threads}")
+    cmd.append(f"server.instance_count={int(cfg.get('instance_count', 1))}")
     print(f"[report] triton: {' '.join(cmd[1:])}", flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     out.mkdir(parents=True, exist_ok=True)

@@ -93,6 +93,8 @@ def markdown(data: dict[str, Any], settings: list[dict[str, Any]], command: str)
         lines += [f"Triton: the export served by a real `tritonserver` (Python backend, the same ORT runtime, the "
                   f"manifest's beam), one sentence per request over {tcfg.get('protocol', 'grpc')}, "
                   f"{tcfg.get('concurrency', 16)} requests in flight, dynamic batching on, "
+                  f"{tcfg.get('instance_count', 1)} model instance(s) × "
+                  f"{tcfg.get('threads') or data.get('speed_threads') or 'default'} ORT thread(s), "
                   f"{tcfg.get('duration_s', 20)} s per model.", ""]
     per_source = {e: r["per_source"] for e, r in data["entries"].items() if r["per_source"]}
     if per_source:
