@@ -85,11 +85,15 @@ def markdown(data: dict[str, Any], settings: list[dict[str, Any]], command: str)
                 _pm(rec["train_minutes"], 1),
                 _pm(rec["updates"], 0)]
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "Speed settings: " + "; ".join(
-        f"`{s['name']}` = beam {s['beam_size']}, batch {s['batch']}, max length {s['max_len_a']}·src + {s['max_len_b']}"
-        for s in settings) + ".", ""]
+    lines.append("")
+    if settings:
+        lines += ["Speed settings: " + "; ".join(
+            f"`{s['name']}` = beam {s['beam_size']}, batch {s['batch']}, max length {s['max_len_a']}·src + "
+            f"{s['max_len_b']}" for s in settings) + ".", ""]
+    else:
+        lines += ["Speed was not measured in this report (`suite.speed.enabled=false`).", ""]
     tcfg = data.get("triton_settings") or {}
-    if tcfg.get("enabled"):
+    if settings and tcfg.get("enabled"):
         lines += [f"Triton: the export served by a real `tritonserver` (Python backend, the same ORT runtime, the "
                   f"manifest's beam), one sentence per request over {tcfg.get('protocol', 'grpc')}, "
                   f"{tcfg.get('concurrency', 16)} requests in flight, dynamic batching on, "
