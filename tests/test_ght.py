@@ -59,6 +59,31 @@ def test_group_constraint_gradient_steps_move_the_right_way() -> None:
     assert torch.isclose(loss, -0.3 * hom + 0.7 * div)
 
 
+def test_token_sum_normalization_divides_the_constraint_by_target_tokens() -> None:
+    """`token_sum` is the official code's scale: the same constraint, divided by the batch's label tokens."""
+    from zoo.data import collate
+    from zoo.ght.procedure import GHTOptions, GHTProcedure
+    from zoo.model import ModelConfig, build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=40, d_model=32, encoder_layers=1, decoder_layers=1, num_heads=4,
+                                    ffn_dim=48, dropout=0.0, max_positions=32)).eval()
+    pairs = [([5, 6, 7, 8], [9, 10, 11]), ([12, 13], [14, 15, 16, 17, 18])]
+    batch = collate(pairs, 0, 1, 2)
+    losses = {}
+    for norm in ("mean", "token_sum"):
+        proc = GHTProcedure(GHTOptions(groups=2, loss_normalization=norm))
+        proc.modules = dict(model.attention_modules())
+        proc._set_capture(True)
+        model(batch.src, batch.tgt_in)
+        losses[norm], logs = proc.aux_loss(model, batch)
+        assert logs["gc_loss"] == pytest.approx(float(losses["mean"].detach()))  # logged at α, β strength either way
+    assert batch.ntokens == 10
+    assert float(losses["token_sum"].detach()) == pytest.approx(float(losses["mean"].detach()) / 10)
+    with pytest.raises(ValueError, match="loss_normalization"):
+        GHTOptions.from_config({"loss_normalization": "sum"})
+
+
 def test_compactness_metrics_on_constructed_groups() -> None:
     points = torch.tensor([[0.0, 0.0], [0.0, 1.0], [10.0, 0.0], [10.0, 1.0]])
     labels = torch.tensor([0, 0, 1, 1])

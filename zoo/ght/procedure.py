@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from zoo.trainer import Trainer
 
 log = logging.getLogger("zoo.ght")
+LOSS_NORMALIZATIONS = ("mean", "token_sum")
 
 
 @dataclass
@@ -38,6 +39,9 @@ class GHTOptions:
     modules: list[str] = field(default_factory=lambda: list(MODULE_KINDS))
     kmeans_every: int = 1  # re-run k-means every N updates (1 = every step, as the official code)
     kmeans_iters: int = 20
+    loss_normalization: str = "mean"  # mean: α, β weigh the constraint against the per-token task loss |
+    #   token_sum: the constraint is divided by the batch's target tokens, as when the official fairseq code adds
+    #   it to a token-summed loss whose gradient fairseq then divides by the token count
     homogenize: bool = True  # ablation: False drops the −α term
     diversify: bool = True  # ablation: False drops the +β term
     prune: bool = False  # GHT-PS: vote and fine-tune
@@ -67,6 +71,9 @@ class GHTOptions:
             raise ValueError(f"model.ght.modules has {sorted(bad)}; use any of {list(MODULE_KINDS)}")
         if opts.groups < 1:
             raise ValueError("model.ght.groups must be >= 1")
+        if opts.loss_normalization not in LOSS_NORMALIZATIONS:
+            raise ValueError(f"model.ght.loss_normalization={opts.loss_normalization!r}: use one of "
+                             f"{list(LOSS_NORMALIZATIONS)}")
         return opts
 
 
@@ -129,7 +136,10 @@ class GHTProcedure(Procedure):
         for m in self.modules.values():
             m.captured = {}  # free the maps now that the loss holds what it needs
         total = torch.stack(losses).mean()
-        return total, {"gc_loss": float(total.detach()), "gc_homogeneity": sum(homs) / len(homs),
+        logged = float(total.detach())  # the constraint at α, β strength, comparable across normalisations
+        if self.o.loss_normalization == "token_sum":
+            total = total / max(batch.ntokens, 1)
+        return total, {"gc_loss": logged, "gc_homogeneity": sum(homs) / len(homs),
                        "gc_diversity": sum(divs) / len(divs)}
 
     # ------------------------------------------------------------------ stages
