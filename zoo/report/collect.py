@@ -37,7 +37,7 @@ def read_hypotheses(run_dir: Path) -> list[str] | None:
 
 
 def compactness(run_dir: Path) -> dict[str, Any] | None:
-    """GHT's cluster-quality probes: the first (start of GCT) and the last (end of GCT) means."""
+    """GHT's cluster-quality probes: the first (update 0: before GCT) and the last (end of GCT) means."""
     path = run_dir / "ght" / "compactness.jsonl"
     if not path.is_file():
         return None

@@ -132,7 +132,8 @@ def _ght_section(data: dict[str, Any]) -> list[str]:
                 b, a = comp["before"], comp["after"]
                 lines += ["", "| probe | update | intra-group cos | inter-group cos | silhouette | Dunn |",
                           "|---|---|---|---|---|---|"]
-                for label, p in (("start of GCT", b), ("end of GCT", a)):
+                first = "before GCT" if b["step"] == 0 else "first probe of GCT"
+                for label, p in ((first, b), ("end of GCT", a)):
                     lines.append(f"| {label} | {p['step']} | {p['intra_cos']:.3f} | {p['inter_cos']:.3f} | "
                                  f"{p['silhouette']:.3f} | {p['dunn']:.3f} |")
             plan = run.get("head_plan")
