@@ -39,9 +39,9 @@ class GHTOptions:
     modules: list[str] = field(default_factory=lambda: list(MODULE_KINDS))
     kmeans_every: int = 1  # re-run k-means every N updates (1 = every step, as the official code)
     kmeans_iters: int = 20
-    loss_normalization: str = "mean"  # mean: α, β weigh the constraint against the per-token task loss |
-    #   token_sum: the constraint is divided by the batch's target tokens, as when the official fairseq code adds
-    #   it to a token-summed loss whose gradient fairseq then divides by the token count
+    loss_normalization: str = "token_sum"  # token_sum: the constraint is divided by the batch's target tokens, as
+    #   when the official fairseq code adds it to a token-summed loss whose gradient fairseq then divides by the
+    #   token count | mean: α, β weigh the constraint against the per-token task loss at full strength
     homogenize: bool = True  # ablation: False drops the −α term
     diversify: bool = True  # ablation: False drops the +β term
     prune: bool = False  # GHT-PS: vote and fine-tune
