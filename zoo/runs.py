@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+
+from zoo.machine import describe_machine
 
 DONE_MARKER = "DONE"
 
@@ -59,8 +62,10 @@ def resolve_resume(resume: str | bool | None, root: str | Path, entry: str, data
 
 
 def write_provenance(run_dir: Path, cfg: DictConfig) -> None:
-    """Resolved config, git sha and installed packages, so a number can be traced to its code."""
+    """Resolved config, git sha, machine and installed packages, so a number can be traced to its code
+    and to the hardware that produced it (results records copy `machine.json`)."""
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (run_dir / "machine.json").write_text(json.dumps(describe_machine(cfg.get("device")), indent=2) + "\n")
     repo = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
