@@ -1,11 +1,16 @@
-"""zoo.report end to end on a two-entry smoke suite: every number in the report comes from the runs'
-own artefacts, a rerun reuses finished work, and a changed artefact changes the report."""
+"""zoo.report end to end on a two-entry smoke suite: every finished run leaves a results record, every number
+in the report comes from the records, the render needs nothing else and reproduces itself byte for byte, a
+rerun trains only what has no record, and a bad record stops the render with a one-line error."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,15 +29,20 @@ def _cli(tmp: Path, corpus: Path, *extra: str) -> list[str]:
             "suite.overrides=[" + ",".join(f"'{o}'" for o in train) + "]", "suite.speed.sentences=12",
             "suite.speed.threads=1", "bootstrap_samples=50", "suite.speed.triton.duration_s=3",
             "suite.speed.settings=[{name:b2,beam_size:2,batch:4,max_len_a:1.2,max_len_b:5}]",
-            f"reports_root={tmp}", *extra]
+            f"reports_root={tmp}", f"results_root={tmp}/results", *extra]
 
 
 @pytest.fixture(scope="module")
 def smoke_report(tmp_path_factory, smoke_corpus) -> Path:
+    """A two-entry, two-seed smoke suite run end to end; returns its working dir (runs, speed, triton)."""
     tmp = tmp_path_factory.mktemp("report")
     proc = subprocess.run(_cli(tmp, smoke_corpus), cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return tmp / "quick"
+
+
+def _results(report_dir: Path) -> Path:
+    return report_dir.parent / "results" / "quick"
 
 
 def _runs(report_dir: Path) -> dict[tuple[str, int], Path]:
@@ -44,18 +54,44 @@ def _runs(report_dir: Path) -> dict[tuple[str, int], Path]:
     return out
 
 
-def test_report_numbers_come_from_the_runs(smoke_report: Path) -> None:
-    data = json.loads((smoke_report / "report.json").read_text())
-    text = (smoke_report / "REPORT.md").read_text()
+def _record(report_dir: Path, entry: str, seed: int) -> dict:
+    from zoo.report.records import read_json_gz
+
+    return read_json_gz(_results(report_dir) / f"{entry}-seed{seed}.json.gz")
+
+
+def test_every_run_leaves_a_self_describing_record(smoke_report: Path) -> None:
     runs = _runs(smoke_report)
-    assert list(data["entries"]) == ENTRIES
+    for (entry, seed), run in runs.items():
+        path = _results(smoke_report) / f"{entry}-seed{seed}.json.gz"
+        assert path.stat().st_size < 100_000
+        rec = _record(smoke_report, entry, seed)
+        summary = json.loads((run / "summary.json").read_text())
+        assert (rec["record_format"], rec["suite"], rec["entry"], rec["seed"]) == (1, "quick", entry, seed)
+        assert rec["test"] == summary["test"] and rec["size"] == summary["size"]
+        assert rec["updates"] == summary["updates"] == 40
+        assert rec["hypotheses"] == (run / "test_hypotheses.txt").read_text().split("\n")[:-1]
+        assert rec["config"]["model"]["name"] == entry and rec["config"]["trainer"]["seed"] == seed
+        assert rec["budget"]["overrides"][1] == "data.vocab_size=1000"
+        assert rec["machine"]["cores"] >= 1 and rec["machine"]["class"].startswith("cpu:")
+        assert len(rec["git_sha"]) >= 7 and rec["learning_curve"][-1]["step"] == 40
+        # speed is stored in the speed seed's record only, with its settings and machine
+        assert (rec["speed"] is not None) == (seed == 1)
+    speed = _record(smoke_report, "transformer", 1)["speed"]
+    assert speed["settings"][0]["name"] == "b2" and speed["points"]["b2/ort"]["sentences_per_s"] > 0
+
+
+def test_report_numbers_come_from_the_records(smoke_report: Path) -> None:
+    results = _results(smoke_report)
+    data = json.loads((results / "report.json").read_text())
+    text = (results / "REPORT.md").read_text()
+    assert list(data["entries"]) == ENTRIES and data["missing"] == []
     for entry in ENTRIES:
         rec = data["entries"][entry]
-        bleus = [json.loads((runs[(entry, s)] / "summary.json").read_text())["test"]["bleu"] for s in (1, 2)]
+        bleus = [_record(smoke_report, entry, s)["test"]["bleu"] for s in (1, 2)]
         assert rec["quality"]["bleu"]["n"] == 2
         assert rec["quality"]["bleu"]["mean"] == pytest.approx(sum(bleus) / 2)
-        summary = json.loads((runs[(entry, 1)] / "summary.json").read_text())
-        assert rec["size"]["params"] == summary["size"]["params"]
+        assert rec["size"]["params"] == _record(smoke_report, entry, 1)["size"]["params"]
         for engine in ("torch", "ort"):  # both engines, each measured in its own process
             speed = json.loads((smoke_report / "speed" / entry / f"b2-{engine}.json").read_text())
             assert rec["speed"][f"b2/{engine}"]["sentences_per_s"] == speed["sentences_per_s"] > 0
@@ -68,33 +104,124 @@ def test_report_numbers_come_from_the_runs(smoke_report: Path) -> None:
         assert f"{point['sentences_per_s']:.1f}" in row
         assert f"{rec['quality']['bleu']['mean']:.2f}" in row
         assert f"{speed['sentences_per_s']:.1f}" in row
-    # the variant is compared with the baseline of the same seed, one paired bootstrap per seed
+    # the variant is compared with the baseline of the same seed, one paired bootstrap per seed, recomputed
+    # from the records' hypotheses
+    from zoo.metrics import paired_bootstrap
+    from zoo.report.records import read_json_gz
+
+    refs = read_json_gz(results / "references.json.gz")["references"]
     boot = data["entries"]["mixhead_a"]["bootstrap"]
     assert [b["seed"] for b in boot] == [1, 2] and all(0 < b["p_value"] <= 1 for b in boot)
+    direct = paired_bootstrap(_record(smoke_report, "transformer", 2)["hypotheses"],
+                              _record(smoke_report, "mixhead_a", 2)["hypotheses"], refs, n_samples=50)
+    assert boot[1]["p_value"] == direct["p_value"]
     assert data["entries"]["transformer"]["bootstrap"] == []
     for png in ("quality_vs_params.png", "quality_vs_speed.png", "learning_curves.png"):
-        assert (smoke_report / png).stat().st_size > 1000
+        assert (results / png).stat().st_size > 1000
 
 
-def test_rerun_reuses_runs_and_rerenders_from_artefacts(smoke_report: Path, smoke_corpus: Path) -> None:
-    runs = _runs(smoke_report)
-    summary_path = runs[("mixhead_a", 2)] / "summary.json"
-    summary = json.loads(summary_path.read_text())
-    original = summary["test"]["bleu"]
-    summary["test"]["bleu"] = 77.77
-    summary_path.write_text(json.dumps(summary))
+def test_render_needs_the_records_alone_and_reproduces_the_report(smoke_report: Path, smoke_corpus: Path,
+                                                                  tmp_path: Path) -> None:
+    """A fresh clone has records but no runs, exports or corpus: the render must give the same bytes."""
+    clone = tmp_path / "clone" / "results" / "quick"
+    shutil.copytree(_results(smoke_report), clone)
+    before = (clone / "REPORT.md").read_bytes()
+    (clone / "REPORT.md").unlink()
+    proc = subprocess.run(_cli(tmp_path / "clone", smoke_corpus, "stages=[render]"), cwd=REPO,
+                          capture_output=True, text=True, timeout=600, env=_no_corpus_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (tmp_path / "clone" / "quick").exists()  # no working dir was needed or made
+    assert (clone / "REPORT.md").read_bytes() == before
+
+
+def test_rerun_trains_nothing_recorded_and_dry_run_lists_what_is_missing(smoke_report: Path,
+                                                                         smoke_corpus: Path) -> None:
+    record = _results(smoke_report) / "mixhead_a-seed2.json.gz"
+    aside = record.with_name("aside.bak")
+    record.rename(aside)
     try:
-        proc = subprocess.run(_cli(smoke_report.parent, smoke_corpus), cwd=REPO, capture_output=True, text=True,
-                              timeout=600)
+        proc = subprocess.run(_cli(smoke_report.parent, smoke_corpus, "dry_run=true"), cwd=REPO,
+                              capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        assert _runs(smoke_report) == runs  # nothing retrained
-        assert "zoo.train" not in proc.stdout
-        rec = json.loads((smoke_report / "report.json").read_text())["entries"]["mixhead_a"]
-        first = json.loads((runs[("mixhead_a", 1)] / "summary.json").read_text())["test"]["bleu"]
-        assert rec["quality"]["bleu"]["mean"] == pytest.approx((first + 77.77) / 2)
+        assert "3 recorded" in proc.stdout and "1 to list" in proc.stdout
+        listed = [line for line in proc.stdout.splitlines() if line.startswith("[report 1/1]")]
+        assert len(listed) == 1 and "mixhead_a seed 2: finished run" in listed[0]
+        assert not record.exists()
+        # without dry_run the finished run is recorded again, not retrained, and gives the same record
+        proc = subprocess.run(_cli(smoke_report.parent, smoke_corpus, "stages=[train]"), cwd=REPO,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "zoo.train" not in proc.stdout and record.read_bytes() == aside.read_bytes()
     finally:
-        summary["test"]["bleu"] = original
-        summary_path.write_text(json.dumps(summary))
+        record.unlink(missing_ok=True)
+        aside.rename(record)
+
+
+def _no_corpus_env(tmp_path: Path) -> dict[str, str]:
+    """An empty corpus cache: a render that tried to rebuild the test split would fail."""
+    (tmp_path / "empty_cache").mkdir(exist_ok=True)
+    return {**os.environ, "ZOO_CACHE": str(tmp_path / "empty_cache")}
+
+
+def _render_error(results: Path, corpus: Path, tmp_path: Path) -> str:
+    proc = subprocess.run(_cli(results.parent.parent, corpus, "stages=[render]"), cwd=REPO,
+                          capture_output=True, text=True, timeout=600, env=_no_corpus_env(tmp_path))
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+@dataclass(frozen=True)
+class _Raw:
+    edit: Callable[[bytes], bytes]
+
+
+def _mutated(smoke_report: Path, tmp_path: Path, name: str, change) -> tuple[Path, bytes]:
+    """A copy of the smoke results with one file changed: `change` edits the record's JSON, or with
+    `_raw` its bytes."""
+    from zoo.report.records import read_json_gz, write_json_gz
+
+    clone = tmp_path / "c" / "results" / "quick"
+    shutil.copytree(_results(smoke_report), clone)
+    path = clone / name
+    if isinstance(change, _Raw):
+        path.write_bytes(change.edit(path.read_bytes()))
+    else:
+        rec = read_json_gz(path)
+        change(rec)
+        write_json_gz(path, rec, overwrite=True)
+    return path, (clone / "REPORT.md").read_bytes()
+
+
+@pytest.mark.parametrize(("name", "change", "message"), [
+    ("mixhead_a-seed1.json.gz", _Raw(lambda b: b[: len(b) // 2]), "corrupt or truncated"),
+    ("mixhead_a-seed1.json.gz", _Raw(lambda b: b"not gzip"), "corrupt or truncated"),
+    ("mixhead_a-seed1.json.gz", lambda r: r.update(suite="paper_mt"), "move it to results/paper_mt/"),
+    ("mixhead_a-seed1.json.gz", lambda r: r.update(references_sha256="0" * 64), "test split changed"),
+    ("mixhead_a-seed1.json.gz", lambda r: r.pop("hypotheses"), "lacks hypotheses"),
+    ("mixhead_a-seed1.json.gz", lambda r: r["budget"].update(overrides=["trainer.max_updates=9"]),
+     "another budget"),
+    ("transformer-seed2.json.gz", lambda r: r["machine"].update({"class": "gpu:NVIDIA H200"}),
+     "never mixed in one table"),
+    ("references.json.gz", lambda r: r["references"].__setitem__(0, "edited"), "edited by hand"),
+])
+def test_a_bad_record_stops_the_render_with_one_line_naming_the_file(smoke_report: Path, smoke_corpus: Path,
+                                                                     tmp_path: Path, name, change, message) -> None:
+    path, report_before = _mutated(smoke_report, tmp_path, name, change)
+    line = _render_error(path.parent, smoke_corpus, tmp_path)
+    assert path.name in line and message in line
+    assert (path.parent / "REPORT.md").read_bytes() == report_before  # nothing was overwritten
+
+
+def test_records_are_never_overwritten_silently(smoke_report: Path) -> None:
+    from zoo.report.records import RecordError, write_json_gz
+
+    path = _results(smoke_report) / "transformer-seed1.json.gz"
+    before = path.read_bytes()
+    with pytest.raises(RecordError, match="already exists"):
+        write_json_gz(path, {"x": 1})
+    assert path.read_bytes() == before
 
 
 def test_interrupted_report_resumes_the_unfinished_run(tmp_path: Path, smoke_report: Path) -> None:

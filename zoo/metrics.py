@@ -123,12 +123,10 @@ def paired_bootstrap(
     (name,) = signatures
     baseline, system = scores[name]
     p_value = float(system.p_value)
-    # sacreBLEU's private per-segment statistics (the same ones PairedTest resamples)
-    if metric._extract_corpus_statistics(list(sys_a), ref_streams) == metric._extract_corpus_statistics(
-        list(sys_b), ref_streams
-    ) or float(system.score) == float(baseline.score):
-        # no observed difference (e.g. both systems at BLEU 0 with different segments): every resample
-        # ties too and sacreBLEU again reports its minimum p, but no difference is never significant
+    if float(system.score) == float(baseline.score):
+        # no observed difference: identical per-segment statistics (identical outputs) give equal corpus
+        # scores, and so do different outputs that score the same (e.g. both at BLEU 0). Every resample then
+        # ties and sacreBLEU reports its minimum p, but no difference is never significant.
         p_value = 1.0
     return {
         "baseline": {"bleu": float(baseline.score), "mean": float(baseline.mean), "ci": float(baseline.ci)},

@@ -10,9 +10,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from zoo.report.collect import collect
 from zoo.report.measure import run_speed
-from zoo.report.render import render
+from zoo.report.publish import default_results_dir, publish
+from zoo.report.readme import ReadmeError
+from zoo.report.records import RecordError
 from zoo.report.suite import SuiteError, suite_from_config
 from zoo.report.training import TrainingFailed, finished_run, run_training
 
@@ -26,7 +27,7 @@ def _suites() -> str:
 
 
 def report(cfg: DictConfig) -> Path | None:
-    """Run the requested stages of one suite; returns REPORT.md's path (None on a dry run)."""
+    """Run the requested stages of one suite; returns REPORT.md's path (None on a dry run or without render)."""
     if "suite" not in cfg:
         raise SuiteError(f"no suite given: add +suite=<name>; suites: {_suites()}")
     suite = suite_from_config(cfg.suite, CONF_DIR)
@@ -35,34 +36,31 @@ def report(cfg: DictConfig) -> Path | None:
     if unknown:
         raise SuiteError(f"stages={stages}: unknown {unknown}; choose from {list(STAGES)}")
     report_dir = Path(cfg.reports_root) / suite.name
+    results_dir = Path(cfg.results_dir) if cfg.get("results_dir") else default_results_dir(cfg.results_root, suite)
     start = time.perf_counter()
     if "train" in stages or cfg.dry_run:
-        runs = run_training(report_dir, suite, dry_run=cfg.dry_run)
+        runs = run_training(report_dir, results_dir, suite, dry_run=cfg.dry_run)
         if cfg.dry_run:
             return None
     else:
         runs = {(e, s): d for e in suite.entries for s in suite.seeds
                 if (d := finished_run(report_dir, e, s)) is not None}
-        missing = len(suite.entries) * len(suite.seeds) - len(runs)
-        if missing:
-            log.warning("%d of the suite's runs are not finished; the report shows what exists", missing)
     if "speed" in stages:
-        run_speed(report_dir, suite, runs)
+        run_speed(report_dir, results_dir, suite, runs)
     if "render" not in stages:
         return None
-    data = collect(report_dir, suite, runs, bootstrap_samples=cfg.bootstrap_samples)
-    settings = [s.__dict__ for s in suite.speed_settings] if suite.speed_enabled else []
-    path = render(report_dir, data, settings, f"python -m zoo.report +suite={suite.name}")
-    print(path.read_text(), flush=True)
-    print(f"[report] wrote {path} ({(time.perf_counter() - start) / 60:.1f} min this invocation)", flush=True)
-    return path
+    published = publish(suite, results_dir, bootstrap_samples=cfg.bootstrap_samples, readme=cfg.readme)
+    print(published.report, flush=True)
+    print(f"[report] wrote {results_dir / 'REPORT.md'}{' and the README block' if cfg.readme else ''} "
+          f"({(time.perf_counter() - start) / 60:.1f} min this invocation)", flush=True)
+    return results_dir / "REPORT.md"
 
 
 @hydra.main(config_path="../../conf", config_name="report", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
         report(cfg)
-    except (SuiteError, TrainingFailed) as exc:
+    except (SuiteError, TrainingFailed, RecordError, ReadmeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
 

@@ -9,8 +9,11 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from zoo.checkpoint import resolve_checkpoint
+from zoo.machine import describe_machine
+from zoo.report.records import add_speed, record_path
 from zoo.report.suite import Suite
 
 log = logging.getLogger(__name__)
@@ -85,11 +88,17 @@ def run_triton(report_dir: Path, suite: Suite, exports: Mapping[str, Path], text
     (out / "entries.json").write_text(json.dumps(entries) + "\n")  # results.json lists models in this order
 
 
-def run_speed(report_dir: Path, suite: Suite, runs: Mapping[tuple[str, int], Path]) -> None:
-    """Measure every entry of the speed seed. A failed export or engine is recorded with its error (the
-    report shows it) instead of stopping the remaining entries."""
+def run_speed(report_dir: Path, results_dir: Path, suite: Suite, runs: Mapping[tuple[str, int], Path]) -> None:
+    """Measure every entry of the speed seed and store the points in that seed's results record. A failed
+    export or engine is recorded with its error (the report shows it) instead of stopping the remaining
+    entries. Speed needs the run's checkpoint, so it is measured where the run directory is."""
     if not suite.speed_enabled or not suite.speed_settings:
         return
+    absent = [e for e in suite.entries if (e, suite.speed_seed) not in runs
+              and record_path(results_dir, e, suite.speed_seed).is_file()]
+    if absent:
+        log.warning("no run directory (checkpoint) on this machine for %s seed %d: their speed cannot be measured "
+                    "here", ", ".join(absent), suite.speed_seed)
     exports: dict[str, Path] = {}
     texts: Path | None = None
     for entry in suite.entries:
@@ -117,6 +126,51 @@ def run_speed(report_dir: Path, suite: Suite, runs: Mapping[tuple[str, int], Pat
                 _time_engine(engine, model, texts, setting, suite.speed_threads, out)
     if texts is not None:
         run_triton(report_dir, suite, exports, texts)
+    _store_speed(report_dir, results_dir, suite, [e for e in suite.entries if (e, suite.speed_seed) in runs])
 
 
-__all__ = ["export_entry", "run_speed", "run_triton", "speed_texts"]
+def read_speed(report_dir: Path, entry: str) -> dict[str, Any]:
+    """speed/<entry>/<setting>-<engine>.json measurements, keyed "<setting>/<engine>"."""
+    out: dict[str, Any] = {}
+    directory = report_dir / "speed" / entry
+    if directory.is_dir():
+        for path in sorted(directory.glob("*.json")):
+            setting, _, engine = path.stem.rpartition("-")
+            out[f"{setting}/{engine}"] = json.loads(path.read_text())
+    return out
+
+
+def read_triton(report_dir: Path) -> dict[str, Any]:
+    """entry → its served load point (sentences/s, effective batch, latency) from serve.bench's results.json,
+    or {"error": ...} for every entry when the serving run failed."""
+    out = report_dir / "triton"
+    if (out / "error.txt").is_file():
+        return {"*": {"error": (out / "error.txt").read_text().strip()}}
+    if not (out / "results.json").is_file() or not (out / "entries.json").is_file():
+        return {}
+    results, entries = json.loads((out / "results.json").read_text()), json.loads((out / "entries.json").read_text())
+    by_model = {p["model"]: p for p in results["points"] if p["dynamic_batching"]}
+    served: dict[str, Any] = {}
+    for entry, model in zip(entries, results["models"], strict=True):
+        p = by_model.get(model)
+        if p is not None:
+            served[entry] = {"model": model, "protocol": p["protocol"], "concurrency": p["concurrency"],
+                             "sentences_per_s": p["sentences_per_s"], "effective_batch": p["effective_batch"],
+                             "p95_ms": p["latency_ms"].get("p95"), "errors": p["errors"]}
+    return served
+
+
+def _store_speed(report_dir: Path, results_dir: Path, suite: Suite, entries: list[str]) -> None:
+    """Copy each entry's measured points into its speed-seed record, with the settings and the machine."""
+    triton = read_triton(report_dir)
+    for entry in entries:
+        path = record_path(results_dir, entry, suite.speed_seed)
+        points = read_speed(report_dir, entry)
+        if not path.is_file() or not points:
+            continue
+        add_speed(path, {"settings": [s.__dict__ for s in suite.speed_settings], "threads": suite.speed_threads,
+                         "points": points, "triton": triton.get(entry) or triton.get("*"),
+                         "triton_settings": suite.triton, "machine": describe_machine()})
+
+
+__all__ = ["export_entry", "read_speed", "read_triton", "run_speed", "run_triton", "speed_texts"]

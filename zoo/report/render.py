@@ -1,17 +1,27 @@
-"""REPORT.md, report.json and plots from the collected records (no number is typed here: every cell is
-read from the collected data, and a missing measurement shows as "—" with the reason listed)."""
+"""REPORT.md, report.json, plots and the README block from the collected records (no number is typed here:
+every cell is read from the collected data, and a missing measurement shows as "—" with the reason listed).
+
+The output is a pure function of the records, so re-rendering on a fresh clone reproduces the committed
+REPORT.md and the README block byte for byte (tests/test_results.py checks exactly that).
+"""
 
 from __future__ import annotations
 
-import csv
 import json
-import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
 from zoo.flops import format_count, format_flops
+from zoo.ght.voting import plot_votes
 
 LABELS = {"bleu": "BLEU", "chrf": "chrF", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}
+PNG_METADATA = {"Software": None}  # no library version in the file: a re-render with another matplotlib is no diff
 
 
 def _pm(stat: dict[str, float] | None, digits: int = 2) -> str:
@@ -53,37 +63,75 @@ def _peak(speed: dict[str, Any], engine: str) -> str:
     return f"{max(peaks):.0f}" if peaks else "—"
 
 
-def markdown(data: dict[str, Any], settings: list[dict[str, Any]], command: str) -> str:
+def _heads(rec: dict[str, Any]) -> str:
+    """"mha 8 × 32": the mechanism, its heads and head size, read from the record's model config."""
+    c = rec["config"]
+    head_dim = c.get("head_dim") or (c["d_model"] // c["num_heads"] if c.get("d_model") else None)
+    return f"{c.get('attention')} {c.get('num_heads')} × {head_dim}"
+
+
+def speed_settings(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The speed settings the records were measured with (the first entry that has speed points)."""
+    return next((r["speed_settings"] for r in data["entries"].values() if r.get("speed_settings")), [])
+
+
+def machine_line(data: dict[str, Any]) -> str:
+    m = data["machine"]
+    where = f"accelerator {m['accelerator']}" if m.get("accelerator") else "CPU only"
+    cpus = ", ".join(f"{name} × {n} records" if len(m["cpus"]) > 1 else name for name, n in m["cpus"].items())
+    threads = "/".join(str(t) for t in m["torch_threads"]) or "?"
+    return (f"Machine class `{m['class']}` ({where}): {cpus}; {threads} torch thread(s) per run; "
+            f"torch {', '.join(m['torch'])}.")
+
+
+def _budget_line(data: dict[str, Any]) -> str:
+    overrides = " ".join(data["budget"]) or "the presets' defaults"
+    return (f"Budget: `{overrides}`; seeds {data['seeds']}; `data={data['data']}` test split "
+            f"({data['references']['segments']} segments, references sha256 `{data['references']['sha256'][:12]}`).")
+
+
+def _missing_line(data: dict[str, Any]) -> list[str]:
+    if not data["missing"]:
+        return []
+    return [f"Not recorded yet: {', '.join(data['missing'])}.", ""]
+
+
+def markdown(data: dict[str, Any], command: str) -> str:
     metrics = data["metrics"]
+    settings = speed_settings(data)
     notes: list[str] = []
     lines = [f"# Zoo report: suite `{data['suite']}`", "",
-             f"Task: {data['task']} on `data={data['data']}`; seeds {data['seeds']}; baseline `{data['baseline']}`. "
-             f"Regenerate with `{command}`.", "",
+             f"Task: {data['task']} on `data={data['data']}`; baseline `{data['baseline']}`. "
+             f"Rendered from the results records by `{command}`.", "",
+             machine_line(data), _budget_line(data), "",
              "Quality is mean ± std over seeds of the test split (detokenized sacreBLEU / chrF, or ROUGE F1). "
              "Δ is the paired-bootstrap difference against the baseline trained with the same seed, one per seed "
-             "(`*` = p < 0.05). Parameters and FLOPs (forward, source length 30) are of the model as served "
-             "(pruned for GHT-PS). Speed: sentences/s decoding the first test sentences with the stated beam "
-             "and batch, each engine in its own process; peak memory is that process's maximum RSS.", ""]
+             "(`*` = p < 0.05), recomputed from the records' hypotheses. Parameters and FLOPs (forward, source "
+             "length 30) are of the model as served (pruned for GHT-PS). Speed: sentences/s decoding the first "
+             "test sentences with the stated beam and batch, each engine in its own process; peak memory is that "
+             "process's maximum RSS.", ""]
+    lines += _missing_line(data)
     speed_cols = [(s["name"], e) for s in settings for e in ("torch", "ort")]
-    header = ["entry", *(LABELS[m] for m in metrics)]
+    header = ["entry", "heads", *(LABELS[m] for m in metrics)]
     if data["task"] == "translation":
         header.append("Δ BLEU vs baseline")
     header += ["params excl. emb", "params", "FLOPs"]
     header += [f"{name} {'PyTorch' if e == 'torch' else 'ORT'} sent/s" for name, e in speed_cols]
-    header += ["Triton sent/s", "peak MB PyTorch", "peak MB ORT", "train min", "updates"]
+    if settings:
+        header += ["Triton sent/s", "peak MB PyTorch", "peak MB ORT"]
+    header += ["train min", "updates"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for entry, rec in data["entries"].items():
-        size = rec["size"] or {}
-        row = [f"`{entry}`", *(_pm(rec["quality"].get(m)) for m in metrics)]
+        size = rec["size"]
+        row = [f"`{entry}`", _heads(rec), *(_pm(rec["quality"].get(m)) for m in metrics)]
         if data["task"] == "translation":
             row.append(_bootstrap_cell(rec["bootstrap"]))
-        row += [format_count(size["params_excl_emb"]) if size else "—",
-                format_count(size["params"]) if size else "—",
-                format_flops(size["flops"]) if size else "—"]
+        row += [format_count(size["params_excl_emb"]), format_count(size["params"]), format_flops(size["flops"])]
         row += [_speed_cell(rec["speed"], f"{name}/{e}", notes, entry) for name, e in speed_cols]
-        row += [_triton_cell(rec.get("triton"), notes, entry), _peak(rec["speed"], "torch"), _peak(rec["speed"], "ort"),
-                _pm(rec["train_minutes"], 1),
-                _pm(rec["updates"], 0)]
+        if settings:
+            row += [_triton_cell(rec.get("triton"), notes, entry), _peak(rec["speed"], "torch"),
+                    _peak(rec["speed"], "ort")]
+        row += [_pm(rec["train_minutes"], 1), _pm(rec["updates"], 0)]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     if settings:
@@ -91,31 +139,68 @@ def markdown(data: dict[str, Any], settings: list[dict[str, Any]], command: str)
             f"`{s['name']}` = beam {s['beam_size']}, batch {s['batch']}, max length {s['max_len_a']}·src + "
             f"{s['max_len_b']}" for s in settings) + ".", ""]
     else:
-        lines += ["Speed was not measured in this report (`suite.speed.enabled=false`).", ""]
-    tcfg = data.get("triton_settings") or {}
-    if settings and tcfg.get("enabled"):
-        lines += [f"Triton: the export served by a real `tritonserver` (Python backend, the same ORT runtime, the "
-                  f"manifest's beam), one sentence per request over {tcfg.get('protocol', 'grpc')}, "
-                  f"{tcfg.get('concurrency', 16)} requests in flight, dynamic batching on, "
-                  f"{tcfg.get('instance_count', 1)} model instance(s) × "
-                  f"{tcfg.get('threads') or data.get('speed_threads') or 'default'} ORT thread(s), "
-                  f"{tcfg.get('duration_s', 20)} s per model.", ""]
-    per_source = {e: r["per_source"] for e, r in data["entries"].items() if r["per_source"]}
-    if per_source:
-        origins = sorted({o for ps in per_source.values() for o in ps})
-        key = metrics[0]
-        lines += [f"## {LABELS[key]} per data source (mean over seeds)", "",
-                  "| entry | " + " | ".join(origins) + " |", "|" + "---|" * (len(origins) + 1)]
-        for entry, ps in per_source.items():
-            lines.append(f"| `{entry}` | " + " | ".join(
-                f"{ps[o][key]:.2f}" if o in ps and key in ps[o] else "—" for o in origins) + " |")
-        lines.append("")
+        lines += ["Speed is not in these records (the speed stage needs the runs' checkpoints).", ""]
+    lines += _comparisons_section(data)
+    lines += _per_source_section(data)
     lines += _ght_section(data)
     lines += ["## Plots", "", "![quality vs parameters](quality_vs_params.png)",
-              "![quality vs speed](quality_vs_speed.png)", "![learning curves](learning_curves.png)", ""]
+              "![learning curves](learning_curves.png)", ""]
+    if settings:
+        lines.insert(-1, "![quality vs speed](quality_vs_speed.png)")
     if notes:
         lines += ["## Measurement errors", "", *(f"- {n}" for n in notes), ""]
     return "\n".join(lines)
+
+
+def readme_block(data: dict[str, Any], command: str) -> str:
+    """The README's table of a suite: the headline columns of REPORT.md with the machine and budget lines."""
+    metrics = data["metrics"]
+    lines = [machine_line(data), "", _budget_line(data), "",
+             f"Rendered by `{command}` from the records in `{data['results_dir']}/` (its REPORT.md adds per-source "
+             "scores, GHT probes and plots).", ""]
+    lines += _missing_line(data)
+    header = ["entry", "heads", *(LABELS[m] for m in metrics)]
+    if data["task"] == "translation":
+        header.append(f"Δ BLEU vs `{data['baseline']}` (per seed)")
+    header += ["params excl. emb", "FLOPs @ src 30", "train min"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for entry, rec in data["entries"].items():
+        row = [f"`{entry}`", _heads(rec), *(_pm(rec["quality"].get(m)) for m in metrics)]
+        if data["task"] == "translation":
+            row.append(_bootstrap_cell(rec["bootstrap"]))
+        row += [format_count(rec["size"]["params_excl_emb"]), format_flops(rec["size"]["flops"]),
+                _pm(rec["train_minutes"], 1)]
+        lines.append("| " + " | ".join(row) + " |")
+    comparisons = _comparisons_section(data, heading=False)
+    return "\n".join(lines + ([""] + comparisons[:-1] if comparisons else [])) + "\n"
+
+
+def _comparisons_section(data: dict[str, Any], heading: bool = True) -> list[str]:
+    """The suite's extra paired comparisons (e.g. GHT-PS against the parameter-matched baselines)."""
+    rows = [c for c in data.get("comparisons") or [] if c["bootstrap"]]
+    if not rows:
+        return []
+    lines = ["## Paired comparisons", ""] if heading else []
+    lines += ["| system | against | params excl. emb (system / against) | Δ BLEU (per seed) |", "|---|---|---|---|"]
+    for c in rows:
+        sys_size, base_size = (data["entries"][c[k]]["size"]["params_excl_emb"] for k in ("system", "baseline"))
+        lines.append(f"| `{c['system']}` | `{c['baseline']}` | {format_count(sys_size)} / {format_count(base_size)} | "
+                     f"{_bootstrap_cell(c['bootstrap'])} |")
+    return [*lines, ""]
+
+
+def _per_source_section(data: dict[str, Any]) -> list[str]:
+    per_source = {e: r["per_source"] for e, r in data["entries"].items() if r["per_source"]}
+    if not per_source:
+        return []
+    origins = sorted({o for ps in per_source.values() for o in ps})
+    key = data["metrics"][0]
+    lines = [f"## {LABELS[key]} per data source (mean over seeds)", "",
+             "| entry | " + " | ".join(origins) + " |", "|" + "---|" * (len(origins) + 1)]
+    for entry, ps in per_source.items():
+        lines.append(f"| `{entry}` | " + " | ".join(
+            f"{ps[o][key]:.2f}" if o in ps and key in ps[o] else "—" for o in origins) + " |")
+    return [*lines, ""]
 
 
 def _ght_section(data: dict[str, Any]) -> list[str]:
@@ -140,18 +225,20 @@ def _ght_section(data: dict[str, Any]) -> list[str]:
             if plan:
                 lines += ["", "Kept heads per module: " + ", ".join(
                     f"`{name.replace('.layers.', '.')}` {kept}" for name, kept in plan.items())]
-            if run.get("votes_png"):
+            if run.get("votes"):
                 lines += ["", f"![votes {entry} seed {seed}](votes-{entry}-seed{seed}.png)"]
             lines.append("")
     return lines
 
 
-def _plot_scatter(data: dict[str, Any], out: Path, x_of, xlabel: str) -> None:
-    import matplotlib
+def _save(fig: Any, out: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(out, dpi=90, metadata=PNG_METADATA)
+    plt.close(fig)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def _plot_scatter(data: dict[str, Any], out: Path, x_of: Callable[[dict[str, Any]], float | None],
+                  xlabel: str) -> None:
     key = data["metrics"][0] if data["task"] == "translation" else "rougeL"
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for entry, rec in data["entries"].items():
@@ -163,33 +250,22 @@ def _plot_scatter(data: dict[str, Any], out: Path, x_of, xlabel: str) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(f"test {LABELS[key]}")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    _save(fig, out)
 
 
 def _plot_learning_curves(data: dict[str, Any], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for entry, rec in data["entries"].items():
-        first = next(iter(rec["seeds"].values()), None)
-        if not first or not first.get("metrics_csv"):
-            continue
-        rows = [r for r in csv.DictReader(open(first["metrics_csv"])) if r.get("valid_quality") not in (None, "")]
-        if rows:
-            ax.plot([float(r["step"]) for r in rows], [float(r["valid_quality"]) for r in rows], marker=".",
-                    label=entry)
+        first = next(iter(rec["seeds"].values()))
+        points = [p for p in first["learning_curve"] if p.get("valid_quality") is not None]
+        if points:
+            ax.plot([p["step"] for p in points], [p["valid_quality"] for p in points], marker=".",
+                    label=f"{entry} (seed {next(iter(rec['seeds']))})")
     ax.set_xlabel("update")
     ax.set_ylabel("validation quality (greedy BLEU / ROUGE-L)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    _save(fig, out)
 
 
 def _fastest(rec: dict[str, Any], engine: str, setting: str) -> float | None:
@@ -197,22 +273,26 @@ def _fastest(rec: dict[str, Any], engine: str, setting: str) -> float | None:
     return r.get("sentences_per_s") if r and "error" not in r else None
 
 
-def render(report_dir: Path, data: dict[str, Any], settings: list[dict[str, Any]], command: str) -> Path:
-    """Write REPORT.md, report.json and the plots; returns the REPORT.md path."""
-    report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / "report.json").write_text(json.dumps({**data, "speed_settings": settings}, indent=2))
-    _plot_scatter(data, report_dir / "quality_vs_params.png",
-                  lambda r: r["size"]["params_excl_emb"] / 1e6 if r["size"] else None,
+def render(out_dir: Path, data: dict[str, Any], command: str) -> Path:
+    """Write REPORT.md, report.json and the plots into `out_dir`; returns the REPORT.md path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.json").write_text(json.dumps(data, indent=2) + "\n")
+    _plot_scatter(data, out_dir / "quality_vs_params.png", lambda r: r["size"]["params_excl_emb"] / 1e6,
                   "parameters excl. embeddings (M)")
-    first = settings[0]["name"] if settings else None
-    _plot_scatter(data, report_dir / "quality_vs_speed.png",
-                  lambda r: (_fastest(r, "ort", first) or _fastest(r, "torch", first)) if first else None,
-                  f"sentences/s ({first}; ORT where exported, else PyTorch)")
-    _plot_learning_curves(data, report_dir / "learning_curves.png")
+    settings = speed_settings(data)
+    if settings:
+        first = settings[0]["name"]
+        _plot_scatter(data, out_dir / "quality_vs_speed.png",
+                      lambda r: _fastest(r, "ort", first) or _fastest(r, "torch", first),
+                      f"sentences/s ({first}; ORT where exported, else PyTorch)")
+    _plot_learning_curves(data, out_dir / "learning_curves.png")
     for entry, rec in data["entries"].items():
         for seed, run in rec["seeds"].items():
-            if run.get("votes_png"):
-                shutil.copyfile(run["votes_png"], report_dir / f"votes-{entry}-seed{seed}.png")
-    path = report_dir / "REPORT.md"
-    path.write_text(markdown(data, settings, command))
+            if run.get("votes"):
+                plot_votes(run["votes"]["votes"], run["votes"]["plan"], str(out_dir / f"votes-{entry}-seed{seed}.png"))
+    path = out_dir / "REPORT.md"
+    path.write_text(markdown(data, command))
     return path
+
+
+__all__ = ["machine_line", "markdown", "readme_block", "render", "speed_settings"]

@@ -1,4 +1,5 @@
-"""The train stage: one `zoo.train` subprocess per (entry, seed), reusing finished runs.
+"""The train stage: one `zoo.train` subprocess per (entry, seed) that has no results record, each
+recorded (results/<suite>/<entry>-seed<k>.json.gz) as soon as it finishes.
 
 A subprocess per run keeps each run's provenance (config.yaml, git sha, log) exactly as a user's own
 `zoo.train` would write it, and an interrupted report resumes the interrupted run with `resume=latest`.
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from zoo.report.records import missing_records, write_record_from_run
 from zoo.report.suite import Suite
 from zoo.runs import DONE_MARKER
 
@@ -59,38 +61,44 @@ def train_command(report_dir: Path, suite: Suite, entry: str, seed: int) -> list
     return cmd
 
 
-def plan(report_dir: Path, suite: Suite) -> list[tuple[str, int, Path | None]]:
-    """(entry, seed, finished run or None) for every run of the suite, seeds outermost so a partly
-    finished report already has one complete seed to show."""
-    return [(entry, seed, finished_run(report_dir, entry, seed)) for seed in suite.seeds
-            for entry in suite.entries]
-
-
-def run_training(report_dir: Path, suite: Suite, dry_run: bool = False) -> dict[tuple[str, int], Path]:
-    """Train whatever is not finished yet; returns the run directory of every (entry, seed)."""
-    runs: dict[tuple[str, int], Path] = {}
-    todo = [(e, s) for e, s, done in plan(report_dir, suite) if done is None]
-    log.info("suite %s: %d runs, %d finished, %d to train", suite.name, len(suite.entries) * len(suite.seeds),
-             len(suite.entries) * len(suite.seeds) - len(todo), len(todo))
-    for entry, seed, done in plan(report_dir, suite):
+def run_training(report_dir: Path, results_dir: Path, suite: Suite,
+                 dry_run: bool = False) -> dict[tuple[str, int], Path]:
+    """Train every (entry, seed) of the suite that has no results record yet and write its record as soon
+    as it finishes (a finished run directory without a record is recorded, not retrained). Returns the
+    run directories present on this machine, which the speed stage needs for its checkpoints."""
+    todo = missing_records(results_dir, suite)
+    total = len(suite.entries) * len(suite.seeds)
+    print(f"[report] suite {suite.name}: {total} runs, {total - len(todo)} recorded in {results_dir}, "
+          f"{len(todo)} to {'list' if dry_run else 'train'}", flush=True)
+    for n, (entry, seed) in enumerate(todo, 1):
+        done = finished_run(report_dir, entry, seed)
         if done is not None:
-            runs[(entry, seed)] = done
-            continue
-        cmd = train_command(report_dir, suite, entry, seed)
-        print(f"[report {len(runs) + 1}/{len(suite.entries) * len(suite.seeds)}] {' '.join(cmd[1:])}", flush=True)
+            print(f"[report {n}/{len(todo)}] {entry} seed {seed}: finished run {done} has no record yet", flush=True)
+        else:
+            cmd = train_command(report_dir, suite, entry, seed)
+            print(f"[report {n}/{len(todo)}] {' '.join(cmd[1:])}", flush=True)
         if dry_run:
             continue
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, check=False)
-        if proc.returncode != 0:
-            raise TrainingFailed(
-                f"zoo.train for {entry} seed {seed} exited with {proc.returncode}; see its train.log under "
-                f"{seed_root(report_dir, seed)}/{entry}-*/. Fix the cause and rerun the same "
-                "zoo.report command: finished runs are reused and this one resumes.")
-        finished = finished_run(report_dir, entry, seed)
-        if finished is None:
-            raise TrainingFailed(f"zoo.train for {entry} seed {seed} exited 0 but left no finished run (DONE + "
-                                 "summary.json); was it stopped by a signal? Rerun to resume it.")
-        log.info("%s seed %d trained in %.1f min", entry, seed, (time.perf_counter() - start) / 60)
-        runs[(entry, seed)] = finished
-    return runs
+        if done is None:
+            done = _train(report_dir, suite, entry, seed)
+        path = write_record_from_run(results_dir, suite, entry, seed, done)
+        print(f"[report] recorded {entry} seed {seed}: {path}", flush=True)
+    return {(e, s): d for e in suite.entries for s in suite.seeds
+            if (d := finished_run(report_dir, e, s)) is not None}
+
+
+def _train(report_dir: Path, suite: Suite, entry: str, seed: int) -> Path:
+    cmd = train_command(report_dir, suite, entry, seed)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, check=False)
+    if proc.returncode != 0:
+        raise TrainingFailed(
+            f"zoo.train for {entry} seed {seed} exited with {proc.returncode}; see its train.log under "
+            f"{seed_root(report_dir, seed)}/{entry}-*/. Fix the cause and rerun the same "
+            "zoo.report command: recorded runs are skipped and this one resumes.")
+    finished = finished_run(report_dir, entry, seed)
+    if finished is None:
+        raise TrainingFailed(f"zoo.train for {entry} seed {seed} exited 0 but left no finished run (DONE + "
+                             "summary.json); was it stopped by a signal? Rerun to resume it.")
+    log.info("%s seed %d trained in %.1f min", entry, seed, (time.perf_counter() - start) / 60)
+    return finished

@@ -1,0 +1,42 @@
+"""Published tables are the render of the committed records: every generated block of README.md and each
+rendered REPORT.md must equal a fresh render of its `results/<name>/` — a hand-edited number fails here."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.zoo_testing import REPO
+from zoo.report.publish import publish
+from zoo.report.readme import read_block, readme_suites, replace_block
+from zoo.report.records import read_json_gz
+from zoo.report.suite import suite_from_config
+
+README_TEXT = (REPO / "README.md").read_text(encoding="utf-8")
+BLOCKS = readme_suites(README_TEXT)
+
+
+def test_the_readme_publishes_the_quick_suite() -> None:
+    assert "quick" in BLOCKS
+
+
+@pytest.mark.parametrize("name", BLOCKS)
+def test_readme_block_and_report_are_the_render_of_the_committed_records(name: str) -> None:
+    results_dir = REPO / "results" / name
+    suite_name = read_json_gz(results_dir / "references.json.gz")["suite"]
+    suite = suite_from_config(OmegaConf.load(REPO / "conf" / "suite" / f"{suite_name}.yaml"), REPO / "conf")
+    published = publish(suite, results_dir, write=False)
+    assert read_block(README_TEXT, name) == published.readme_block, (
+        f"README.md's results:{name} block differs from the render of results/{name}/: do not edit it by hand, "
+        f"run `python -m zoo.report +suite={suite_name} stages=[render] readme=true`")
+    assert (results_dir / "REPORT.md").read_text() == published.report, (
+        f"results/{name}/REPORT.md differs from the render of its records: rerun the render")
+
+
+def test_block_replacement_touches_only_the_block() -> None:
+    text = "intro\n<!-- results:x -->\nold\n<!-- /results:x -->\noutro\n"
+    assert replace_block(text, "x", "new\n") == "intro\n<!-- results:x -->\nnew\n<!-- /results:x -->\noutro\n"
+    with pytest.raises(ValueError, match="no block"):
+        replace_block(text, "y", "new\n")
+    prose = "Publish it as its own block (`<!-- results:z -->` … `<!-- /results:z -->`).\n"
+    assert readme_suites(prose + text) == ["x"]  # markers quoted in prose are not blocks

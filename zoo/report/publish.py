@@ -1,0 +1,57 @@
+"""The render stage: results records → REPORT.md, report.json, plots (in the results dir) and, on request,
+the README block. Reads `results/<suite>/` and nothing else: no run directories, no corpus."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zoo.report.collect import collect
+from zoo.report.readme import README, write_block
+from zoo.report.records import load_records
+from zoo.report.render import markdown, readme_block, render
+from zoo.report.suite import Suite
+
+
+@dataclass(frozen=True)
+class Published:
+    data: dict[str, Any]
+    report: str        # REPORT.md's text
+    readme_block: str  # the README block's text
+
+
+def default_results_dir(results_root: str | Path, suite: Suite) -> Path:
+    return Path(results_root) / suite.name
+
+
+def display_dir(results_dir: Path) -> str:
+    """`results/<name>` however the dir was given (absolute, relative), so renders hold no machine paths."""
+    return f"results/{results_dir.name}" if results_dir.parent.name == "results" else results_dir.as_posix()
+
+
+def render_command(suite: Suite, results_dir: Path, readme: bool = False) -> str:
+    """The command that reproduces a rendering, as printed inside it (stable: no machine paths)."""
+    shown = display_dir(results_dir)
+    extra = "" if shown == f"results/{suite.name}" else f" results_dir={shown}"
+    return f"python -m zoo.report +suite={suite.name} stages=[render]{extra}{' readme=true' if readme else ''}"
+
+
+def publish(suite: Suite, results_dir: Path, bootstrap_samples: int = 1000, write: bool = True,
+            readme: bool = False, readme_path: Path = README) -> Published:
+    """Collect the suite's records and render them; `write` puts REPORT.md, report.json and plots into the
+    results dir, `readme` rewrites README.md's block named after the results dir (`results:quick`, or
+    `results:quick-gpu-h200` for a GPU record set of the same suite)."""
+    refs, records = load_records(results_dir, suite)
+    data = {**collect(suite, refs, records, bootstrap_samples=bootstrap_samples),
+            "results_dir": display_dir(results_dir)}
+    command = render_command(suite, results_dir)
+    block = readme_block(data, render_command(suite, results_dir, readme=True))
+    if write:
+        render(results_dir, data, command)
+    if readme:
+        write_block(results_dir.name, block, readme_path)
+    return Published(data=data, report=markdown(data, command), readme_block=block)
+
+
+__all__ = ["Published", "default_results_dir", "display_dir", "publish", "render_command"]

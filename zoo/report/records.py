@@ -1,0 +1,310 @@
+"""Results records: the small committed files every published table is rendered from (DESIGN.md §3b').
+
+A suite grows run by run, on whatever machine has time: each finished (entry, seed) leaves
+`results/<suite>/<entry>-seed<k>.json.gz` (≈ 30 KB), and the suite's test references are stored once as
+`results/<suite>/references.json.gz`. A record is self-describing — the resolved config, the suite's budget,
+git sha, machine, size, FLOPs, test scores overall and per source, the test hypotheses themselves (so a paired
+bootstrap against any other record can be recomputed without the runs), GHT probes and votes, speed points —
+so the table can be rebuilt on a fresh clone that has no run directories and no corpus.
+
+Reading is strict: a corrupt file, a record of another suite or budget, hypotheses that do not align with the
+stored references, or a machine class different from the other records stops the render with a one-line
+error naming the file and the fix. Writing never replaces an existing file silently.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from zoo.machine import describe_machine
+from zoo.report.suite import Suite
+
+RECORD_FORMAT = 1
+REFERENCES_FILE = "references.json.gz"
+RECORD_NAME = re.compile(r"^(?P<entry>[A-Za-z0-9_]+)-seed(?P<seed>\d+)\.json\.gz$")
+REQUIRED_KEYS = ("record_format", "suite", "entry", "seed", "budget", "config", "git_sha", "machine", "updates",
+                 "train_minutes", "size", "test", "hypotheses", "references_sha256")
+# The parts of a suite that define "the same budget": records made under other values are another experiment.
+BUDGET_KEYS = ("task", "data", "size", "trainer", "experiment", "overrides")
+
+
+class RecordError(ValueError):
+    """A results file that cannot be used as it is; the message names the file and the fix."""
+
+
+@dataclass(frozen=True)
+class References:
+    """The suite's test references, one data-source label each, and their digest."""
+
+    texts: tuple[str, ...]
+    sources: tuple[str, ...]
+
+    @property
+    def sha256(self) -> str:
+        return references_sha256(self.texts)
+
+
+def references_sha256(texts: tuple[str, ...] | list[str]) -> str:
+    """Digest of the reference list (JSON-encoded, so a newline inside a segment cannot shift the alignment)."""
+    return hashlib.sha256(json.dumps(list(texts), ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def budget_of(suite: Suite) -> dict[str, Any]:
+    return {"task": suite.task, "data": suite.data, "size": suite.size, "trainer": suite.trainer,
+            "experiment": suite.experiment, "overrides": list(suite.overrides)}
+
+
+def record_path(results_dir: Path, entry: str, seed: int) -> Path:
+    return results_dir / f"{entry}-seed{seed}.json.gz"
+
+
+# ---------------------------------------------------------------------------------------------- file I/O
+def write_json_gz(path: Path, obj: Any, overwrite: bool = False) -> Path:
+    """Write `obj` as gzip'd JSON atomically (temp file + rename: an interrupted write leaves no half file).
+    Bytes are reproducible (gzip mtime 0, sorted keys) so re-writing identical content shows no git diff."""
+    if path.exists() and not overwrite:
+        raise RecordError(f"{path} already exists; delete it first if it should be replaced")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(obj, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+            gz.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would surprise whoever reads a shared checkout
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_json_gz(path: Path) -> Any:
+    try:
+        with gzip.open(path, "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RecordError(f"{path}: not a readable results file ({type(exc).__name__}: {exc}); it is corrupt or "
+                          f"truncated — restore it with `git checkout -- {path}`, or delete it and rerun the "
+                          "suite's zoo.report command to measure it again") from exc
+
+
+# ---------------------------------------------------------------------------------------------- references
+def references_from_run(run_dir: Path) -> References:
+    """The test references and source labels of a run's data config (rebuilt from the corpus cache)."""
+    from zoo.data import build_splits  # the corpus builders: only needed when a record is written
+
+    test = build_splits(OmegaConf.load(run_dir / "config.yaml").data).test
+    return References(tuple(e.tgt for e in test), tuple(e.origin for e in test))
+
+
+def load_references(results_dir: Path, suite: Suite) -> References:
+    path = results_dir / REFERENCES_FILE
+    if not path.is_file():
+        raise RecordError(f"{path} is missing: the records of suite {suite.name!r} cannot be scored without it; "
+                          f"restore it with `git checkout -- {path}`")
+    raw = read_json_gz(path)
+    if not isinstance(raw, dict) or not {"suite", "references", "sources", "sha256"} <= raw.keys():
+        raise RecordError(f"{path}: not a references file (needs suite, references, sources, sha256)")
+    if raw["suite"] != suite.name:
+        raise RecordError(f"{path}: references of suite {raw['suite']!r}, not {suite.name!r}; "
+                          f"move it to results/{raw['suite']}/")
+    refs = References(tuple(raw["references"]), tuple(raw["sources"]))
+    if len(refs.texts) != len(refs.sources) or refs.sha256 != raw["sha256"]:
+        raise RecordError(f"{path}: its references do not match its own sha256/source labels (edited by hand?); "
+                          f"restore it with `git checkout -- {path}`")
+    return refs
+
+
+def store_references(results_dir: Path, suite: Suite, refs: References) -> Path:
+    """Write the suite's references once; refuse a different reference set (the test split changed)."""
+    path = results_dir / REFERENCES_FILE
+    if path.is_file():
+        stored = load_references(results_dir, suite)
+        if stored.sha256 != refs.sha256:
+            raise RecordError(
+                f"{path}: the stored test references (sha256 {stored.sha256[:12]}…, {len(stored.texts)} segments) "
+                f"differ from this run's ({refs.sha256[:12]}…, {len(refs.texts)} segments): the test split changed, "
+                "so its records cannot share a table with the stored ones; use another results_dir, or delete "
+                f"{path.parent} to start the suite's records afresh")
+        return path
+    return write_json_gz(path, {"record_format": RECORD_FORMAT, "suite": suite.name, "sha256": refs.sha256,
+                                "references": list(refs.texts), "sources": list(refs.sources)})
+
+
+# ---------------------------------------------------------------------------------------------- writing
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _learning_curve(run_dir: Path) -> list[dict[str, float | int | None]]:
+    """Validation points of metrics.csv (the learning-curve plot needs nothing else)."""
+    path = run_dir / "metrics.csv"
+    if not path.is_file():
+        return []
+
+    def num(value: str | None) -> float | None:
+        return float(value) if value not in (None, "") else None
+
+    with path.open(newline="") as f:
+        return [{"step": int(r["step"]), "train_loss": num(r.get("train_loss")), "valid_loss": num(r.get("valid_loss")),
+                 "valid_quality": num(r.get("valid_quality"))}
+                for r in csv.DictReader(f) if r.get("valid_quality") not in (None, "")]
+
+
+def _ght(run_dir: Path) -> dict[str, Any] | None:
+    """GHT's compactness probes (every one) and the Voting-to-Stay report, when the run has them."""
+    path = run_dir / "ght" / "compactness.jsonl"
+    probes = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    votes = _read_json(run_dir / "ght" / "votes.json")
+    if not probes and votes is None:
+        return None
+    return {"probes": probes, "voting": votes}
+
+
+def record_from_run(run_dir: Path, suite: Suite, entry: str, seed: int, refs: References) -> dict[str, Any]:
+    """The record of one finished run (DONE + summary.json + test_hypotheses.txt)."""
+    summary = _read_json(run_dir / "summary.json")
+    hyps_path = run_dir / "test_hypotheses.txt"
+    if summary is None or not summary.get("test") or not hyps_path.is_file():
+        raise RecordError(f"{run_dir}: no summary.json with test scores or no test_hypotheses.txt; a suite run "
+                          "must train with evaluate_test=true (the default)")
+    hypotheses = hyps_path.read_text(encoding="utf-8").split("\n")[:-1]
+    if len(hypotheses) != len(refs.texts):
+        raise RecordError(f"{run_dir}: {len(hypotheses)} test hypotheses for {len(refs.texts)} references")
+    config = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+    assert isinstance(config, dict)
+    machine = _read_json(run_dir / "machine.json") or {**describe_machine(config.get("device")),
+                                                        "note": "described when the record was written"}
+    sha = (run_dir / "git_sha.txt").read_text().strip() if (run_dir / "git_sha.txt").is_file() else "unknown"
+    return {
+        "record_format": RECORD_FORMAT,
+        "suite": suite.name,
+        "entry": entry,
+        "seed": seed,
+        "budget": budget_of(suite),
+        "config": {k: config.get(k) for k in ("model", "trainer", "data", "generation")},
+        "git_sha": sha,
+        "machine": machine,
+        "updates": summary.get("updates"),
+        "train_minutes": summary.get("train_minutes"),
+        "stop_reason": summary.get("stop_reason"),
+        "size": summary.get("size"),
+        "pruned_size": summary.get("pruned_size"),
+        "head_plan": summary.get("head_plan"),
+        "test": summary["test"],
+        "hypotheses": hypotheses,
+        "references_sha256": refs.sha256,
+        "learning_curve": _learning_curve(run_dir),
+        "ght": _ght(run_dir),
+        "speed": None,
+    }
+
+
+def write_record_from_run(results_dir: Path, suite: Suite, entry: str, seed: int, run_dir: Path) -> Path:
+    """Store the suite's references (first time) and the run's record; returns the record's path."""
+    refs = references_from_run(run_dir)
+    store_references(results_dir, suite, refs)
+    return write_json_gz(record_path(results_dir, entry, seed), record_from_run(run_dir, suite, entry, seed, refs))
+
+
+# ---------------------------------------------------------------------------------------------- reading
+def read_record(path: Path, suite: Suite, refs: References) -> dict[str, Any]:
+    """One record, checked against its file name, the suite, the suite's budget and the stored references."""
+    match = RECORD_NAME.match(path.name)
+    if match is None:
+        raise RecordError(f"{path}: not a record name (<entry>-seed<k>.json.gz); move it out of {path.parent}")
+    rec = read_json_gz(path)
+    if not isinstance(rec, dict):
+        raise RecordError(f"{path}: not a record (a JSON object is expected); delete it and rerun the suite")
+    if rec.get("record_format") != RECORD_FORMAT:
+        raise RecordError(f"{path}: record_format {rec.get('record_format')!r}, this code reads {RECORD_FORMAT}; "
+                          "check out the code that wrote it, or rerun the suite to write it again")
+    missing = [k for k in REQUIRED_KEYS if k not in rec]
+    if missing:
+        raise RecordError(f"{path}: record lacks {', '.join(missing)} (truncated or hand-made); delete it and "
+                          "rerun the suite's zoo.report command to measure it again")
+    if rec["suite"] != suite.name:
+        raise RecordError(f"{path}: a record of suite {rec['suite']!r}, not {suite.name!r}; move it to "
+                          f"results/{rec['suite']}/")
+    if (rec["entry"], int(rec["seed"])) != (match["entry"], int(match["seed"])):
+        raise RecordError(f"{path}: holds {rec['entry']} seed {rec['seed']}; rename it to "
+                          f"{rec['entry']}-seed{rec['seed']}.json.gz")
+    budget = budget_of(suite)
+    changed = [k for k in BUDGET_KEYS if rec["budget"].get(k) != budget[k]]
+    if changed:
+        diff = "; ".join(f"{k}: record {rec['budget'].get(k)!r}, suite {budget[k]!r}" for k in changed)
+        raise RecordError(f"{path}: measured under another budget than suite {suite.name!r} ({diff}); keep such "
+                          "records in their own results_dir, or delete it to retrain under the suite's budget")
+    if rec["references_sha256"] != refs.sha256 or len(rec["hypotheses"]) != len(refs.texts):
+        raise RecordError(f"{path}: its hypotheses align with references sha256 {rec['references_sha256'][:12]}… "
+                          f"({len(rec['hypotheses'])} segments), the suite's {REFERENCES_FILE} has "
+                          f"{refs.sha256[:12]}… ({len(refs.texts)}); the test split changed — delete the record to "
+                          "retrain it, or restore the matching references")
+    return rec
+
+
+def record_files(results_dir: Path) -> list[Path]:
+    return sorted(p for p in results_dir.glob("*.json.gz") if p.name != REFERENCES_FILE)
+
+
+def load_records(results_dir: Path, suite: Suite) -> tuple[References, dict[tuple[str, int], dict[str, Any]]]:
+    """Every record of the suite's results dir, validated; one machine class for all of them."""
+    files = record_files(results_dir)
+    if not files:
+        raise RecordError(f"{results_dir} holds no records; train the suite first: "
+                          f"python -m zoo.report +suite={suite.name}")
+    refs = load_references(results_dir, suite)
+    records: dict[tuple[str, int], dict[str, Any]] = {}
+    first: tuple[Path, str] | None = None
+    for path in files:
+        rec = read_record(path, suite, refs)
+        machine_class = str(rec["machine"].get("class", "unknown"))
+        if first is None:
+            first = (path, machine_class)
+        elif machine_class != first[1]:
+            raise RecordError(f"{path}: measured on {machine_class}, but {first[0].name} on {first[1]}; records "
+                              "from different machine classes are never mixed in one table — move it to its own "
+                              f"results_dir (e.g. results/{suite.name}-gpu/)")
+        records[(rec["entry"], int(rec["seed"]))] = rec
+    return refs, records
+
+
+def missing_records(results_dir: Path, suite: Suite) -> list[tuple[str, int]]:
+    """(entry, seed) pairs of the suite with no record yet, seeds outermost (one complete seed first)."""
+    return [(e, s) for s in suite.seeds for e in suite.entries if not record_path(results_dir, e, s).is_file()]
+
+
+def add_speed(path: Path, speed: dict[str, Any]) -> Path:
+    """Store measured speed points in an existing record (the one deliberate in-place update of a record)."""
+    rec = read_json_gz(path)
+    rec["speed"] = speed
+    return write_json_gz(path, rec, overwrite=True)
+
+
+__all__ = [
+    "RECORD_FORMAT",
+    "RecordError",
+    "References",
+    "add_speed",
+    "load_records",
+    "load_references",
+    "missing_records",
+    "read_record",
+    "record_files",
+    "record_from_run",
+    "record_path",
+    "store_references",
+    "write_json_gz",
+    "write_record_from_run",
+]
