@@ -16,7 +16,7 @@ from tests.conftest import smoke_overrides
 from tests.zoo_testing import REPO, compose_train
 from zoo.ght.constraint import dunn_index, group_constraint_loss, homogeneity_diversity, silhouette
 from zoo.ght.kmeans import canonical_labels, kmeans
-from zoo.ght.voting import nearest_heads, select_heads
+from zoo.ght.voting import fixed_groups, nearest_heads, select_heads
 from zoo.train import train
 
 
@@ -59,8 +59,31 @@ def test_group_constraint_gradient_steps_move_the_right_way() -> None:
     assert torch.isclose(loss, -0.3 * hom + 0.7 * div)
 
 
-def test_token_sum_normalization_divides_the_constraint_by_target_tokens() -> None:
-    """`token_sum` is the official code's scale: the same constraint, divided by the batch's label tokens."""
+def _official_constraint(points: dict[str, torch.Tensor], labels: dict[str, list[int]], groups: int,
+                         alpha: float, beta: float) -> float:
+    """The official criterion's structure (`add_cluster_loss` in SenticNet/GHA's head_cluster_loss.py), written
+    from the formula with plain loops: for every constrained module, −α·cos(head i, its centre)/H for each head
+    and +β·cos(c_i, c_j)/C(C,2) for each pair of centres, all added into one running sum."""
+    import math
+
+    regu = 0.0
+    for name, p in points.items():
+        p = p.detach().double()
+        heads = p.shape[0]
+        centres = [p[[h for h in range(heads) if labels[name][h] == g]].mean(0) for g in range(groups)]
+        for i in range(heads):
+            c = centres[labels[name][i]]
+            regu -= alpha * float(p[i] @ c / (p[i].norm() * c.norm())) / heads
+        for i in range(groups):
+            for j in range(i + 1, groups):
+                a, b = centres[i], centres[j]
+                regu += beta * float(a @ b / (a.norm() * b.norm())) / math.comb(groups, 2)
+    return regu
+
+
+def test_token_sum_is_the_official_scale_summed_over_modules_per_target_token() -> None:
+    """`token_sum` = the official criterion: every module's terms in one sum, divided by the batch's target
+    tokens (fairseq's sample_size). The old code averaged over modules first: 3× too weak here (3 modules)."""
     from zoo.data import collate
     from zoo.ght.procedure import GHTOptions, GHTProcedure
     from zoo.model import ModelConfig, build_model
@@ -70,18 +93,34 @@ def test_token_sum_normalization_divides_the_constraint_by_target_tokens() -> No
                                     ffn_dim=48, dropout=0.0, max_positions=32)).eval()
     pairs = [([5, 6, 7, 8], [9, 10, 11]), ([12, 13], [14, 15, 16, 17, 18])]
     batch = collate(pairs, 0, 1, 2)
+    assert batch.ntokens == 10
     losses = {}
     for norm in ("mean", "token_sum"):
-        proc = GHTProcedure(GHTOptions(groups=2, loss_normalization=norm))
+        proc = GHTProcedure(GHTOptions(groups=2, alpha=0.7, beta=0.5, loss_normalization=norm))
         proc.modules = dict(model.attention_modules())
+        assert len(proc.modules) == 3
         proc._set_capture(True)
         model(batch.src, batch.tgt_in)
+        points = proc._points(proc._masks(batch, 0))
         losses[norm], logs = proc.aux_loss(model, batch)
-        assert logs["gc_loss"] == pytest.approx(float(losses["mean"].detach()))  # logged at α, β strength either way
-    assert batch.ntokens == 10
-    assert float(losses["token_sum"].detach()) == pytest.approx(float(losses["mean"].detach()) / 10)
+        assert all(len(set(v)) == 2 for v in proc.labels.values())  # both groups populated
+        official = _official_constraint(points, proc.labels, 2, 0.7, 0.5)
+        assert logs["gc_loss"] == pytest.approx(official / 3, rel=1e-5)  # logged per module either way
+    assert float(losses["token_sum"].detach()) == pytest.approx(official / 10, rel=1e-5)
+    assert float(losses["mean"].detach()) == pytest.approx(official / 3, rel=1e-5)
     with pytest.raises(ValueError, match="loss_normalization"):
         GHTOptions.from_config({"loss_normalization": "sum"})
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    ({"selection": "random"}, "random_in_group"), ({"selection": "best"}, "selection"),
+    ({"vote_maps": []}, "vote_maps"), ({"vote_maps": ["V", "Q"]}, "vote_maps"), ({"vote_batches": -1}, "vote_batches"),
+])
+def test_bad_voting_options_are_refused_with_the_fix(option, message) -> None:
+    from zoo.ght.procedure import GHTOptions
+
+    with pytest.raises(ValueError, match=message):
+        GHTOptions.from_config(option)
 
 
 def test_compactness_metrics_on_constructed_groups() -> None:
@@ -107,9 +146,24 @@ def test_voting_rules_on_known_nearest_heads() -> None:
     groups = [0, 1, 2, 0, 1, 2, 0, 1]
     assert select_heads(votes, groups, 3, "per_group") == [0, 2, 4]  # tie 0/3 → lower index; 4/7 → 4
     assert select_heads(votes, groups, 3, "top_c") == [2, 4, 7]
-    rnd = select_heads(votes, groups, 3, "random", seed=1)
-    assert rnd == select_heads(votes, groups, 3, "random", seed=1) and len(rnd) == 3
+    rnd = select_heads(votes, groups, 3, "random_in_group", seed=1)  # the paper's "w/o PS stay"
+    assert rnd == select_heads(votes, groups, 3, "random_in_group", seed=1) and len(rnd) == 3
     assert sorted({groups[h] for h in rnd}) == [0, 1, 2]  # one head per group
+    # the paper's "w/o HUDS": as many heads kept, drawn ignoring the groups (over seeds, some draw misses a group)
+    draws = [select_heads(votes, groups, 3, "random_heads", seed=s) for s in range(20)]
+    assert all(len(d) == 3 == len(set(d)) for d in draws)
+    assert any(len({groups[h] for h in d}) < 3 for d in draws)
+    with pytest.raises(ValueError, match="random_in_group"):
+        select_heads(votes, groups, 3, "random")
+
+
+def test_fixed_groups_give_each_group_its_mean_as_centre() -> None:
+    points, truth = _blobs()
+    labels = [int(v) for v in truth]
+    res = fixed_groups(points, labels, 3)
+    assert res.labels.tolist() == labels
+    for g in range(3):
+        assert torch.allclose(res.centres[g], points[truth == g].mean(0))
 
 
 GHT_FAST = ["trainer.max_updates=30", "trainer.validate_every=10", "model.ght.check_every=10",
@@ -128,6 +182,10 @@ def test_ght_ps_runs_all_stages_and_freezes_pruned_heads(tmp_path, smoke_corpus)
     assert summary["pruned_size"]["params"] < summary["size"]["params"]
     votes = json.loads((run / "ght" / "votes.json").read_text())
     assert votes["plan"] == plan and (run / "ght" / "votes.png").is_file()
+    # Algorithm 1: each voting batch casts, per module and per map (V, A, O), one vote per group
+    assert votes["vote_maps"] == ["V", "A", "O"] and votes["voting_batches"] == 6
+    assert all(sum(v) == 6 * 3 * 2 for v in votes["votes"].values())
+    assert votes["trigger"] == "reached vote_at=12" and votes["voting_seconds"] > 0
     assert (run / "ght" / "compactness.jsonl").read_text().count("\n") >= 2
     voted, last = _ckpt(run / "checkpoints" / "voted.pt"), _ckpt(run / "checkpoints" / "last.pt")
     assert last["model_config"]["head_plan"] == plan and not last["model_config"]["heads_removed"]
@@ -181,7 +239,8 @@ def test_init_from_ght_starts_at_voting(tmp_path, smoke_corpus) -> None:
 
 
 @pytest.mark.parametrize("ablation", ["model.ght.diversify=false", "model.ght.homogenize=false",
-                                      "model.ght.selection=random", "model.ght.selection=top_c"])
+                                      "model.ght.selection=random_in_group", "model.ght.selection=random_heads",
+                                      "model.ght.selection=top_c", "model.ght.vote_maps=[O]"])
 def test_ablation_switches_run(tmp_path, smoke_corpus, ablation: str) -> None:
     summary = train(compose_train(smoke_overrides("ght_ps", smoke_corpus, tmp_path) + [
         "trainer.max_updates=8", "trainer.validate_every=4", "model.ght.vote_at=4", "model.ght.vote_batches=3",

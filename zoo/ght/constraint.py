@@ -3,10 +3,9 @@
 Loss per module = −α · mean_i cos(e_i, c_g(i)) + β · mean_{j1<j2} cos(c_j1, c_j2), where the
 centres c_j are the means of their members' points *with* gradient (assignments come from
 k-means on detached points): the first term pulls heads towards their group, the second pushes
-groups apart. We average over constrained modules, and our task loss is per target token, so α
-and β are directly comparable to the per-token loss. The official code adds the same terms to a
-token-*summed* loss: its α, β correspond to ours multiplied by the tokens per batch (i.e. ours
-are much stronger at equal values) — retune rather than copy values across.
+groups apart. How modules are combined and scaled against the task loss is the procedure's
+`loss_normalization` (zoo/ght/procedure.py): `token_sum` sums the modules and divides by the batch's
+target tokens (the official criterion's scale), `mean` averages them at full per-token strength.
 """
 
 from __future__ import annotations

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from zoo import distributed as dist
 from zoo.checkpoint import save_checkpoint
@@ -19,7 +21,7 @@ from zoo.data import Batch, collate
 from zoo.ght.constraint import dunn_index, group_constraint_loss, homogeneity_diversity, silhouette
 from zoo.ght.features import MODULE_KINDS, head_points, module_kind
 from zoo.ght.kmeans import kmeans
-from zoo.ght.voting import nearest_heads, plot_votes, select_heads
+from zoo.ght.voting import RENAMED, SELECTIONS, fixed_groups, nearest_heads, plot_votes, select_heads
 from zoo.model import Transformer
 from zoo.trainer import Procedure, spread_sample
 
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("zoo.ght")
 LOSS_NORMALIZATIONS = ("mean", "token_sum")
+FEATURE_MAPS = ("V", "A", "O")
 
 
 @dataclass
@@ -39,9 +42,10 @@ class GHTOptions:
     modules: list[str] = field(default_factory=lambda: list(MODULE_KINDS))
     kmeans_every: int = 1  # re-run k-means every N updates (1 = every step, as the official code)
     kmeans_iters: int = 20
-    loss_normalization: str = "token_sum"  # token_sum: the constraint is divided by the batch's target tokens, as
-    #   when the official fairseq code adds it to a token-summed loss whose gradient fairseq then divides by the
-    #   token count | mean: α, β weigh the constraint against the per-token task loss at full strength
+    loss_normalization: str = "token_sum"  # token_sum: the official scale — every module's terms summed, then
+    #   divided by the batch's target tokens, exactly as the official fairseq criterion adds them to a
+    #   token-summed loss that fairseq divides by the token count | mean: the mean over modules at full strength
+    #   against the per-token task loss (a per-token, per-module option)
     homogenize: bool = True  # ablation: False drops the −α term
     diversify: bool = True  # ablation: False drops the +β term
     prune: bool = False  # GHT-PS: vote and fine-tune
@@ -51,8 +55,11 @@ class GHTOptions:
     shift_threshold: float = 0.05  # relative centre shift that counts as converged
     patience: int = 3  # consecutive converged checks needed
     probe_sentences: int = 32  # fixed probe batch: the first N validation pairs
-    vote_batches: int = 200  # voting pass length (0 = one full epoch)
-    selection: str = "per_group"  # per_group (paper) | top_c (official code) | random (w/o HUDS ablation)
+    vote_batches: int = 0  # voting pass length in training batches (0 = one full epoch, the paper)
+    vote_maps: list[str] = field(default_factory=lambda: ["V", "A", "O"])  # maps that vote (paper: all three;
+    #                         the official code: its one clustering map, e.g. [O])
+    selection: str = "per_group"  # per_group (paper) | top_c (official code) | random_in_group (w/o PS stay)
+    #                               | random_heads (w/o HUDS)
     seed: int = 0
     finetune_patience: int = 3  # early stopping (validations) in the fine-tuning stage; 0 = off
     init_stage: str = "vote"  # stage to begin with when init_from= gives trained GHT weights
@@ -64,8 +71,19 @@ class GHTOptions:
         if unknown:
             raise ValueError(f"unknown model.ght options {sorted(unknown)}; known: {sorted(known)}")
         opts = cls(**cfg)
-        if opts.feature_map not in ("V", "A", "O"):
+        if opts.feature_map not in FEATURE_MAPS:
             raise ValueError(f"model.ght.feature_map={opts.feature_map!r}: use V, A or O")
+        opts.vote_maps = list(opts.vote_maps)
+        if not opts.vote_maps or set(opts.vote_maps) - set(FEATURE_MAPS) or len(set(opts.vote_maps)) < len(
+                opts.vote_maps):
+            raise ValueError(f"model.ght.vote_maps={opts.vote_maps}: a non-empty list of distinct maps among "
+                             "V, A, O (the paper votes with [V, A, O])")
+        if opts.selection in RENAMED:
+            raise ValueError(f"model.ght.selection={opts.selection!r} is renamed: use {RENAMED[opts.selection]}")
+        if opts.selection not in SELECTIONS:
+            raise ValueError(f"model.ght.selection={opts.selection!r}: use one of {list(SELECTIONS)}")
+        if opts.vote_batches < 0:
+            raise ValueError("model.ght.vote_batches must be >= 0 (0 = one full epoch)")
         bad = set(opts.modules) - set(MODULE_KINDS)
         if bad:
             raise ValueError(f"model.ght.modules has {sorted(bad)}; use any of {list(MODULE_KINDS)}")
@@ -89,6 +107,8 @@ class GHTProcedure(Procedure):
         self.votes: dict[str, list[int]] = {}
         self.step = 0
         self._frozen: list[tuple[Tensor, Tensor, Tensor]] = []  # (param, mask, frozen values)
+        self.trigger = ""  # why voting started: convergence, the vote_at fallback, or init_from weights
+        self.voting_seconds = 0.0
 
     # ------------------------------------------------------------------ wiring
     def bind(self, trainer: Trainer) -> None:
@@ -97,20 +117,20 @@ class GHTProcedure(Procedure):
                         if module_kind(n) in self.o.modules}
         self._set_capture(self.stage == "gct")
 
-    def _set_capture(self, on: bool) -> None:
+    def _set_capture(self, on: bool, maps: tuple[str, ...] | None = None) -> None:
         for module in self.modules.values():
-            module.capture = (self.o.feature_map,) if on else ()
+            module.capture = (maps or (self.o.feature_map,)) if on else ()
             module.captured = {}
 
     @staticmethod
     def _masks(batch: Batch, pad_id: int) -> dict[str, Tensor]:
         return {"src": batch.src.ne(pad_id), "tgt": batch.tgt_in.ne(pad_id)}
 
-    def _points(self, masks: dict[str, Tensor]) -> dict[str, Tensor]:
+    def _points(self, masks: dict[str, Tensor], feature_map: str | None = None) -> dict[str, Tensor]:
         out = {}
         for name, module in self.modules.items():
             q_side, k_side = MODULE_KINDS[module_kind(name)]
-            out[name] = head_points(module, self.o.feature_map, masks[q_side], masks[k_side])
+            out[name] = head_points(module, feature_map or self.o.feature_map, masks[q_side], masks[k_side])
         return out
 
     def _cluster(self, points: Tensor, previous: list[int] | None) -> Any:
@@ -135,10 +155,14 @@ class GHTProcedure(Procedure):
             divs.append(float(div))
         for m in self.modules.values():
             m.captured = {}  # free the maps now that the loss holds what it needs
-        total = torch.stack(losses).mean()
-        logged = float(total.detach())  # the constraint at α, β strength, comparable across normalisations
+        per_module = torch.stack(losses)  # [modules]
+        logged = float(per_module.detach().mean())  # per module at α, β strength, comparable across settings
         if self.o.loss_normalization == "token_sum":
-            total = total / max(batch.ntokens, 1)
+            # the official criterion adds every module's terms into one sum on top of the token-summed task
+            # loss, and fairseq divides the whole by the batch's target tokens
+            total = per_module.sum() / max(batch.ntokens, 1)
+        else:
+            total = per_module.mean()
         return total, {"gc_loss": logged, "gc_homogeneity": sum(homs) / len(homs),
                        "gc_diversity": sum(divs) / len(divs)}
 
@@ -147,6 +171,7 @@ class GHTProcedure(Procedure):
         if self.stage == "gct" and trainer.state.step == 0 and not self.probe_labels:
             self._probe(trainer)  # compactness before any group-constrained update: the "before GCT" row
         if self.stage == "vote":
+            self.trigger = "init_from: voting on trained GHT weights"
             self._vote(trainer)
 
     def after_optimizer_step(self, model: Transformer) -> None:
@@ -177,6 +202,7 @@ class GHTProcedure(Procedure):
         else:
             return
         log.info("GCT stage ends at update %d (%s): Voting-to-Stay", self.step, why)
+        self.trigger = why
         self._vote(trainer)
 
     def stop_reason(self, trainer: Trainer) -> str:
@@ -246,16 +272,24 @@ class GHTProcedure(Procedure):
         if self.o.vote_batches:
             batches = batches[: self.o.vote_batches]
         votes = {name: [0] * m.num_heads for name, m in self.modules.items()}
-        self._set_capture(True)
-        for ids in batches:
+        maps = tuple(self.o.vote_maps)
+        self._set_capture(True, maps)
+        start = time.perf_counter()
+        shown = bool(trainer.cfg.get("progress", True)) and dist.is_main()
+        # Algorithm 1: every batch, every module, every map votes, with the probe's groups
+        for ids in tqdm(batches, desc=f"voting ({'/'.join(maps)})", unit="batch", disable=not shown):
             batch = collate([trainer.train_pairs[i] for i in ids], tok.pad_id, tok.bos_id, tok.eos_id)
             batch = batch.to(trainer.device)
             model(batch.src, batch.tgt_in)
-            for name, p in self._points(self._masks(batch, tok.pad_id)).items():
-                res = self._cluster(p.float(), self.probe_labels.get(name))
-                for h in nearest_heads(p, res):
-                    votes[name][h] += 1
+            masks = self._masks(batch, tok.pad_id)
+            for feature_map in maps:
+                for name, p in self._points(masks, feature_map).items():
+                    groups = fixed_groups(p, self.probe_labels[name], self.o.groups)
+                    for h in nearest_heads(p, groups):
+                        votes[name][h] += 1
         self._set_capture(False)
+        self.voting_seconds = round(time.perf_counter() - start, 1)
+        log.info("Voting-to-Stay: %d batches × %d maps in %.1f s", len(batches), len(maps), self.voting_seconds)
         names = list(votes)
         flat = dist.all_reduce_sum([float(v) for n in names for v in votes[n]])
         heads = [len(votes[n]) for n in names]
@@ -264,8 +298,8 @@ class GHTProcedure(Procedure):
             votes[n] = [int(v) for v in flat[offset : offset + h]]
             offset += h
         self.votes = votes
-        self.plan = {n: select_heads(votes[n], self.probe_labels[n], self.o.groups, self.o.selection, self.o.seed)
-                     for n in names}
+        self.plan = {n: select_heads(votes[n], self.probe_labels[n], self.o.groups, self.o.selection, self.o.seed + i)
+                     for i, n in enumerate(names)}  # a seed per module: random ablations differ across modules
         self._apply_plan(model)
         self.stage = "finetune"
         trainer.restart_selection()
@@ -305,8 +339,8 @@ class GHTProcedure(Procedure):
         out = trainer.run_dir / "ght"
         out.mkdir(exist_ok=True)
         report = {"step": self.step, "selection": self.o.selection, "groups": self.o.groups,
-                  "voting_batches": n_batches, "final_groups": self.probe_labels, "votes": self.votes,
-                  "plan": self.plan}
+                  "vote_maps": self.o.vote_maps, "voting_batches": n_batches, "voting_seconds": self.voting_seconds,
+                  "trigger": self.trigger, "final_groups": self.probe_labels, "votes": self.votes, "plan": self.plan}
         (out / "votes.json").write_text(json.dumps(report, indent=2))
         plot_votes(self.votes, self.plan, str(out / "votes.png"))
 

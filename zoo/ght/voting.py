@@ -1,16 +1,30 @@
-"""Voting-to-Stay (paper Algorithm 1): every voting batch, in every module, the head nearest each
-group centre (Euclidean) gets one vote; then each group keeps its most-voted head (`per_group`,
-the paper) or the C most-voted heads overall stay (`top_c`, the official code). `random` is the
-paper's "w/o HUDS" ablation. Ties go to the lower head index, so plans are deterministic."""
+"""Voting-to-Stay (paper Algorithm 1): in every voting batch, for every module and every voting feature map
+(V, A and O by default), the head nearest its group's centre gets one vote per group; then each group keeps its
+most-voted head (`per_group`, the paper) or the C most-voted heads overall stay (`top_c`, the official code).
+
+One labeling: the groups are the converged groups of the end-of-GCT probe (k-means on the training feature
+map), used for the votes *and* for the per-group choice; in each voting batch a group's centre in a map is
+the mean of its members' points in that map. Ablations as the paper names them: `random_in_group` keeps a
+random member of each group ("w/o PS stay"), `random_heads` keeps as many heads as `per_group` chosen at
+random, ignoring the groups ("w/o HUDS": heads switched off at random). Ties go to the lower head index, so
+plans are deterministic."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from zoo.ght.kmeans import KMeansResult
+from zoo.ght.kmeans import KMeansResult, group_means
 
-SELECTIONS = ("per_group", "top_c", "random")
+SELECTIONS = ("per_group", "top_c", "random_in_group", "random_heads")
+RENAMED = {"random": "random_in_group (the paper's 'w/o PS stay') or random_heads (its 'w/o HUDS')"}
+
+
+def fixed_groups(points: Tensor, labels: list[int], k: int) -> KMeansResult:
+    """The given grouping with its centres in this batch's points: [H, F] points → centres [k, F]."""
+    label_tensor = torch.tensor(labels, dtype=torch.long)
+    centres = group_means(points.detach().float(), label_tensor, k)
+    return KMeansResult(labels=label_tensor, centres=centres, inertia=0.0)
 
 
 def nearest_heads(points: Tensor, result: KMeansResult) -> list[int]:
@@ -26,20 +40,25 @@ def nearest_heads(points: Tensor, result: KMeansResult) -> list[int]:
 
 def select_heads(votes: list[int], groups: list[int], k: int, rule: str, seed: int = 0) -> list[int]:
     """Kept head indices (sorted) from per-head vote counts and the final group of each head."""
+    if rule in RENAMED:
+        raise ValueError(f"selection={rule!r} was ambiguous and is renamed: use {RENAMED[rule]}")
+    if rule not in SELECTIONS:
+        raise ValueError(f"unknown selection {rule!r}; use one of {SELECTIONS}")
     heads = range(len(votes))
+    gen = torch.Generator().manual_seed(seed)
+    present = sorted(set(groups))
     if rule == "top_c":
         order = sorted(heads, key=lambda h: (-votes[h], h))
         return sorted(order[:k])
+    if rule == "random_heads":  # as many heads as one per group, drawn without regard to the groups
+        return sorted(int(h) for h in torch.randperm(len(votes), generator=gen)[: len(present)])
     kept = []
-    gen = torch.Generator().manual_seed(seed)
-    for g in sorted(set(groups)):
+    for g in present:
         members = [h for h in heads if groups[h] == g]
         if rule == "per_group":
             kept.append(min(members, key=lambda h: (-votes[h], h)))
-        elif rule == "random":
+        else:  # random_in_group
             kept.append(members[int(torch.randint(len(members), (1,), generator=gen))])
-        else:
-            raise ValueError(f"unknown selection {rule!r}; use one of {SELECTIONS}")
     return sorted(kept)
 
 
