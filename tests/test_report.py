@@ -250,7 +250,7 @@ def _suite(**changes):
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"entries": ["transformer", "nope"]}, "unknown entries"),
-    ({"baseline": "mgk_4head", "entries": ["transformer"]}, "baseline"),
+    ({"baseline": "nope"}, "suite.baseline='nope' is not an entry"),
     ({"task": "poetry"}, "suite.task"),
     ({"seeds": [1, 1]}, "repeats a seed"),
     ({"speed.seed": 9}, "speed.seed"),
@@ -268,6 +268,11 @@ def test_every_suite_file_is_valid_and_paper_mt_composes_the_paper_setting() -> 
         assert suite.baseline in suite.entries
     paper = suite_from_config(OmegaConf.load(REPO / "conf" / "suite" / "paper_mt.yaml"), REPO / "conf")
     assert "experiment=paper_mt" in paper.train_overrides("transformer", 1, Path("r"))
+
+
+def test_growing_a_suite_by_one_entry_keeps_its_baseline() -> None:
+    suite = _suite(entries=["mixhead_a"])
+    assert suite.entries == ("transformer", "mixhead_a")
 
 
 def test_no_suite_lists_the_suites() -> None:

@@ -83,8 +83,10 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
     unknown = [e for e in raw["entries"] if e not in known]
     if unknown:
         raise SuiteError(f"suite.entries has unknown entries {unknown}; known entries: {', '.join(known)}")
-    if raw["baseline"] not in raw["entries"]:
-        raise SuiteError(f"suite.baseline={raw['baseline']!r} must be one of suite.entries")
+    if raw["baseline"] not in known:
+        raise SuiteError(f"suite.baseline={raw['baseline']!r} is not an entry; known entries: {', '.join(known)}")
+    if raw["baseline"] not in raw["entries"]:  # `suite.entries=[mixhead_a]` grows a suite: Δ needs the baseline
+        raw["entries"] = [raw["baseline"], *raw["entries"]]
     if len(set(raw["entries"])) != len(raw["entries"]):
         raise SuiteError("suite.entries lists an entry twice")
     seeds = tuple(int(s) for s in raw["seeds"])
