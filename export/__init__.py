@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from export.runtime import ExportedModel, ExportedModelError, Search, load
+from export.runtime import SEARCH_LIMITS, ExportedModel, ExportedModelError, Search, SearchError, load
 
-__all__ = ["ExportedModel", "ExportedModelError", "Search", "export_checkpoint", "load"]
+__all__ = ["SEARCH_LIMITS", "ExportedModel", "ExportedModelError", "Search", "SearchError", "export_checkpoint", "load"]
 
 
 def __getattr__(name: str) -> Any:

@@ -67,10 +67,52 @@ class Search:
     min_len: int = 1
 
 
+# Allowed search settings: [lowest, highest]. Bounded so that no setting can overflow the length arithmetic or
+# return a silently wrong answer (NaN/inf penalties, 2^63 lengths); lengths are capped by the model's positions
+# anyway, and a request's total cost is bounded separately by whoever serves it.
+SEARCH_LIMITS: dict[str, tuple[int | float, int | float]] = {
+    "beam_size": (1, 64), "len_penalty": (0.0, 10.0), "max_len_a": (0.0, 10.0), "max_len_b": (0, 4096),
+    "min_len": (0, 4096),
+}
+_INTEGER_SETTINGS = frozenset({"beam_size", "max_len_b", "min_len"})
+
+
+class SearchError(ValueError):
+    """A search setting that is not a finite number within SEARCH_LIMITS; the message names the allowed range."""
+
+
+def search_setting(name: str, value: Any) -> int | float:
+    """One search setting checked and converted: an integer where the search counts, a finite float else."""
+    if name not in SEARCH_LIMITS:
+        raise SearchError(f"unknown search setting {name!r}; allowed: {sorted(SEARCH_LIMITS)}")
+    low, high = SEARCH_LIMITS[name]
+    allowed = f"allowed: {'an integer' if name in _INTEGER_SETTINGS else 'a finite number'} in [{low}, {high}]"
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating, str)):
+        raise SearchError(f"{name}={value!r} is not a number; {allowed}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise SearchError(f"{name}={value!r} is not a number; {allowed}") from None
+    if not np.isfinite(number) or not low <= number <= high:
+        raise SearchError(f"{name}={value!r} is out of range; {allowed}")
+    if name in _INTEGER_SETTINGS:
+        if number != int(number):
+            raise SearchError(f"{name}={value!r} is not an integer; {allowed}")
+        return int(number)
+    return number
+
+
+def check_search(search: Search) -> Search:
+    """`search` with every setting validated (SearchError names the setting and its allowed range)."""
+    return Search(**{f.name: search_setting(f.name, getattr(search, f.name)) for f in fields(Search)})
+
+
 def max_lengths(src_lengths: np.ndarray, search: Search, max_positions: int) -> np.ndarray:
     """Per-sentence output limit (tokens incl. eos), computed in float32 like torch's
-    `(a * src_len + b).long().clamp(1, max_positions - 1)` so limits agree to the token."""
+    `(a * src_len + b).long().clamp(1, max_positions - 1)` so limits agree to the token. The float value is
+    capped at the position limit before the integer cast, so no setting can overflow int64."""
     raw = np.float32(search.max_len_a) * src_lengths.astype(np.float32) + np.float32(search.max_len_b)
+    raw = np.minimum(raw, np.float32(max_positions))
     return np.clip(raw.astype(np.int64), 1, max_positions - 1)
 
 
@@ -99,6 +141,77 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _plain_name(value: Any, key: str) -> str:
+    """A file name the manifest may refer to: a plain name inside the export directory. An export is
+    untrusted input (downloaded, shared): `../x`, `/etc/x` or `sub/x` would make loading or serving it read
+    or write outside the directory."""
+    if (not isinstance(value, str) or not value or value in (".", "..") or "/" in value or "\\" in value
+            or "\x00" in value or Path(value).is_absolute()):
+        raise ExportedModelError(f"{MANIFEST}: {key}={value!r} is not a plain file name inside the export "
+                                 "directory (no separators, no '..', not absolute); the export is malformed or "
+                                 "tampered with — re-export it with `python -m export`")
+    return value
+
+
+def _field(m: dict[str, Any], path: str, kind: type | tuple[type, ...]) -> Any:
+    """`m[a][b]…` for path "a.b…", of the given type, or a one-line error naming the key."""
+    node: Any = m
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise ExportedModelError(f"{MANIFEST}: missing key {path!r}; re-export the model with `python -m export`")
+        node = node[part]
+    if not isinstance(node, kind) or (isinstance(node, bool) and kind is int):
+        raise ExportedModelError(f"{MANIFEST}: {path!r} has the wrong type ({type(node).__name__}); re-export the "
+                                 "model with `python -m export`")
+    return node
+
+
+def read_manifest(directory: str | os.PathLike[str], check_files: bool = True) -> dict[str, Any]:
+    """An export directory's manifest, checked before anything is opened: the keys the runtime needs with
+    their types, every referenced file a plain name listed in `files` (so it is checksummed), and with
+    `check_files` every listed file present with its sha256."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise ExportedModelError(f"{directory} is not an export directory (no {MANIFEST}); create one with "
+                                 "`python -m export checkpoint=<run dir> out=<dir>`")
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ExportedModelError(f"cannot read {path}: {exc}; re-export the model") from exc
+    if not isinstance(m, dict):
+        raise ExportedModelError(f"{path} is not a JSON object; re-export the model")
+    if not isinstance(m.get("runtime_format", 0), int) or m.get("runtime_format", 0) > RUNTIME_FORMAT:
+        raise ExportedModelError(f"{directory} needs a newer runtime (format {m.get('runtime_format')!r})")
+    files = _field(m, "files", dict)
+    for name, digest in files.items():
+        _plain_name(name, f"files[{name!r}]")
+        if not isinstance(digest, str) or len(digest) != 64:
+            raise ExportedModelError(f"{MANIFEST}: files[{name!r}] is not a sha256 digest; re-export the model")
+    referenced = {"graphs.encoder.file": _field(m, "graphs.encoder.file", str),
+                  "graphs.decoder.file": _field(m, "graphs.decoder.file", str),
+                  "tokenizer": _field(m, "tokenizer", str)}
+    if "heldout" in m:
+        referenced["heldout"] = _field(m, "heldout", str)
+    for key, value in referenced.items():
+        if _plain_name(value, key) not in files:
+            raise ExportedModelError(f"{MANIFEST}: {key}={value!r} is not listed (and checksummed) in 'files'; "
+                                     "re-export the model")
+    for key in ("vocab.pad_id", "vocab.unk_id", "vocab.bos_id", "vocab.eos_id", "vocab.size", "max_positions"):
+        _field(m, key, int)
+    _field(m, "name", str)
+    for i, cache in enumerate(_field(m, "caches", list)):
+        if not isinstance(cache, dict) or not {"name", "kind", "shape", "dtype"} <= cache.keys():
+            raise ExportedModelError(f"{MANIFEST}: caches[{i}] needs name, kind, shape and dtype; re-export the model")
+    for name, digest in files.items():
+        file = directory / name
+        if not file.is_file():
+            raise ExportedModelError(f"{file} is missing from the export")
+        if check_files and _sha256(file) != digest:
+            raise ExportedModelError(f"{file} does not match its sha256 in {MANIFEST}; the export is corrupt")
+    return m
 
 
 class _Stepper:
@@ -160,22 +273,8 @@ class ExportedModel:
     def __init__(self, directory: str | os.PathLike[str], threads: int | None = None,
                  optimization: str | None = None, check_files: bool = True, spinning: bool = False) -> None:
         self.directory = Path(directory)
-        manifest_path = self.directory / MANIFEST
-        if not manifest_path.is_file():
-            raise ExportedModelError(f"{self.directory} is not an export directory (no {MANIFEST})")
-        try:
-            self.manifest: dict[str, Any] = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ExportedModelError(f"cannot read {manifest_path}: {exc}") from exc
+        self.manifest: dict[str, Any] = read_manifest(self.directory, check_files=check_files)
         m = self.manifest
-        if m.get("runtime_format", 0) > RUNTIME_FORMAT:
-            raise ExportedModelError(f"{self.directory} needs a newer runtime (format {m.get('runtime_format')})")
-        for name, digest in m["files"].items():
-            path = self.directory / name
-            if not path.is_file():
-                raise ExportedModelError(f"{path} is missing from the export")
-            if check_files and _sha256(path) != digest:
-                raise ExportedModelError(f"{path} does not match its sha256 in {MANIFEST}; the export is corrupt")
         vocab = m["vocab"]
         self.pad_id, self.unk_id, self.bos_id, self.eos_id = (vocab[k] for k in ("pad_id", "unk_id", "bos_id",
                                                                                "eos_id"))
@@ -338,7 +437,7 @@ class ExportedModel:
 
     def generate(self, src: np.ndarray, search: Search | None = None) -> list[list[int]]:
         """Greedy when beam_size <= 1, else beam search (as zoo.generate.generate)."""
-        search = search or self.search
+        search = check_search(search or self.search)
         if search.beam_size <= 1:
             return self.greedy_search(src, search)
         return self.beam_search(src, search)
@@ -359,16 +458,22 @@ class ExportedModel:
             src[row, : len(ids)] = ids
         return src
 
-    def translate(self, texts: str | Sequence[str], beam_size: int | None = None, len_penalty: float | None = None,
-                  max_len_a: float | None = None, max_len_b: int | None = None, min_len: int | None = None,
-                  max_tokens: int | None = None, max_sentences: int | None = None) -> list[str]:
-        """Source strings → output strings in input order (unset options: the manifest's defaults)."""
-        if isinstance(texts, str):
-            texts = [texts]
-        given = {"beam_size": beam_size, "len_penalty": len_penalty, "max_len_a": max_len_a,
-                 "max_len_b": max_len_b, "min_len": min_len}
-        search = Search(**{**self.search.__dict__, **{k: v for k, v in given.items() if v is not None}})
-        encoded = self.encode_texts(texts)
+    def search_settings(self, **given: Any) -> Search:
+        """The manifest's search defaults with the given (non-None) settings, validated (SearchError)."""
+        return check_search(Search(**{**self.search.__dict__, **{k: v for k, v in given.items() if v is not None}}))
+
+    def request_cost(self, lengths: Sequence[int], search: Search) -> int:
+        """rows × beam × maximum output tokens of a batch of sources with these token lengths: the bound on
+        decoder row-steps a server charges a request against its budget, before running anything."""
+        if not lengths:
+            return 0
+        limits = max_lengths(np.asarray(lengths, dtype=np.int64), search, self.max_positions)
+        return int(limits.sum()) * int(search.beam_size)
+
+    def translate_encoded(self, encoded: Sequence[Sequence[int]], search: Search, max_tokens: int | None = None,
+                          max_sentences: int | None = None) -> list[str]:
+        """Token ids per source (as `encode_texts` gives them) → output strings in input order."""
+        search = check_search(search)
         outputs = [""] * len(encoded)
         for idx in _batches([len(e) for e in encoded], max_tokens or self.max_tokens,
                             max_sentences or self.max_sentences):
@@ -376,6 +481,17 @@ class ExportedModel:
             for i, hyp in zip(idx, hyps, strict=True):
                 outputs[i] = self.decode_ids(hyp)
         return outputs
+
+    def translate(self, texts: str | Sequence[str], beam_size: int | None = None, len_penalty: float | None = None,
+                  max_len_a: float | None = None, max_len_b: int | None = None, min_len: int | None = None,
+                  max_tokens: int | None = None, max_sentences: int | None = None) -> list[str]:
+        """Source strings → output strings in input order (unset options: the manifest's defaults; a setting
+        outside SEARCH_LIMITS raises SearchError naming the allowed range)."""
+        if isinstance(texts, str):
+            texts = [texts]
+        search = self.search_settings(beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a,
+                                      max_len_b=max_len_b, min_len=min_len)
+        return self.translate_encoded(self.encode_texts(texts), search, max_tokens, max_sentences)
 
 
 def load(directory: str | os.PathLike[str], threads: int | None = None, optimization: str | None = None,

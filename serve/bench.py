@@ -67,9 +67,10 @@ def load_sentences(export_dir: Path, path: str | None) -> list[str]:
     return lines
 
 
-def _stats(url: str, model: str) -> tuple[int, int, int, int]:
-    """(inference_count, execution_count, queue ns, compute_infer ns) from Triton's statistics API."""
-    with Client(url, "http", model) as c:
+def _stats(url: str, model: str, headers: dict[str, str] | None = None) -> tuple[int, int, int, int]:
+    """(inference_count, execution_count, queue ns, compute_infer ns) from Triton's statistics API (an admin
+    API: `headers` carries the server's admin key)."""
+    with Client(url, "http", model, headers=headers) as c:
         s = c.statistics()
     inf = s["inference_stats"]
     return (int(s["inference_count"]), int(s["execution_count"]), int(inf["queue"]["ns"]),
@@ -77,7 +78,7 @@ def _stats(url: str, model: str) -> tuple[int, int, int, int]:
 
 
 def run_point(url: str, stats_url: str, point: Point, pool: Sequence[str], search: dict[str, Any],
-              duration: float, max_requests: int, warmup: int) -> Point:
+              duration: float, max_requests: int, warmup: int, admin: dict[str, str] | None = None) -> Point:
     """Keep `concurrency` requests in flight for `duration` s or `max_requests`; fill in the point's numbers."""
     b, n = point.client_batch, len(pool)
     lock = threading.Lock()
@@ -87,7 +88,7 @@ def run_point(url: str, stats_url: str, point: Point, pool: Sequence[str], searc
     clock: dict[str, Any] = {}
 
     def begin() -> None:  # runs once, when every client is connected and warmed up
-        clock["stats"] = _stats(stats_url, point.model)
+        clock["stats"] = _stats(stats_url, point.model, admin)
         clock["start"] = time.perf_counter()
         clock["deadline"] = clock["start"] + duration
 
@@ -137,7 +138,7 @@ def run_point(url: str, stats_url: str, point: Point, pool: Sequence[str], searc
         raise ClientError(f"load point {point} could not start: {errors[:1]}")
     elapsed = time.perf_counter() - clock["start"]
     start_stats = clock["stats"]
-    end_stats = _stats(stats_url, point.model)
+    end_stats = _stats(stats_url, point.model, admin)
     d_inf, d_exec, d_queue, d_compute = (e - s for e, s in zip(end_stats, start_stats, strict=True))
     lat = np.array(latencies) * 1e3
     point.requests, point.errors = len(latencies) + len(errors), len(errors)
@@ -296,8 +297,9 @@ def bench(cfg: Any) -> dict[str, Any]:
             baselines: dict[tuple[str, int], float] = {}  # in-process rate per effective batch, this round
             for k, (name, protocol, b, c, db) in enumerate(plan, 1):
                 model = name if db else name + NO_BATCHING
-                p = run_point(info.url(protocol), info.http_url, Point(model, protocol, db, b, c), pools[name],
-                              search, float(cfg.duration_s), int(cfg.max_requests), int(cfg.warmup_requests))
+                p = run_point(info.url(protocol), info.triton_http_url, Point(model, protocol, db, b, c), pools[name],
+                              search, float(cfg.duration_s), int(cfg.max_requests), int(cfg.warmup_requests),
+                              server.admin_headers())
                 if cfg.baseline and p.effective_batch > 0:
                     eff = max(1, round(p.effective_batch))
                     if (name, eff) not in baselines:

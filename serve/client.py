@@ -15,12 +15,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+
+from serve.server import ADMIN_HEADER, GRPC_ADMIN_HEADER
 
 INPUT, OUTPUT, TRUNCATED = "TEXT", "OUTPUT", "TRUNCATED"
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
@@ -40,12 +43,16 @@ class Client:
     """One connection to a Triton server (HTTP or gRPC); thread-compatible, not thread-safe: one per thread."""
 
     def __init__(self, url: str | None = None, protocol: str = "http", model: str | None = None,
-                 timeout: float = 120.0) -> None:
+                 timeout: float = 120.0, headers: dict[str, str] | None = None) -> None:
         if protocol not in DEFAULT_PORTS:
             raise ClientError(f"protocol {protocol!r}; use http or grpc")
         self.protocol = protocol
         self.url = url or f"127.0.0.1:{DEFAULT_PORTS[protocol]}"
         self.timeout = timeout
+        # e.g. serve.server.admin_headers(info) for the restricted APIs; gRPC carries the key as Triton's
+        # prefixed metadata key
+        self.headers = {GRPC_ADMIN_HEADER if protocol == "grpc" and k == ADMIN_HEADER else k: v
+                        for k, v in (headers or {}).items()}
         self.lib: Any = httpclient if protocol == "http" else grpcclient
         try:
             if protocol == "http":
@@ -59,10 +66,16 @@ class Client:
         self._max_batch: int | None = None
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.headers:
+            kwargs["headers"] = self.headers
         try:
             return fn(*args, **kwargs)
         except InferenceServerException as exc:
-            raise ClientError(f"{what} failed: {exc.message() or exc}") from exc
+            hint = ""
+            if str(exc.status()) in ("403", "StatusCode.PERMISSION_DENIED") or "restricted" in str(exc.message()):
+                hint = ("; this API is restricted to the server's admin: pass the key from <repo>.serve/admin_key "
+                        "(--admin-key-file), or name the model with --model")
+            raise ClientError(f"{what} failed: {exc.message() or exc}{hint}") from exc
         except OSError as exc:  # connection refused / reset (HTTP)
             raise ClientError(f"{what} failed: cannot reach {self.url} ({exc}); is the server running "
                               "(`python -m serve.start repo=…`) and is this its port?") from exc
@@ -133,11 +146,12 @@ class Client:
 
 
 def translate(texts: str | Sequence[str], url: str | None = None, protocol: str = "http", model: str | None = None,
-              timeout: float = 120.0, **search: Any) -> list[str]:
-    """Translate (or summarise) texts on a running server; the model may be omitted when it serves one."""
+              timeout: float = 120.0, headers: dict[str, str] | None = None, **search: Any) -> list[str]:
+    """Translate (or summarise) texts on a running server; the model may be omitted when it serves one (finding
+    it lists the repository, a restricted API: pass the admin header then)."""
     if isinstance(texts, str):
         texts = [texts]
-    with Client(url, protocol, model, timeout) as client:
+    with Client(url, protocol, model, timeout, headers) as client:
         return client.translate(list(texts), **search)
 
 
@@ -145,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serve.client", description=__doc__.splitlines()[0])
     parser.add_argument("--protocol", choices=sorted(DEFAULT_PORTS), default="http")
     parser.add_argument("--url", help="host:port (default 127.0.0.1:8000 for http, :8001 for grpc)")
-    parser.add_argument("--model", help="model name (may be omitted when the server has one model)")
+    parser.add_argument("--model", help="model name (may be omitted when the server has one model and "
+                                        "--admin-key-file is given: listing models is an admin API)")
+    parser.add_argument("--admin-key-file", help="the server's <repo>.serve/admin_key, for the restricted APIs")
     parser.add_argument("--beam-size", type=int, help="1 = greedy; default: the model's (manifest)")
     parser.add_argument("--len-penalty", type=float)
     parser.add_argument("--max-len-a", type=float)
@@ -156,7 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     texts = args.text or [line.rstrip("\n") for line in sys.stdin]
     try:
+        headers = {ADMIN_HEADER: Path(args.admin_key_file).read_text().strip()} if args.admin_key_file else None
+    except OSError as exc:
+        print(f"error: cannot read --admin-key-file {args.admin_key_file}: {exc}", file=sys.stderr)
+        return 2
+    try:
         outputs = translate(texts, url=args.url, protocol=args.protocol, model=args.model, timeout=args.timeout,
+                            headers=headers,
                             beam_size=args.beam_size, len_penalty=args.len_penalty, max_len_a=args.max_len_a,
                             max_len_b=args.max_len_b, min_len=args.min_len)
     except ClientError as exc:

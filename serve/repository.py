@@ -61,6 +61,8 @@ class ModelSettings:
     threads: int = 0
     optimization: str | None = None
     check_files: bool = True
+    max_request_cost: int = 10_000  # rows × beam × max output tokens one request may ask for (INVALID_ARGUMENT)
+    max_execute_cost: int = 40_000  # the same summed over one execute's batch (the rest: UNAVAILABLE, retry)
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any] | None) -> ModelSettings:
@@ -80,6 +82,8 @@ class ModelSettings:
             raise RepositoryError(f"provider={self.provider!r}; use cpu or cuda")
         if self.max_batch_size < 1:
             raise RepositoryError("max_batch_size must be ≥ 1 (requests carry a batch dimension)")
+        if self.max_request_cost < 1 or self.max_execute_cost < self.max_request_cost:
+            raise RepositoryError("max_request_cost must be ≥ 1 and max_execute_cost ≥ max_request_cost")
         if self.version < 1:
             raise RepositoryError("version must be ≥ 1 (Triton version directories are positive integers)")
         self.preferred_batch_size = sorted({int(b) for b in self.preferred_batch_size if int(b) <= self.max_batch_size})
@@ -133,6 +137,7 @@ def python_config(name: str, settings: ModelSettings, extra: dict[str, Any] | No
     """config.pbtxt of a Python-backend text model (the `python` variant, and the BLS model of `ngc`)."""
     params = {"provider": settings.provider, "threads": settings.threads,
               "optimization": settings.optimization or "", "check_files": str(settings.check_files).lower(),
+              "max_request_cost": int(settings.max_request_cost), "max_execute_cost": int(settings.max_execute_cost),
               **(extra or {})}
     parts = [
         f"name: {pbtxt_string(name)}",
@@ -150,15 +155,13 @@ def python_config(name: str, settings: ModelSettings, extra: dict[str, Any] | No
 
 
 def read_manifest(export_dir: Path) -> dict[str, Any]:
-    path = export_dir / export_runtime.MANIFEST
-    if not path.is_file():
-        raise RepositoryError(f"{export_dir} is not an export directory (no {export_runtime.MANIFEST}); "
-                              "create one with `python -m export checkpoint=<run dir> out=<dir>`")
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    missing = [f for f in manifest.get("files", {}) if not (export_dir / f).is_file()]
-    if missing:
-        raise RepositoryError(f"{export_dir} lacks {missing} listed in its manifest; re-run the export")
-    return manifest
+    """The export's manifest, validated by the runtime's own reader before anything is copied: every file
+    name plain and inside the export, every referenced file listed, every listed file's sha256 checked. An
+    export is untrusted input — a manifest key like `../../x` must never write outside the repository."""
+    try:
+        return export_runtime.read_manifest(export_dir, check_files=True)
+    except export_runtime.ExportedModelError as exc:
+        raise RepositoryError(f"{export_dir}: {exc}") from exc
 
 
 def check_name(name: str) -> str:

@@ -32,10 +32,18 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from serve.proxy import ProxySettings, start_proxy, stop_proxy
+
 SHM_DIR = Path("/dev/shm")
 PYTHON_BACKEND_SHM = "triton_python_backend_shm_region"  # the python backend's default region prefix
 OUR_SHM = "zoo_triton_"  # prefix of the regions of servers started here (+ a random id per server)
 STATE_FILE = "server.json"
+ADMIN_KEY_FILE = "admin_key"  # in the state dir, mode 0600
+ADMIN_HEADER = "zoo-admin-key"  # HTTP header that unlocks the restricted APIs
+GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"  # the gRPC metadata key: Triton prefixes it
+# Everything a translation client does not need: registering shared memory (a published 2.51 crash vector),
+# loading/unloading models, log verbosity and tracing (an unrotated log a client could flood), statistics.
+RESTRICTED_APIS = ("shared-memory", "model-repository", "logging", "trace", "statistics")
 
 
 class ServerError(Exception):
@@ -56,10 +64,20 @@ class ServerInfo:
     log: str
     state_dir: str
     models: list[str] = field(default_factory=list)
+    admin_key_file: str | None = None  # None: the non-inference APIs were left open (restrict=false)
+    triton_http_port: int | None = None  # Triton's own HTTP listener (loopback) when nginx serves http_port
+    proxy_pid: int | None = None
 
     @property
     def http_url(self) -> str:
+        """The HTTP endpoint clients use (nginx when proxied)."""
         return f"{self.host}:{self.http_port}"
+
+    @property
+    def triton_http_url(self) -> str:
+        """Triton's own HTTP listener: behind the proxy a loopback port for this machine's admin tools (the
+        proxy passes only inference, metadata and health)."""
+        return f"127.0.0.1:{self.triton_http_port}" if self.triton_http_port else self.http_url
 
     @property
     def grpc_url(self) -> str:
@@ -219,15 +237,22 @@ class Server:
     def __init__(self, info: ServerInfo, process: subprocess.Popen | None = None) -> None:
         self.info = info
         self.process = process
+        self.proxy_process: subprocess.Popen | None = None
 
     @classmethod
     def start(cls, repo: str | Path, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int = 8001,
               metrics_port: int = 8002, state_dir: str | Path | None = None, timeout: float = 180.0,
               log_verbose: int = 0, detach: bool = False, extra_args: tuple[str, ...] = (),
-              cancelled: Callable[[], bool] | None = None) -> Server:
+              cancelled: Callable[[], bool] | None = None, restrict: bool = True,
+              proxy: ProxySettings | None = ProxySettings()) -> Server:
         """Launch and wait until every model is ready. Port 0 picks a free port. `detach` starts the server in
         its own session so it outlives this process (then stop it with `serve.stop`). `cancelled()` true while
-        waiting (e.g. a signal arrived) stops the server and raises ServerError."""
+        waiting (e.g. a signal arrived) stops the server and raises ServerError. `restrict` (default) puts the
+        non-inference APIs (RESTRICTED_APIS) behind a fresh admin key stored in `<state>/admin_key` (0600):
+        requests without the `zoo-admin-key` header get 403 (HTTP), without the `triton-grpc-protocol-zoo-admin-key`
+        metadata UNAVAILABLE "This protocol is restricted" (gRPC). `proxy` (default)
+        serves `http_port` with nginx (serve/proxy.py) and moves Triton's HTTP to a loopback port; None = Triton
+        listens on `http_port` itself (exposed to the chunked-body crash of 2.51)."""
         repo = Path(repo).resolve()
         models = check_repository(repo)
         state = Path(state_dir) if state_dir else state_dir_for(repo)
@@ -242,6 +267,7 @@ class Server:
                 raise ServerError(f"port {port} ({key}) on {host} is busy (another tritonserver? "
                                   f"`python -m serve.stop`); choose another with {key}=… or {key}=0 for a free one")
             ports[key] = port or free_port(host)
+        triton_http = free_port("127.0.0.1") if proxy is not None else ports["http_port"]
         clean_stale_shm()
         prefix = f"{OUR_SHM}{secrets.token_hex(4)}_"
         log = state / "server.log"
@@ -249,24 +275,31 @@ class Server:
             str(wheel_dir() / "bin" / "tritonserver"),
             f"--model-repository={repo}",
             f"--backend-directory={backend_dir(state)}",
-            f"--http-address={host}", f"--http-port={ports['http_port']}",
+            f"--http-address={'127.0.0.1' if proxy is not None else host}", f"--http-port={triton_http}",
             f"--grpc-address={host}", f"--grpc-port={ports['grpc_port']}",
             f"--metrics-port={ports['metrics_port']}", "--allow-metrics=false", "--allow-gpu-metrics=false",
             "--pinned-memory-pool-byte-size=0",
             f"--backend-config=python,shm-region-prefix-name={prefix}",
             "--strict-readiness=true", "--exit-on-error=true", f"--log-verbose={int(log_verbose)}",
+            *(_restriction_args(state) if restrict else ()),
             *extra_args,
         ]
         with log.open("wb") as out:
             process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        env=server_env(), start_new_session=detach)
         info = ServerInfo(pid=process.pid, repo=str(repo), host=host, shm_prefix=prefix, log=str(log),
-                          state_dir=str(state), models=models, **ports)
+                          state_dir=str(state), models=models,
+                          admin_key_file=str(state / ADMIN_KEY_FILE) if restrict else None,
+                          triton_http_port=triton_http if proxy is not None else None, **ports)
         server = cls(info, process)
         try:  # from here on, any failure or interrupt stops what was started
             (state / STATE_FILE).write_text(json.dumps(asdict(info), indent=1))
             (state / "server.pid").write_text(f"{process.pid}\n")
             server.wait_ready(timeout, cancelled)
+            if proxy is not None:
+                nginx = start_proxy(state, host, ports["http_port"], triton_http, proxy, detach=detach)
+                server.proxy_process, info.proxy_pid = nginx, nginx.pid
+                (state / STATE_FILE).write_text(json.dumps(asdict(info), indent=1))
         except BaseException:
             server.stop()
             raise
@@ -275,7 +308,7 @@ class Server:
     def wait_ready(self, timeout: float, cancelled: Callable[[], bool] | None = None) -> None:
         """Poll readiness; if the process dies, raise with Triton's own reason from the log."""
         deadline = time.monotonic() + timeout
-        url = f"http://{self.info.http_url}/v2/health/ready"
+        url = f"http://{self.info.triton_http_url}/v2/health/ready"
         while time.monotonic() < deadline:
             if cancelled is not None and cancelled():
                 raise ServerError("interrupted while waiting for tritonserver to become ready; stopped it")
@@ -289,6 +322,10 @@ class Server:
         raise ServerError(f"tritonserver was not ready after {timeout:.0f} s (log: {self.info.log}):\n"
                           f"{log_errors(Path(self.info.log))}")
 
+    def admin_headers(self, protocol: str = "http") -> dict[str, str]:
+        """The header (HTTP) or metadata (gRPC) that unlocks the restricted APIs ({} when unrestricted)."""
+        return admin_headers(self.info, protocol)
+
     def ready(self) -> bool:
         with contextlib.suppress(OSError):
             return _http_get(f"http://{self.info.http_url}/v2/health/ready")[0] == 200
@@ -300,7 +337,12 @@ class Server:
         return _alive(self.info.pid)
 
     def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM (Triton unloads models and exits), SIGKILL after `timeout`; then remove its shm regions."""
+        """The proxy first (no new requests), then SIGTERM to Triton (it unloads models and exits), SIGKILL after
+        `timeout`; then remove its shm regions."""
+        if self.info.proxy_pid:
+            stop_proxy(self.info.proxy_pid, Path(self.info.state_dir))
+            if self.proxy_process is not None:
+                self.proxy_process.wait(timeout)
         code = stop_pid(self.info.pid, timeout, self.process)
         remove_shm(self.info.shm_prefix)
         with contextlib.suppress(FileNotFoundError):
@@ -314,6 +356,34 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _restriction_args(state: Path) -> list[str]:
+    """A fresh admin key (written 0600 before the server sees it) and the flags restricting RESTRICTED_APIS on
+    HTTP and gRPC. The key is on tritonserver's command line, so local users can read it with `ps`: this guards
+    against network clients, not against other accounts on the same machine."""
+    key = secrets.token_urlsafe(24)
+    path = state / ADMIN_KEY_FILE
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key + "\n")
+    apis = ",".join(RESTRICTED_APIS)
+    return [f"--http-restricted-api={apis}:{ADMIN_HEADER}={key}",
+            f"--grpc-restricted-protocol={apis}:{ADMIN_HEADER}={key}"]
+
+
+def admin_headers(info: ServerInfo, protocol: str = "http") -> dict[str, str]:
+    """{header: key} for a server started with restricted APIs, read from its 0600 key file: ADMIN_HEADER
+    over HTTP, GRPC_ADMIN_HEADER as gRPC metadata."""
+    if not info.admin_key_file:
+        return {}
+    try:
+        key = Path(info.admin_key_file).read_text().strip()
+    except OSError as exc:
+        raise ServerError(f"cannot read the admin key {info.admin_key_file} ({exc}); run as the user who started "
+                          "the server") from exc
+    return {GRPC_ADMIN_HEADER if protocol == "grpc" else ADMIN_HEADER: key}
 
 
 def stop_pid(pid: int, timeout: float, process: subprocess.Popen | None = None) -> int | None:

@@ -365,6 +365,45 @@ def test_runtime_refuses_a_corrupt_export(exported, tmp_path) -> None:
         export.load(tmp_path)
 
 
+def _tampered(out: Path, tmp_path: Path, edit) -> Path:
+    copy = tmp_path / "tampered"
+    shutil.copytree(out, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    edit(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def _add_file(name: str):
+    def edit(m: dict) -> None:
+        m["files"][name] = "0" * 64
+    return edit
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (_add_file("../../escaped.txt"), "not a plain file name"),
+    (_add_file("/etc/passwd"), "not a plain file name"),
+    (_add_file("sub/x"), "not a plain file name"),
+    (lambda m: m.update(tokenizer="../tokenizer.model"), "not a plain file name"),
+    (lambda m: m["graphs"]["decoder"].update(file="/tmp/other.onnx"), "graphs.decoder.file"),
+    (lambda m: m["files"].pop("decoder.onnx"), "not listed"),
+    (lambda m: m.pop("vocab"), "missing key 'vocab.pad_id'"),
+    (lambda m: m.update(max_positions="512"), "'max_positions' has the wrong type"),
+    (lambda m: m.update(caches=[{"name": "x"}]), r"caches\[0\]"),
+])
+def test_runtime_refuses_a_manifest_that_points_outside_or_lacks_keys(exported, tmp_path, edit, message) -> None:
+    """An export directory is untrusted input: every file it names must be a plain, listed, checksummed name
+    inside it, and a malformed manifest gives one line naming the key."""
+    out, _ = exported("transformer")
+    copy = _tampered(out, tmp_path, edit)
+    with pytest.raises(rt.ExportedModelError, match=message) as err:
+        export.load(copy)
+    assert "\n" not in str(err.value) and "manifest.json" in str(err.value)
+    (copy / "manifest.json").write_text("{not json")
+    with pytest.raises(rt.ExportedModelError, match="cannot read"):
+        export.load(copy)
+
+
 # ------------------------------------------------------------------------------------------- bad input
 def test_bad_checkpoints_fail_clearly(smoke_run, tmp_path) -> None:
     out = tmp_path / "out"

@@ -9,13 +9,18 @@ execute call holds exactly that request and must equal `export.load(dir).transla
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -186,6 +191,34 @@ def test_repository_errors(translator_export, tmp_path) -> None:
     assert config.instance_group[0].count == 2 and (tmp_path / "r/transformer-smoke/2/model.py").is_file()
 
 
+def test_repository_refuses_a_traversal_key_and_writes_nothing_outside(translator_export, tmp_path) -> None:
+    """A downloaded export whose manifest lists `../../x` must not write outside the repository (NGC variant
+    too), and a file whose content no longer matches its checksum is refused before anything is copied."""
+    copy = tmp_path / "exports" / "evil"
+    copy.parent.mkdir()
+    shutil.copytree(translator_export, copy)
+    (copy / "payload.txt").write_text("attacker-chosen content")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["files"]["../../../escaped.txt"] = hashlib.sha256(b"attacker-chosen content").hexdigest()
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "repo").mkdir()
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(RepositoryError, match="not a plain file name"):
+        write_repository([copy], tmp_path / "repo" / "r")
+    with pytest.raises(RepositoryError, match="not a plain file name"):
+        write_repository([copy], tmp_path / "repo" / "ngc", variant="ngc")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert not list(tmp_path.parent.rglob("escaped.txt"))
+    # a listed file whose bytes changed is refused before copying, naming the checksum
+    manifest["files"].pop("../../../escaped.txt")
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with open(copy / "tokenizer.model", "ab") as fh:
+        fh.write(b"x")
+    with pytest.raises(RepositoryError, match="sha256"):
+        write_repository([copy], tmp_path / "repo" / "r")
+    assert not (tmp_path / "repo" / "r").exists()
+
+
 # ---------------------------------------------------------------------------------------------- end to end
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_served_equals_in_process_runtime(server, local, translator_export, summarizer_export, protocol) -> None:
@@ -214,8 +247,11 @@ def test_client_function_and_cli(server, local, translator_export) -> None:
     assert proc.stdout.splitlines() == expected[:1]
     proc = _cli("serve.client", "--url", server.info.http_url, "--model", "transformer-smoke", input=texts[1] + "\n")
     assert proc.returncode == 0 and proc.stdout.splitlines() == expected[1:2], proc.stderr
-    # two models served: omitting --model is an error naming them
+    # omitting --model lists the models, an admin API: without the key an error naming both ways out
     proc = _cli("serve.client", "--url", server.info.http_url, "Hallo")
+    assert proc.returncode == 2 and "--model" in proc.stderr and "admin_key" in proc.stderr, proc.stderr
+    # with the key, two models served: an error naming them
+    proc = _cli("serve.client", "--url", server.info.http_url, "--admin-key-file", server.info.admin_key_file, "Hallo")
     assert proc.returncode == 2 and "transformer-smoke" in proc.stderr and "--model" in proc.stderr
 
 
@@ -250,9 +286,9 @@ def test_robustness(server, local, translator_export, protocol) -> None:
         # unknown and invalid parameters → errors naming the allowed ones
         with pytest.raises(ClientError, match=r"unknown request parameter.*beam_size"):
             client.infer(["Hallo."], {"beam": 2})
-        with pytest.raises(ClientError, match=r"beam_size.*≥ 1"):
+        with pytest.raises(ClientError, match=r"beam_size=0 is out of range; allowed: an integer in \[1, 64\]"):
             client.infer(["Hallo."], {"beam_size": 0})
-        with pytest.raises(ClientError, match=r"max_len_b.*int"):
+        with pytest.raises(ClientError, match=r"max_len_b='ten' is not a number"):
             client.infer(["Hallo."], {"max_len_b": "ten"})
         # batch above max_batch_size (16): refused by Triton; the client function splits instead
         with pytest.raises(InferenceServerException, match="batch"):
@@ -267,6 +303,152 @@ def test_robustness(server, local, translator_export, protocol) -> None:
         _raw(server, protocol, np.array([b"a"], dtype=np.object_).reshape(1, 1), model="no-such-model")
     assert server.ready()
     assert translate("Hallo.", url=url, protocol=protocol, model="transformer-smoke") == model.translate(["Hallo."])
+
+
+def _status(exc: InferenceServerException) -> str:
+    return str(exc.status())
+
+
+BAD_SETTINGS = [("max_len_a", float("inf")), ("max_len_a", float("nan")), ("max_len_a", 1e30),
+                ("max_len_b", 2**63 - 1), ("len_penalty", float("nan")), ("len_penalty", 1e308),
+                ("beam_size", 65), ("beam_size", 2.5), ("min_len", -1)]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_bad_search_settings_are_invalid_argument_naming_the_range(server, protocol) -> None:
+    """Non-finite and out-of-range settings once returned "" or a one-token output, or failed as INTERNAL:
+    now each is a client error (HTTP 400 / gRPC INVALID_ARGUMENT) naming the allowed range."""
+    text = np.array([b"Guten Morgen."], dtype=np.object_).reshape(1, 1)
+    for name, value in BAD_SETTINGS:
+        with pytest.raises(InferenceServerException) as err:
+            _raw(server, protocol, text, parameters={name: value})
+        assert _status(err.value) in ("400", "StatusCode.INVALID_ARGUMENT"), (name, value, err.value)
+        message = err.value.message()
+        assert name in message and ("allowed" in message or "JSON" in message), (name, value, message)
+    assert server.ready()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_request_over_the_cost_budget_is_refused_naming_it(server, protocol) -> None:
+    rows = np.array([b"Guten Morgen."] * 16, dtype=np.object_).reshape(16, 1)
+    with pytest.raises(InferenceServerException) as err:  # 16 rows x beam 64 x 250 tokens >> 10 000
+        _raw(server, protocol, rows, parameters={"beam_size": 64, "max_len_b": 4000})
+    assert _status(err.value) in ("400", "StatusCode.INVALID_ARGUMENT")
+    assert "max_request_cost=10000" in err.value.message() and "beam_size" in err.value.message()
+
+
+def test_runtime_refuses_the_same_settings(local) -> None:
+    model = local["transformer-smoke"]
+    for name, value in BAD_SETTINGS:
+        with pytest.raises(export.SearchError, match=rf"{name}=.*allowed"):
+            model.translate(["Guten Morgen."], **{name: value})
+
+
+def test_a_heavy_allowed_request_does_not_delay_a_small_one(server, local, translator_export) -> None:
+    """Two model instances: a request at the cost budget (forced to its full length) keeps one busy for
+    seconds, a one-sentence greedy request sent meanwhile is answered by the other within 1 s."""
+    sources = _sources(translator_export, 4)
+    heavy_rows = np.array([s.encode() for s in sources], dtype=np.object_).reshape(-1, 1)
+    model = local["transformer-smoke"]
+    length = 10_000 // (len(sources) * 10)  # rows × beam 10 × length = the budget
+    assert model.request_cost([5] * len(sources), model.search_settings(
+        beam_size=10, max_len_a=0.0, max_len_b=length)) == 10_000
+    heavy: dict[str, float] = {}
+
+    def run_heavy() -> None:
+        start = time.perf_counter()
+        _raw(server, "grpc", heavy_rows, parameters={"beam_size": 10, "max_len_a": 0.0, "max_len_b": length,
+                                                        "min_len": length})
+        heavy["s"] = time.perf_counter() - start
+
+    thread = threading.Thread(target=run_heavy)
+    thread.start()
+    time.sleep(0.5)
+    with Client(server.info.grpc_url, "grpc", "transformer-smoke") as client:
+        start = time.perf_counter()
+        out, _ = client.infer(["Hallo."], {"beam_size": 1})
+        small = time.perf_counter() - start
+    thread.join(300)
+    assert out == model.translate(["Hallo."], beam_size=1)
+    assert heavy["s"] > 1.0 and heavy["s"] > 3 * small, heavy  # the heavy one really was heavy
+    assert small < 1.0, (small, heavy)
+
+
+def _http(method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> int:
+    request = urllib.request.Request(f"http://{url}", data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_admin_apis_need_the_key_and_the_shm_hijack_is_refused(server, local) -> None:
+    """Shared memory, repository, logging, trace and statistics answer 403 (HTTP) / PERMISSION_DENIED (gRPC)
+    without the admin key: registering the Python backend's own /dev/shm region — the published 2.51 crash —
+    never reaches Triton's shared-memory code, and the server keeps serving."""
+    url = server.info.http_url
+    region = _shm(server.info.shm_prefix)[0]
+    register = json.dumps({"key": f"/{region}", "offset": 0, "byte_size": 64}).encode()
+    attempts = [("POST", "/v2/systemsharedmemory/region/hijack/register", register),
+                ("POST", "/v2/repository/index", b"{}"),
+                ("POST", "/v2/repository/models/transformer-smoke/unload", b"{}"),
+                ("POST", "/v2/logging", b'{"log_verbose_level": 5}'), ("GET", "/v2/trace/setting", None),
+                ("GET", "/v2/models/transformer-smoke/stats", None)]
+    admin = server.admin_headers()
+    internal = server.info.triton_http_url  # Triton's own listener, on loopback behind the proxy
+    assert internal != url
+    for method, path, body in attempts:
+        assert _http(method, url + path, body) == 403, path  # refused by the proxy or by Triton behind it
+        assert _http(method, internal + path, body) == 403, path  # Triton's own restriction
+        if path != "/v2/repository/index":  # the one admin path the proxy passes (clients list models with it)
+            assert _http(method, url + path, body, headers=admin) == 403, path  # the proxy: not even with the key
+    assert _http("POST", url + "/v2/repository/index", b"{}", headers=admin) == 200
+    assert oct(Path(server.info.admin_key_file).stat().st_mode & 0o777) == "0o600"
+    assert _http("GET", internal + "/v2/logging", headers=admin) == 200
+    assert _http("GET", internal + "/v2/models/transformer-smoke/stats", headers=admin) == 200
+    client = grpcclient.InferenceServerClient(server.info.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException) as err:
+            client.get_log_settings()
+        assert "UNAVAILABLE" in _status(err.value) and "restricted" in err.value.message(), err.value
+        with pytest.raises(InferenceServerException, match="restricted"):
+            client.register_system_shared_memory("hijack", f"/{region}", 64)
+        assert client.get_log_settings(headers=server.admin_headers("grpc")) is not None
+    finally:
+        client.close()
+    assert server.ready() and _shm(server.info.shm_prefix)
+    model = local["transformer-smoke"]
+    assert translate("Hallo.", url=server.info.grpc_url, protocol="grpc", model="transformer-smoke") == \
+        model.translate(["Hallo."])
+
+
+def _raw_http(host: str, port: int, head: bytes, body_parts: list[bytes]) -> bytes:
+    with socket.create_connection((host, port), timeout=120) as sock:
+        try:
+            sock.sendall(head)
+            for part in body_parts:
+                sock.sendall(part)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the proxy answered (413) and closed before the whole body was sent
+        return sock.recv(4096)
+
+
+def test_the_chunked_body_attack_does_not_reach_triton(server, local) -> None:
+    """CVE-2025-23310/23311: a body of ~600k one-byte `Transfer-Encoding: chunked` chunks made tritonserver 2.51
+    die with SIGSEGV within a second. nginx in front reads and caps the body and forwards it with a length:
+    Triton answers that the JSON is invalid and keeps serving; a body over the cap gets 413 from nginx."""
+    host, port = server.info.host, server.info.http_port
+    head = (b"POST /v2/models/transformer-smoke/infer HTTP/1.1\r\nHost: zoo\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+    reply = _raw_http(host, port, head, [b"1\r\na\r\n" * 100_000] * 6 + [b"0\r\n\r\n"])
+    assert b"failed to parse the request JSON" in reply, reply[:300]  # Triton's own answer to the de-chunked body
+    big = b"%x\r\n%s\r\n" % (1 << 20, b"a" * (1 << 20))
+    reply = _raw_http(host, port, head, [big] * 5 + [b"0\r\n\r\n"])
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+    assert server.alive() and server.ready()
+    assert translate("Hallo.", url=server.info.http_url, model="transformer-smoke") == \
+        local["transformer-smoke"].translate(["Hallo."])
 
 
 def test_bad_requests_in_a_dynamic_batch_fail_alone(server, local, translator_export) -> None:
@@ -303,7 +485,8 @@ def test_bounded_concurrent_load(server, local, translator_export) -> None:
     failures: list[str] = []
     lock = threading.Lock()
     counter = iter(range(total))
-    before = Client(server.info.http_url, "http", "transformer-smoke").statistics()
+    before = Client(server.info.triton_http_url, "http", "transformer-smoke",
+                    headers=server.admin_headers()).statistics()
 
     def worker(protocol: str) -> None:
         with Client(server.info.url(protocol), protocol, "transformer-smoke", timeout=300) as c:
@@ -328,7 +511,8 @@ def test_bounded_concurrent_load(server, local, translator_export) -> None:
     for w in workers:
         w.join(600)
     elapsed = time.perf_counter() - t0
-    after = Client(server.info.http_url, "http", "transformer-smoke").statistics()
+    after = Client(server.info.triton_http_url, "http", "transformer-smoke",
+                    headers=server.admin_headers()).statistics()
     assert failures == [] and len(answers) == total, failures[:3]
     served = int(after["inference_count"]) - int(before["inference_count"])
     executions = int(after["execution_count"]) - int(before["execution_count"])
@@ -391,8 +575,10 @@ def test_start_stop_cli(translator_export, local, tmp_path) -> None:
     info = json.loads((tmp_path / "one.serve" / "server.json").read_text())
     try:
         assert int((tmp_path / "one.serve" / "server.pid").read_text()) == info["pid"]
-        # one model: the client finds it without --model
-        out = _cli("serve.client", "--url", f"127.0.0.1:{ports[0]}", "Guten Morgen.")
+        # one model: the client finds it without --model (listing models is an admin API: the key file)
+        assert info["admin_key_file"] == str(tmp_path / "one.serve" / "admin_key")
+        out = _cli("serve.client", "--url", f"127.0.0.1:{ports[0]}", "--admin-key-file", info["admin_key_file"],
+                   "Guten Morgen.")
         assert out.returncode == 0 and out.stdout.splitlines() == local["transformer-smoke"].translate(
             ["Guten Morgen."]), out.stderr
         busy = _cli("serve.start", f"repo={tmp_path / 'other'}", f"http_port={ports[0]}")

@@ -1,0 +1,219 @@
+"""nginx in front of Triton's HTTP endpoint: the port users reach, with request bodies buffered and capped.
+
+Why: the bundled Triton (2.51) crashes on a request body sent as very many small `Transfer-Encoding: chunked`
+chunks (CVE-2025-23310/23311, fixed only in Triton 2.59.1 / NGC 25.07, which is not on PyPI). nginx reads the
+whole body first (`proxy_request_buffering on`), refuses one over `max_body_mb` (413), and forwards it with a
+Content-Length, so Triton never parses a chunked body; it passes only the KServe v2 inference, metadata
+(incl. model config), health and repository-index paths (everything else: 403; the index is still behind
+Triton's admin key), and times out slow clients. Triton's own HTTP listener moves to an internal loopback port
+that only the proxy and this machine's admin tools use.
+
+nginx comes from Debian's archive like the corpus tools (`apt-get download nginx` + `dpkg-deb -x` into the
+user's cache, no root, no system install) unless an `nginx` binary is on PATH.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PROXY_DIR = "nginx"  # inside the server's state dir: config, pid, logs (body buffers: see _buffer_dir)
+BUFFERS_PREFIX = "zoo-nginx-"
+# KServe v2 paths a translation client needs; anything else is refused by the proxy itself
+# plus the repository index, which Triton itself restricts to the admin key (clients list models with it)
+ALLOWED_PATHS = (r"^/v2(/health/(live|ready)|/models/[^/]+(/versions/[0-9]+)?(/ready|/infer|/config)?"
+                 r"|/repository/index)?$")
+
+
+class ProxyError(RuntimeError):
+    """nginx could not be found, fetched or started; the message names the cause and the fix."""
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    max_body_mb: float = 4.0  # larger request bodies get 413 from nginx
+    client_timeout_s: int = 30  # reading a request's header or body
+    upstream_timeout_s: int = 300  # waiting for Triton's answer (a request within the cost budget)
+
+
+def nginx_binary(cache_root: Path | None = None) -> Path:
+    """An nginx executable: on PATH, else extracted from Debian's `nginx` package into the cache (once)."""
+    found = shutil.which("nginx")
+    if found:
+        return Path(found)
+    # imported here, not at the top: zoo.data pulls in torch, which serving needs only when nginx must be fetched
+    from zoo.data.cache import resolve_cache_dir  # the corpus tools' cache and Debian fetcher
+    from zoo.data.debian import DebianArchive
+    from zoo.data.types import DataError
+
+    root = resolve_cache_dir(cache_root) / "debian"
+    try:
+        binary = DebianArchive(root).package("nginx") / "root" / "usr" / "sbin" / "nginx"
+    except DataError as exc:
+        raise ProxyError(f"nginx is needed in front of Triton's HTTP port and could not be fetched ({exc}); "
+                         "install it (`apt-get install nginx`) or start without it: proxy=false") from exc
+    if not binary.is_file():
+        raise ProxyError(f"the Debian nginx package has no {binary}; install nginx, or start with proxy=false")
+    return binary
+
+
+def nginx_config(state: Path, tmp: Path, host: str, port: int, upstream_port: int, settings: ProxySettings) -> str:
+    """The proxy's nginx.conf: pid and logs in `state`, request-body buffers in `tmp`."""
+    return f"""worker_processes 1;
+pid {state / 'nginx.pid'};
+error_log {state / 'error.log'} warn;
+events {{ worker_connections 512; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp / 'body'};
+    proxy_temp_path {tmp / 'proxy'};
+    fastcgi_temp_path {tmp / 'fastcgi'};
+    uwsgi_temp_path {tmp / 'uwsgi'};
+    scgi_temp_path {tmp / 'scgi'};
+    client_max_body_size {int(settings.max_body_mb * 1024 * 1024)};
+    client_body_buffer_size 1m;
+    client_header_timeout {settings.client_timeout_s}s;
+    client_body_timeout {settings.client_timeout_s}s;
+    send_timeout {settings.client_timeout_s}s;
+    proxy_request_buffering on;
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+    proxy_connect_timeout 5s;
+    proxy_read_timeout {settings.upstream_timeout_s}s;
+    proxy_send_timeout {settings.upstream_timeout_s}s;
+    upstream triton {{ server 127.0.0.1:{upstream_port}; keepalive 16; }}
+    server {{
+        listen {host}:{port};
+        location ~ "{ALLOWED_PATHS}" {{
+            limit_except GET POST {{ deny all; }}
+            proxy_pass http://triton;
+        }}
+        location / {{
+            default_type application/json;
+            return 403 '{{"error":"not served on this port: only KServe v2 inference, metadata and health"}}';
+        }}
+        error_page 413 = @too_large;
+        location @too_large {{
+            default_type application/json;
+            return 413 '{{"error":"request body over {settings.max_body_mb:g} MB; send fewer or shorter texts"}}';
+        }}
+    }}
+}}
+"""
+
+
+def _buffer_dir(state: Path) -> Path:
+    """Where nginx's workers buffer request bodies. Started as root, nginx runs its workers as `nobody` (least
+    privilege for the process that parses client input), which cannot enter a private (0700) state dir: their
+    buffers then live in a fresh `/tmp/zoo-nginx-*` owned by nobody (mode 0700), removed by `stop_proxy`.
+    Started as another user, the workers are that user and the buffers stay in the state dir."""
+    if os.geteuid() == 0:
+        tmp = Path(tempfile.mkdtemp(prefix=BUFFERS_PREFIX, dir="/tmp"))
+        nobody = pwd.getpwnam("nobody")
+    else:
+        tmp, nobody = state / "tmp", None
+    for sub in ("", "body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (tmp / sub).mkdir(parents=True, exist_ok=True)
+        if nobody is not None:
+            os.chown(tmp / sub, nobody.pw_uid, nobody.pw_gid)
+    (state / "buffers").write_text(f"{tmp}\n")
+    return tmp
+
+
+def _remove_buffers(state: Path) -> None:
+    record = state / "buffers"
+    if record.is_file():
+        tmp = Path(record.read_text().strip())
+        if tmp.name.startswith(BUFFERS_PREFIX) and tmp.parent == Path("/tmp"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        record.unlink(missing_ok=True)
+
+
+def _listening(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1" if host in ("0.0.0.0", "") else host, port)) == 0
+
+
+def start_proxy(state_dir: Path, host: str, port: int, upstream_port: int, settings: ProxySettings,
+                detach: bool = False, timeout: float = 20.0) -> subprocess.Popen:
+    """Run nginx in the foreground of a child process (it dies with `stop_proxy`); wait until it listens."""
+    state = state_dir / PROXY_DIR
+    state.mkdir(parents=True, exist_ok=True)
+    binary = nginx_binary()
+    buffers = _buffer_dir(state)
+    try:
+        return _launch(binary, state, buffers, host, port, upstream_port, settings, detach, timeout)
+    except BaseException:
+        _remove_buffers(state)
+        raise
+
+
+def _launch(binary: Path, state: Path, buffers: Path, host: str, port: int, upstream_port: int,
+            settings: ProxySettings, detach: bool, timeout: float) -> subprocess.Popen:
+    conf = state / "nginx.conf"
+    conf.write_text(nginx_config(state, buffers, host, port, upstream_port, settings))
+    cmd = [str(binary), "-p", str(state), "-c", str(conf), "-e", str(state / "error.log"), "-g", "daemon off;"]
+    check = subprocess.run([*cmd, "-t"], capture_output=True, text=True, check=False)
+    if check.returncode != 0:
+        raise ProxyError(f"nginx rejected its config {conf}: {check.stderr.strip()[-500:]}")
+    with (state / "stdout.log").open("wb") as out:
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=detach)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            log = (state / "error.log").read_text(errors="replace") if (state / "error.log").is_file() else ""
+            raise ProxyError(f"nginx exited with code {process.returncode} while starting on {host}:{port}: "
+                             f"{log.strip()[-500:]}")
+        if _listening(host, port):
+            return process
+        time.sleep(0.1)
+    process.kill()
+    raise ProxyError(f"nginx did not listen on {host}:{port} within {timeout:.0f} s (log: {state / 'error.log'})")
+
+
+def stop_proxy(pid: int, state_dir: Path, timeout: float = 10.0) -> None:
+    """Stop nginx (SIGQUIT: finish requests in flight, then exit; SIGKILL after `timeout`); remove its buffers."""
+    try:
+        _signal_until_gone(pid, timeout)
+    finally:
+        _remove_buffers(state_dir / PROXY_DIR)
+
+
+def _signal_until_gone(pid: int, timeout: float) -> None:
+    try:
+        os.kill(pid, 3)  # SIGQUIT = graceful shutdown for nginx
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        _reap(pid)
+        time.sleep(0.1)
+    try:
+        os.kill(pid, 9)
+    except ProcessLookupError:
+        return
+
+
+def _reap(pid: int) -> None:
+    """Reap `pid` if it is our exited child (so it does not linger as a zombie that `kill -0` still finds)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+__all__ = ["ALLOWED_PATHS", "ProxyError", "ProxySettings", "nginx_binary", "nginx_config", "start_proxy",
+           "stop_proxy"]
