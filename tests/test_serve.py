@@ -344,33 +344,36 @@ def test_runtime_refuses_the_same_settings(local) -> None:
             model.translate(["Guten Morgen."], **{name: value})
 
 
-def test_a_heavy_allowed_request_does_not_delay_a_small_one(server, local, translator_export) -> None:
+def test_a_heavy_allowed_request_does_not_delay_a_small_one(translator_export, local, tmp_path) -> None:
     """Two model instances: a request at the cost budget (forced to its full length) keeps one busy for
-    seconds, a one-sentence greedy request sent meanwhile is answered by the other within 1 s."""
-    sources = _sources(translator_export, 4)
+    seconds, a one-sentence greedy request sent meanwhile is answered by the other within 1 s. The smoke model is
+    tiny (10 000 row-steps take ~0.5 s), so this server's budget is raised to make the heavy request heavy."""
+    budget = 16 * 49 * 255  # rows × beam × the smoke model's longest output (max_positions 256)
+    repo = tmp_path / "repo"
+    write_repository([translator_export], repo, ModelSettings(threads=1, instance_count=2, max_batch_size=16,
+                                                               max_request_cost=budget, max_execute_cost=budget))
+    sources = (_sources(translator_export, 16) * 2)[:16]
     heavy_rows = np.array([s.encode() for s in sources], dtype=np.object_).reshape(-1, 1)
     model = local["transformer-smoke"]
-    length = 10_000 // (len(sources) * 10)  # rows × beam 10 × length = the budget
-    assert model.request_cost([5] * len(sources), model.search_settings(
-        beam_size=10, max_len_a=0.0, max_len_b=length)) == 10_000
+    assert model.request_cost([5] * 16, model.search_settings(beam_size=49, max_len_a=0.0, max_len_b=255)) == budget
     heavy: dict[str, float] = {}
+    with Server.start(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
+        def run_heavy() -> None:
+            start = time.perf_counter()
+            _raw(server, "grpc", heavy_rows, parameters={"beam_size": 49, "max_len_a": 0.0, "max_len_b": 255,
+                                                            "min_len": 255})
+            heavy["s"] = time.perf_counter() - start
 
-    def run_heavy() -> None:
-        start = time.perf_counter()
-        _raw(server, "grpc", heavy_rows, parameters={"beam_size": 10, "max_len_a": 0.0, "max_len_b": length,
-                                                        "min_len": length})
-        heavy["s"] = time.perf_counter() - start
-
-    thread = threading.Thread(target=run_heavy)
-    thread.start()
-    time.sleep(0.5)
-    with Client(server.info.grpc_url, "grpc", "transformer-smoke") as client:
-        start = time.perf_counter()
-        out, _ = client.infer(["Hallo."], {"beam_size": 1})
-        small = time.perf_counter() - start
-    thread.join(300)
+        thread = threading.Thread(target=run_heavy)
+        thread.start()
+        time.sleep(0.5)
+        with Client(server.info.grpc_url, "grpc", "transformer-smoke") as client:
+            start = time.perf_counter()
+            out, _ = client.infer(["Hallo."], {"beam_size": 1})
+            small = time.perf_counter() - start
+        thread.join(600)
     assert out == model.translate(["Hallo."], beam_size=1)
-    assert heavy["s"] > 1.0 and heavy["s"] > 3 * small, heavy  # the heavy one really was heavy
+    assert heavy["s"] > 2.0 and heavy["s"] > 3 * small, heavy  # the heavy one really was heavy
     assert small < 1.0, (small, heavy)
 
 
