@@ -67,7 +67,8 @@ def _heads(rec: dict[str, Any]) -> str:
     """"mha 8 × 32": the mechanism, its heads and head size, read from the record's model config."""
     c = rec["config"]
     head_dim = c.get("head_dim") or (c["d_model"] // c["num_heads"] if c.get("d_model") else None)
-    return f"{c.get('attention')} {c.get('num_heads')} × {head_dim}"
+    shared = " shared key" if (c.get("attention_options") or {}).get("shared_key") else ""
+    return f"{c.get('attention')}{shared} {c.get('num_heads')} × {head_dim}"
 
 
 def speed_settings(data: dict[str, Any]) -> list[dict[str, Any]]:
