@@ -472,8 +472,8 @@ class ExportedModel:
 
     def translate_encoded(self, encoded: Sequence[Sequence[int]], search: Search, max_tokens: int | None = None,
                           max_sentences: int | None = None) -> list[str]:
-        """Token ids per source (as `encode_texts` gives them) → output strings in input order."""
-        search = check_search(search)
+        """Token ids per source (as `encode_texts` gives them) → output strings in input order (`generate`
+        validates the search settings)."""
         outputs = [""] * len(encoded)
         for idx in _batches([len(e) for e in encoded], max_tokens or self.max_tokens,
                             max_sentences or self.max_sentences):
