@@ -224,6 +224,43 @@ def test_records_are_never_overwritten_silently(smoke_report: Path) -> None:
     assert path.read_bytes() == before
 
 
+def _ght_cli(tmp: Path, corpus: Path, *extra: str) -> list[str]:
+    """The smoke budget under another suite's name (`ght`, speed off): the same runs as the smoke `quick`."""
+    quick = _cli(tmp, corpus)
+    overrides = next(a for a in quick if a.startswith("suite.overrides="))
+    return [sys.executable, "-m", "zoo.report", "+suite=ght", f"suite.entries=[{','.join(ENTRIES)}]",
+            "suite.data=files", "suite.size=tiny", "suite.trainer=smoke", "suite.seeds=[1,2]", "suite.comparisons=[]",
+            overrides, "bootstrap_samples=50", f"reports_root={tmp}", f"results_root={tmp}/results", *extra]
+
+
+def test_a_sibling_suites_record_of_the_same_run_is_shared_not_retrained(smoke_report: Path, smoke_corpus: Path,
+                                                                         tmp_path: Path) -> None:
+    """`ght` repeats `quick`'s transformer/ght/ght_ps under the same budget: those records are copied (with
+    `shared_from`) instead of trained again; under another budget nothing is shared."""
+    from zoo.report.records import read_json_gz
+
+    root = tmp_path / "r"
+    shutil.copytree(_results(smoke_report), root / "results" / "quick")
+    other = [a.replace("trainer.max_updates=40", "trainer.max_updates=41") for a in _ght_cli(root, smoke_corpus)]
+    proc = subprocess.run([*other, "dry_run=true"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "4 to list" in proc.stdout and "same budget" not in proc.stdout
+    proc = subprocess.run(_ght_cli(root, smoke_corpus, "stages=[train,render]"), cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "zoo.train" not in proc.stdout and proc.stdout.count("shared, not retrained") == 4
+    assert not (root / "ght").exists()  # nothing trained, no working dir
+    for entry in ENTRIES:
+        for seed in (1, 2):
+            original = read_json_gz(root / "results" / "quick" / f"{entry}-seed{seed}.json.gz")
+            shared = read_json_gz(root / "results" / "ght" / f"{entry}-seed{seed}.json.gz")
+            assert shared["suite"] == "ght" and shared["shared_from"] == f"quick/{entry}-seed{seed}.json.gz"
+            assert shared["speed"] is None  # the ght suite measures no speed
+            assert shared["hypotheses"] == original["hypotheses"] and shared["test"] == original["test"]
+    report = (root / "results" / "ght" / "REPORT.md").read_text()
+    assert "Shared with suite `quick`" in report and "transformer seed 2" in report
+
+
 def test_interrupted_report_resumes_the_unfinished_run(tmp_path: Path, smoke_report: Path) -> None:
     from zoo.report.training import train_command, unfinished_run
 

@@ -125,11 +125,14 @@ def collect(suite: Suite, refs: References, records: Records, bootstrap_samples:
                                   if (b := _bootstrap(suite, records, refs, system, seed, bootstrap_samples,
                                                       baseline)) is not None]}
                    for system, baseline in suite.comparisons]
+    shared = sorted({rec["shared_from"].split("/")[0] for rec in records.values() if rec.get("shared_from")})
+    shared_runs = {origin: [f"{e} seed {s}" for (e, s), rec in sorted(records.items())
+                            if str(rec.get("shared_from", "")).startswith(origin + "/")] for origin in shared}
     return {"suite": suite.name, "task": suite.task, "data": suite.data, "baseline": suite.baseline,
             "seeds": sorted({s for _, s in records}), "metrics": list(suite.metrics), "budget": list(suite.overrides),
             "triton_settings": suite.triton, "speed_threads": suite.speed_threads,
             "machine": machine_summary(records), "references": {"sha256": refs.sha256, "segments": len(refs.texts)},
-            "missing": missing, "entries": entries, "comparisons": comparisons}
+            "missing": missing, "entries": entries, "comparisons": comparisons, "shared": shared_runs}
 
 
 __all__ = ["collect", "compactness", "machine_summary", "mean_std", "ordered_entries", "run_summary"]

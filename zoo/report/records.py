@@ -285,6 +285,43 @@ def missing_records(results_dir: Path, suite: Suite) -> list[tuple[str, int]]:
     return [(e, s) for s in suite.seeds for e in suite.entries if not record_path(results_dir, e, s).is_file()]
 
 
+def shared_record(results_dir: Path, suite: Suite, entry: str, seed: int) -> Path | None:
+    """A record of the same (entry, seed) in a sibling suite's results dir measured under the same budget
+    and the same test references — the same run, so it is shared rather than trained twice (the `ght` suite
+    repeats `quick`'s transformer, ght and ght_ps). Records of another machine class than the ones already
+    in `results_dir` are never shared into it."""
+    present = [read_json_gz(p) for p in record_files(results_dir)] if results_dir.is_dir() else []
+    machine_class = present[0].get("machine", {}).get("class") if present else None
+    budget = budget_of(suite)
+    for candidate in sorted(results_dir.parent.glob(f"*/{entry}-seed{seed}.json.gz")):
+        if candidate.parent.resolve() == results_dir.resolve():
+            continue
+        try:
+            rec = read_json_gz(candidate)
+            refs = json.loads(gzip.open(candidate.parent / REFERENCES_FILE).read())
+        except (RecordError, OSError, ValueError):
+            continue  # an unreadable sibling is its own suite's problem, reported when that suite renders
+        if (isinstance(rec, dict) and rec.get("record_format") == RECORD_FORMAT
+                and rec.get("budget") == budget and rec.get("entry") == entry and rec.get("seed") == seed
+                and rec.get("references_sha256") == refs.get("sha256")
+                and (machine_class is None or rec.get("machine", {}).get("class") == machine_class)):
+            return candidate
+    return None
+
+
+def adopt_shared_record(source: Path, results_dir: Path, suite: Suite) -> Path:
+    """Copy a sibling suite's record (and, the first time, its references) into this suite's results dir;
+    the copy names where it came from (`shared_from`), everything measured stays as it was (speed points only
+    where this suite measures speed)."""
+    raw = read_json_gz(source.parent / REFERENCES_FILE)
+    store_references(results_dir, suite, References(tuple(raw["references"]), tuple(raw["sources"])))
+    rec = read_json_gz(source)
+    rec.update(suite=suite.name, shared_from=f"{source.parent.name}/{source.name}")
+    if not suite.speed_enabled:
+        rec["speed"] = None
+    return write_json_gz(results_dir / source.name, rec)
+
+
 def add_speed(path: Path, speed: dict[str, Any]) -> Path:
     """Store measured speed points in an existing record (the one deliberate in-place update of a record)."""
     rec = read_json_gz(path)
@@ -297,6 +334,7 @@ __all__ = [
     "RecordError",
     "References",
     "add_speed",
+    "adopt_shared_record",
     "load_records",
     "load_references",
     "missing_records",
@@ -304,6 +342,7 @@ __all__ = [
     "record_files",
     "record_from_run",
     "record_path",
+    "shared_record",
     "store_references",
     "write_json_gz",
     "write_record_from_run",

@@ -92,9 +92,12 @@ def _budget_line(data: dict[str, Any]) -> str:
 
 
 def _missing_line(data: dict[str, Any]) -> list[str]:
+    shared = [f"Shared with suite `{origin}` (the same runs: same budget and test references): {', '.join(runs)}."
+              for origin, runs in data.get("shared", {}).items()]
+    lines = [*shared, ""] if shared else []
     if not data["missing"]:
-        return []
-    return [f"Not recorded yet: {', '.join(data['missing'])}.", ""]
+        return lines
+    return [*lines, f"Not recorded yet: {', '.join(data['missing'])}.", ""]
 
 
 def markdown(data: dict[str, Any], command: str) -> str:

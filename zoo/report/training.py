@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from zoo.report.records import missing_records, write_record_from_run
+from zoo.report.records import adopt_shared_record, missing_records, shared_record, write_record_from_run
 from zoo.report.suite import Suite
 from zoo.runs import DONE_MARKER
 
@@ -64,13 +64,21 @@ def train_command(report_dir: Path, suite: Suite, entry: str, seed: int) -> list
 def run_training(report_dir: Path, results_dir: Path, suite: Suite,
                  dry_run: bool = False) -> dict[tuple[str, int], Path]:
     """Train every (entry, seed) of the suite that has no results record yet and write its record as soon
-    as it finishes (a finished run directory without a record is recorded, not retrained). Returns the
+    as it finishes (a finished run directory without a record is recorded, not retrained; a sibling suite's
+    record of the same run under the same budget is shared, not retrained). Returns the
     run directories present on this machine, which the speed stage needs for its checkpoints."""
     todo = missing_records(results_dir, suite)
     total = len(suite.entries) * len(suite.seeds)
     print(f"[report] suite {suite.name}: {total} runs, {total - len(todo)} recorded in {results_dir}, "
           f"{len(todo)} to {'list' if dry_run else 'train'}", flush=True)
     for n, (entry, seed) in enumerate(todo, 1):
+        shared = shared_record(results_dir, suite, entry, seed)
+        if shared is not None:
+            print(f"[report {n}/{len(todo)}] {entry} seed {seed}: the same run is recorded in {shared} (same budget "
+                  f"and test references){'' if dry_run else '; shared, not retrained'}", flush=True)
+            if not dry_run:
+                adopt_shared_record(shared, results_dir, suite)
+            continue
         done = finished_run(report_dir, entry, seed)
         if done is not None:
             print(f"[report {n}/{len(todo)}] {entry} seed {seed}: finished run {done} has no record yet", flush=True)
