@@ -78,7 +78,9 @@ def reference(module: MixheadAttention, x: Tensor, memory: Tensor | None, pad: T
             for i in range(h):
                 mixed = torch.zeros(s)
                 for j in range(h):
-                    if module.variant == "a":
+                    if module.variant == "avg":
+                        m_ji = 1.0 / h  # Avghead: every mixed head is the mean of all heads' maps
+                    elif module.variant == "a":
                         m_ji = module.mix[j, i]
                     else:
                         m_ji = q[bi, ti, j] @ module.mix_weight[:, i] + module.mix_bias[j, i]
@@ -112,11 +114,12 @@ def test_fresh_modules_start_as_identity_mixing() -> None:
 
 
 # ------------------------------------------------------------------ against the loop reference
-@pytest.mark.parametrize("variant", ["a", "b"])
+@pytest.mark.parametrize("variant", ["a", "b", "avg"])
 @pytest.mark.parametrize("path", ["self_padded", "causal", "cross"])
 def test_matches_loop_reference(variant: str, path: str) -> None:
     _, mix = make_pair(variant)
-    randomise_mixing(mix)
+    if variant != "avg":  # Avghead's M is fixed
+        randomise_mixing(mix)
     x, mem, pad = inputs()
     kwargs, ref_args = {
         "self_padded": ({"key_padding_mask": pad[:, :5]}, (None, pad[:, :5], False)),
@@ -125,6 +128,19 @@ def test_matches_loop_reference(variant: str, path: str) -> None:
     }[path]
     with torch.no_grad():
         assert torch.allclose(mix(x, **kwargs), reference(mix, x, *ref_args), atol=1e-5, rtol=0)
+
+
+def test_avghead_mixing_is_fixed_uniform_and_adds_no_parameters() -> None:
+    mha, avg = make_pair("avg", ortho_lambda=0.5)
+    assert sum(p.numel() for p in avg.parameters()) == sum(p.numel() for p in mha.parameters())
+    assert torch.equal(avg.mix, torch.full((H, H), 1.0 / H)) and not avg.mix.requires_grad
+    assert avg.extra_loss() is None  # nothing to regularise
+    avg.capture = ("A", "A_unmixed")
+    x, _, pad = inputs()
+    with torch.no_grad():
+        avg(x, key_padding_mask=pad[:, :5])
+    mixed, unmixed = avg.captured["A"], avg.captured["A_unmixed"]  # [B, H, T, S]
+    assert torch.allclose(mixed, unmixed.mean(dim=1, keepdim=True).expand_as(mixed), atol=1e-6, rtol=0)
 
 
 def test_variant_b_mixing_matrix_is_per_position_query_times_w_plus_bias() -> None:

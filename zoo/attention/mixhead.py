@@ -16,6 +16,10 @@ bias, before the 1/√d_k scaling — as the official code), W ∈ R^{d_k×H} (i
 (init I): M[t]_{j,i} = q_j[t]·W[:, i] + B_{j,i}. This is the paper's Mᵀ = W^{Mᵀ}·Q′ᵀ + Bᵀ (Sec. 3.1)
 with its last-axis-batched notation unrolled, and the official code's mix_type 17. With W = 0 it
 reduces to variant A; with M = I both equal plain multi-head attention.
+Avghead (the paper's control, Sec. 4.6 / Table 7): M = 1/H everywhere, fixed — every head uses the average of
+all heads' maps, which "degenerates to the single-head attention with redundant parameters". The paper says
+its M is "initialized from the uniform distribution, which essentially averages all heads"; we keep it fixed
+(a buffer, like its fixed Mixhead_rand) so it averages exactly and stays the control it is meant to be.
 
 The mixing weights are unnormalised (mixed rows need not sum to 1, may be negative), as in the
 paper. Its optional orthogonality regulariser λ·‖MᵀM − I‖²_F (Sec. 3.3) is returned by
@@ -42,11 +46,12 @@ from torch import Tensor, nn
 from zoo.attention.base import Attention, Cache, HeadPruningUnsupported
 from zoo.attention.mha import _causal_mask
 
-VARIANTS = ("a", "b")
+VARIANTS = ("a", "b", "avg")
 
 
 class MixheadAttention(Attention):
-    """Multi-head attention whose post-softmax maps are mixed across heads (variant "a" or "b").
+    """Multi-head attention whose post-softmax maps are mixed across heads (variant "a", "b" or the fixed
+    averaging control "avg").
 
     Feature capture: "A" is the *mixed* map P̄ (the one that weights the values, so GHT groups and
     the rank analysis see what the head actually uses); "A_unmixed" (opt-in, Mixhead only) is the
@@ -67,7 +72,7 @@ class MixheadAttention(Attention):
         variant = str(variant).lower()
         if variant not in VARIANTS:
             raise ValueError(f"mixhead variant must be one of {VARIANTS} (a = position-independent, "
-                             f"b = position-wise), got {variant!r}")
+                             f"b = position-wise, avg = fixed uniform averaging, the paper's Avghead), got {variant!r}")
         if not ortho_lambda >= 0:
             raise ValueError(f"mixhead ortho_lambda must be >= 0, got {ortho_lambda}")
         self.variant = variant
@@ -75,6 +80,8 @@ class MixheadAttention(Attention):
         h = num_heads
         if variant == "a":
             self.mix = nn.Parameter(torch.empty(h, h))  # [H_in j, H_out i]
+        elif variant == "avg":
+            self.register_buffer("mix", torch.full((h, h), 1.0 / h))  # [H_in j, H_out i], fixed
         else:
             self.mix_weight = nn.Parameter(torch.empty(self.head_dim, h))  # W [dh, H_out]
             self.mix_bias = nn.Parameter(torch.empty(h, h))  # B [H_in, H_out]
@@ -100,7 +107,7 @@ class MixheadAttention(Attention):
     def mixing_matrix(self, q: Tensor) -> Tensor:
         """M from per-head queries q [B, H, T, dh]: [H, H] for variant A, [B, T, H, H] for B.
         Entry [.., j, i] is the weight of input head j in mixed head i."""
-        if self.variant == "a":
+        if self.variant in ("a", "avg"):
             return self.mix
         # M[b, t, j, i] = q[b, j, t, :] · W[:, i] + B[j, i]
         return torch.einsum("bjtd,di->btji", q, self.mix_weight) + self.mix_bias  # [B, T, H, H]
@@ -145,7 +152,7 @@ class MixheadAttention(Attention):
     def extra_loss(self) -> Tensor | None:
         """λ·‖MᵀM − I‖²_F, or None when λ = 0. Variant A reads it off its parameter; variant B returns
         the value of the last forward pass run with autograd on (None before one / after no_grad)."""
-        if not self.ortho_lambda:
+        if not self.ortho_lambda or self.variant == "avg":  # a fixed M has nothing to regularise
             return None
         if self.variant == "a":
             return self.ortho_lambda * self.ortho_penalty(self.mix)
