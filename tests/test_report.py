@@ -261,6 +261,55 @@ def test_a_sibling_suites_record_of_the_same_run_is_shared_not_retrained(smoke_r
     assert "Shared with suite `quick`" in report and "transformer seed 2" in report
 
 
+def test_a_variant_trains_under_its_own_name_and_its_claim_gets_a_measured_verdict(smoke_report: Path,
+                                                                                  smoke_corpus: Path,
+                                                                                  tmp_path: Path) -> None:
+    """`heads` sweeps the head count with variants (an entry + model overrides, recorded under their name);
+    the claims table reads its verdict off the paired bootstrap. The baseline is shared from `quick`."""
+    from zoo.report.records import read_json_gz
+
+    root = tmp_path / "r"
+    shutil.copytree(_results(smoke_report), root / "results" / "quick")
+    cli = [a.replace("+suite=ght", "+suite=heads") for a in _ght_cli(root, smoke_corpus, "stages=[train,render]")]
+    cli = [a for a in cli if not a.startswith(("suite.entries=", "suite.seeds=", "suite.comparisons="))]
+    cli += ["suite.entries=[transformer_4head]", "suite.seeds=[1]",
+            "suite.claims=[{paper:Concise,claim:'fewer heads of 16 differ',design:'equal params',"
+            "system:transformer_4head,baseline:transformer,expect:worse}]"]
+    proc = subprocess.run(cli, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trained = [line for line in proc.stdout.splitlines() if "zoo.train" in line]
+    assert len(trained) == 1 and "+model=transformer" in trained[0]
+    assert trained[0].endswith("model.name=transformer_4head model.num_heads=4")
+    assert "transformer seed 1: the same run is recorded" in proc.stdout
+    rec = read_json_gz(root / "results" / "heads" / "transformer_4head-seed1.json.gz")
+    assert rec["config"]["model"]["name"] == "transformer_4head" and rec["config"]["model"]["num_heads"] == 4
+    report = (root / "results" / "heads" / "REPORT.md").read_text()
+    [row] = [line for line in report.splitlines() if line.startswith("| Concise |")]
+    assert "`transformer_4head` vs `transformer`" in row and "equal params" in row
+    verdicts = ("**holds**", "**does not hold**", "**no significant difference at this budget**",
+                "**inconclusive: seeds disagree**")
+    assert row.endswith(" |") and any(v in row for v in verdicts), row
+
+
+@pytest.mark.parametrize(("expect", "rows", "verdict"), [
+    ("better", [(0.5, True), (0.4, True)], "holds"),
+    ("better", [(0.5, True), (0.1, False)], "inconclusive: seeds disagree"),
+    ("better", [(-0.5, True), (0.1, False)], "does not hold"),
+    ("better", [(0.3, False), (-0.2, False)], "no significant difference at this budget"),
+    ("worse", [(-0.5, True), (-0.9, True)], "holds"),
+    ("worse", [(0.5, True), (0.9, True)], "does not hold"),
+    ("match", [(-0.2, False), (0.3, False)], "holds"),
+    ("match", [(0.4, True), (0.3, True)], "holds (significantly better)"),
+    ("match", [(-0.4, True), (-0.3, True)], "does not hold"),
+    ("match", [(-0.4, True), (0.1, False)], "inconclusive: seeds disagree"),
+    ("better", [(0.5, True)], "incomplete (1 of 2 seeds recorded)"),
+])
+def test_claim_verdicts_follow_the_stated_rule(expect, rows, verdict) -> None:
+    from zoo.report.claims import verdict as claim_verdict
+
+    assert claim_verdict(expect, [{"delta": d, "significant": s} for d, s in rows], seeds_expected=2) == verdict
+
+
 def test_interrupted_report_resumes_the_unfinished_run(tmp_path: Path, smoke_report: Path) -> None:
     from zoo.report.training import train_command, unfinished_run
 
@@ -291,6 +340,13 @@ def _suite(**changes):
     ({"task": "poetry"}, "suite.task"),
     ({"seeds": [1, 1]}, "repeats a seed"),
     ({"speed.seed": 9}, "speed.seed"),
+    ({"variants": {"transformer": {"entry": "transformer", "overrides": []}}}, "not an existing entry"),
+    ({"variants": {"t2": {"entry": "nope", "overrides": []}}}, "expected {entry"),
+    ({"variants": {"t2": {"entry": "transformer", "overrides": ["trainer.lr=1"]}}}, "model.<key>=<value> only"),
+    ({"claims": [{"paper": "P", "claim": "c", "design": "d", "system": "nope", "baseline": "transformer",
+                  "expect": "better"}]}, "neither an entry nor one of suite.variants"),
+    ({"claims": [{"paper": "P", "claim": "c", "design": "d", "system": "fixhead", "baseline": "transformer",
+                  "expect": "greater"}]}, "choose from better, worse, match"),
 ])
 def test_bad_suites_are_refused_with_the_reason(changes, message) -> None:
     with pytest.raises(SuiteError, match=message):
@@ -305,6 +361,25 @@ def test_every_suite_file_is_valid_and_paper_mt_composes_the_paper_setting() -> 
         assert suite.baseline in suite.entries
     paper = suite_from_config(OmegaConf.load(REPO / "conf" / "suite" / "paper_mt.yaml"), REPO / "conf")
     assert "experiment=paper_mt" in paper.train_overrides("transformer", 1, Path("r"))
+
+
+def test_parameter_matched_entries_are_within_three_percent_at_size_small() -> None:
+    """The concise paper's half-width fixed-head model against `transformer` (non-embedding parameters)."""
+    from omegaconf import OmegaConf
+
+    from tests.zoo_testing import compose_train
+    from zoo.flops import count_parameters
+    from zoo.model import ModelConfig, build_model
+
+    def params(entry: str) -> int:
+        fields = OmegaConf.to_container(compose_train([f"+model={entry}", "size=small"]).model, resolve=True)
+        fields.pop("name")
+        fields.update(vocab_size=8000)
+        return count_parameters(build_model(ModelConfig.from_dict(fields)), include_embeddings=False)
+
+    matched, base = params("fixhead_matched"), params("transformer")
+    assert (matched, base) == (5_541_504, 5_529_600)  # the counts stated in conf/model/fixhead_matched.yaml
+    assert abs(matched / base - 1) <= 0.03
 
 
 def test_growing_a_suite_by_one_entry_keeps_its_baseline() -> None:

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zoo.metrics import paired_bootstrap
+from zoo.report.claims import collect_claims
 from zoo.report.records import References
 from zoo.report.suite import Suite
 
@@ -125,6 +126,9 @@ def collect(suite: Suite, refs: References, records: Records, bootstrap_samples:
                                   if (b := _bootstrap(suite, records, refs, system, seed, bootstrap_samples,
                                                       baseline)) is not None]}
                    for system, baseline in suite.comparisons]
+    claims = collect_claims(suite, entries, sorted({s for _, s in records}),
+                            lambda system, seed, baseline: _bootstrap(suite, records, refs, system, seed,
+                                                                      bootstrap_samples, baseline))
     shared = sorted({rec["shared_from"].split("/")[0] for rec in records.values() if rec.get("shared_from")})
     shared_runs = {origin: [f"{e} seed {s}" for (e, s), rec in sorted(records.items())
                             if str(rec.get("shared_from", "")).startswith(origin + "/")] for origin in shared}
@@ -132,7 +136,8 @@ def collect(suite: Suite, refs: References, records: Records, bootstrap_samples:
             "seeds": sorted({s for _, s in records}), "metrics": list(suite.metrics), "budget": list(suite.overrides),
             "triton_settings": suite.triton, "speed_threads": suite.speed_threads,
             "machine": machine_summary(records), "references": {"sha256": refs.sha256, "segments": len(refs.texts)},
-            "missing": missing, "entries": entries, "comparisons": comparisons, "shared": shared_runs}
+            "missing": missing, "entries": entries, "comparisons": comparisons, "shared": shared_runs,
+            "claims": claims}
 
 
 __all__ = ["collect", "compactness", "machine_summary", "mean_std", "ordered_entries", "run_summary"]

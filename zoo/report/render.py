@@ -145,6 +145,7 @@ def markdown(data: dict[str, Any], command: str) -> str:
     else:
         lines += ["Speed is not in these records (the speed stage needs the runs' checkpoints).", ""]
     lines += _comparisons_section(data)
+    lines += claims_section(data)
     lines += _per_source_section(data)
     lines += _ght_section(data)
     lines += ["## Plots", "", "![quality vs parameters](quality_vs_params.png)",
@@ -176,7 +177,9 @@ def readme_block(data: dict[str, Any], command: str) -> str:
                 _pm(rec["train_minutes"], 1)]
         lines.append("| " + " | ".join(row) + " |")
     comparisons = _comparisons_section(data, heading=False)
-    return "\n".join(lines + ([""] + comparisons[:-1] if comparisons else [])) + "\n"
+    claims = claims_section(data, heading=False)
+    extra = [*comparisons, *claims]
+    return "\n".join(lines + ([""] + extra[:-1] if extra else [])) + "\n"
 
 
 def _comparisons_section(data: dict[str, Any], heading: bool = True) -> list[str]:
@@ -190,6 +193,36 @@ def _comparisons_section(data: dict[str, Any], heading: bool = True) -> list[str
         sys_size, base_size = (data["entries"][c[k]]["size"]["params_excl_emb"] for k in ("system", "baseline"))
         lines.append(f"| `{c['system']}` | `{c['baseline']}` | {format_count(sys_size)} / {format_count(base_size)} | "
                      f"{_bootstrap_cell(c['bootstrap'])} |")
+    return [*lines, ""]
+
+
+def _size_cell(sizes: dict[str, Any]) -> str:
+    system, baseline = sizes["system"], sizes["baseline"]
+    if not system or not baseline:
+        return "—"
+    params = system["params_excl_emb"] / baseline["params_excl_emb"] - 1
+    flops = system["flops"] / baseline["flops"]
+    return (f"{format_count(system['params_excl_emb'])} vs {format_count(baseline['params_excl_emb'])} "
+            f"({params:+.1%}); FLOPs ×{flops:.2f}")
+
+
+def claims_section(data: dict[str, Any], heading: bool = True) -> list[str]:
+    """The papers' claims with the measured comparison and its verdict (zoo/report/claims.py's rule)."""
+    claims = data.get("claims") or []
+    if not claims:
+        return []
+    metric = LABELS[data["metrics"][0]]
+    lines = ["## The papers' claims", ""] if heading else []
+    lines += ["Verdicts follow from the per-seed paired bootstrap (p < 0.05) by the rule in `zoo/report/claims.py`; "
+              "params are non-embedding, FLOPs at source length 30.", "",
+              f"| paper | claim | design | system vs baseline | {metric} system / baseline | Δ {metric} (per seed) | "
+              "verdict |", "|---|---|---|---|---|---|---|"]
+    for c in claims:
+        quality = " / ".join(_pm((q or {}).get(data["metrics"][0])) for q in (c["quality"]["system"],
+                                                                            c["quality"]["baseline"]))
+        lines.append(f"| {c['paper']} | {c['claim']} | {c['design']}; {_size_cell(c['size'])} | "
+                     f"`{c['system']}` vs `{c['baseline']}` | {quality} | {_bootstrap_cell(c['bootstrap'])} | "
+                     f"**{c['verdict']}** |")
     return [*lines, ""]
 
 

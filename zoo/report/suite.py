@@ -1,7 +1,13 @@
-"""A suite: which entries, on which data, under which budget, with which seeds (conf/suite/*.yaml)."""
+"""A suite: which entries, on which data, under which budget, with which seeds (conf/suite/*.yaml).
+
+Besides the entries of conf/model/, a suite may name *variants* — an entry plus model overrides, recorded
+under their own name (a head-count sweep: `transformer_4head = transformer + model.num_heads=4`) — and
+*claims*: one line per paper claim with the pair of runs that tests it, rendered with a measured verdict.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -9,6 +15,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 TASK_METRICS = {"translation": ("bleu", "chrf"), "summarization": ("rouge1", "rouge2", "rougeL")}
+VARIANT_NAME = re.compile(r"^[A-Za-z0-9_]+$")  # a variant names run dirs and record files
+# What a claim says of its system against its baseline: significantly better, significantly worse, or not
+# significantly worse (a "matches at equal parameters" claim).
+EXPECTATIONS = ("better", "worse", "match")
 
 
 class SuiteError(ValueError):
@@ -22,6 +32,27 @@ class SpeedSetting:
     batch: int
     max_len_a: float
     max_len_b: int
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A sweep point: `entry` trained with `overrides` (model.* keys), recorded under `name`."""
+
+    name: str
+    entry: str
+    overrides: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One paper claim and the paired comparison of this suite that tests it."""
+
+    paper: str
+    claim: str
+    design: str       # equal parameters / equal FLOPs / equal budget, in words
+    system: str
+    baseline: str
+    expect: str       # one of EXPECTATIONS
 
 
 @dataclass(frozen=True)
@@ -44,6 +75,8 @@ class Suite:
     speed_settings: tuple[SpeedSetting, ...] = field(default_factory=tuple)
     triton: dict[str, Any] = field(default_factory=dict)
     comparisons: tuple[tuple[str, str], ...] = ()  # extra (system, baseline) paired bootstraps, e.g. vs lite baselines
+    variants: dict[str, Variant] = field(default_factory=dict)
+    claims: tuple[Claim, ...] = ()
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -55,8 +88,10 @@ class Suite:
         return "bleu" if self.task == "translation" else "rougeL"
 
     def train_overrides(self, entry: str, seed: int, runs_root: Path) -> list[str]:
-        """The `zoo.train` command line of one (entry, seed) run of this suite."""
-        args = [f"+model={entry}", f"data={self.data}"]
+        """The `zoo.train` command line of one (entry, seed) run of this suite (a variant: its entry, renamed,
+        with its model overrides last so they win)."""
+        variant = self.variants.get(entry)
+        args = [f"+model={variant.entry if variant else entry}", f"data={self.data}"]
         if self.size:
             args.append(f"size={self.size}")
         if self.trainer:
@@ -64,6 +99,8 @@ class Suite:
         if self.experiment:
             args.append(f"experiment={self.experiment}")
         args += [f"trainer.seed={seed}", f"runs_root={runs_root}", *self.overrides]
+        if variant:
+            args += [f"model.name={variant.name}", *variant.overrides]
         return args
 
 
@@ -79,11 +116,13 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
         raise SuiteError(f"suite is missing {', '.join(missing)}; see conf/suite/quick.yaml for a complete one")
     if raw["task"] not in TASK_METRICS:
         raise SuiteError(f"suite.task={raw['task']!r}; expected one of {', '.join(TASK_METRICS)}")
-    known = available_entries(conf_dir)
+    entries_on_file = available_entries(conf_dir)
+    variants = _variants(raw.get("variants") or {}, entries_on_file)
+    known = [*entries_on_file, *variants]
     unknown = [e for e in raw["entries"] if e not in known]
     if unknown:
         raise SuiteError(f"suite.entries has unknown entries {unknown}; known entries: {', '.join(known)}")
-    if raw["baseline"] not in known:
+    if raw["baseline"] not in entries_on_file:
         raise SuiteError(f"suite.baseline={raw['baseline']!r} is not an entry; known entries: {', '.join(known)}")
     if raw["baseline"] not in raw["entries"]:  # `suite.entries=[mixhead_a]` grows a suite: Δ needs the baseline
         raw["entries"] = [raw["baseline"], *raw["entries"]]
@@ -97,6 +136,7 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
         if len(pair) != 2 or any(e not in raw["entries"] for e in pair) or pair[0] == pair[1]:
             raise SuiteError(f"suite.comparisons entry {list(pair)}: expected [system, baseline], two different "
                              f"entries of suite.entries")
+    claims = _claims(raw.get("claims") or [], known, raw["entries"])
     speed = raw.get("speed") or {}
     settings = tuple(
         SpeedSetting(name=str(s["name"]), beam_size=int(s["beam_size"]), batch=int(s["batch"]),
@@ -113,4 +153,41 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
         speed_sentences=int(speed.get("sentences", 512)), speed_threads=speed.get("threads"),
         speed_export=bool(speed.get("export", True)), speed_settings=settings,
         triton=dict(speed.get("triton") or {}), comparisons=comparisons,  # type: ignore[arg-type]
+        variants={n: v for n, v in variants.items() if n in raw["entries"]}, claims=claims,
     )
+
+
+def _variants(raw: dict[str, Any], entries_on_file: list[str]) -> dict[str, Variant]:
+    out: dict[str, Variant] = {}
+    for name, spec in raw.items():
+        if not VARIANT_NAME.match(str(name)) or name in entries_on_file:
+            raise SuiteError(f"suite.variants.{name}: a variant needs a new name of letters, digits and _ "
+                             "(it names run dirs and records), not an existing entry's")
+        if not isinstance(spec, dict) or spec.get("entry") not in entries_on_file:
+            raise SuiteError(f"suite.variants.{name}: expected {{entry: <an entry of conf/model/>, overrides: "
+                             f"[model.key=value, ...]}}, got {spec!r}")
+        overrides = tuple(str(o) for o in spec.get("overrides") or ())
+        bad = [o for o in overrides if not o.startswith("model.") or "=" not in o or o.startswith("model.name=")]
+        if bad:
+            raise SuiteError(f"suite.variants.{name}: overrides {bad} — a variant changes model.<key>=<value> only "
+                             "(its name is the variant's)")
+        out[str(name)] = Variant(str(name), str(spec["entry"]), overrides)
+    return out
+
+
+def _claims(raw: list[Any], known: list[str], entries: list[str]) -> tuple[Claim, ...]:
+    """The suite's claims whose two runs are in this (possibly narrowed) suite; a name that is no entry or
+    variant at all is a typo and refused."""
+    claims = []
+    for i, c in enumerate(raw):
+        keys = ("paper", "claim", "design", "system", "baseline", "expect")
+        if not isinstance(c, dict) or any(not c.get(k) for k in keys):
+            raise SuiteError(f"suite.claims[{i}]: needs {', '.join(keys)}; got {c!r}")
+        unknown = [c[k] for k in ("system", "baseline") if c[k] not in known]
+        if unknown:
+            raise SuiteError(f"suite.claims[{i}]: {unknown} is neither an entry nor one of suite.variants")
+        if c["expect"] not in EXPECTATIONS:
+            raise SuiteError(f"suite.claims[{i}]: expect={c['expect']!r}; choose from {', '.join(EXPECTATIONS)}")
+        if c["system"] in entries and c["baseline"] in entries:
+            claims.append(Claim(*(str(c[k]) for k in keys)))
+    return tuple(claims)
