@@ -24,7 +24,8 @@ model width D, q_len Tq and kv_len Tk (the standard softmax(q kᵀ/√dh) v form
     + q kᵀ 2·H·Tq·Tk·dh + (softmax) v 2·H·Tq·Tk·dh
 (projection costs are read off the actual `nn.Linear` shapes, so extra key projections are
 included automatically). A mechanism whose core differs (MGK, MLK, …) defines
-`flops(q_len, kv_len) -> int` on its class and that count is used for the whole module instead.
+`flops(q_len, kv_len) -> int` on its class and that count is used for the whole module instead;
+the per-module helpers it builds on live in `zoo.attention.flops`.
 FFN: 2·L·D·F + 2·L·F·D. Output projection to the vocabulary: 2·T·D·V.
 """
 
@@ -32,36 +33,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
-
 from zoo.attention import Attention
+
+# The per-module helpers live in the attention package (mechanisms' own flops() use them, and the package must not
+# import this module, which imports the model); re-exported here for callers of zoo.flops.
+from zoo.attention.flops import dot_product_core_flops, linear_flops, projection_flops
 from zoo.model import FeedForward, Transformer, count_parameters
 
 #: source length the papers' size tables are quoted at (IWSLT-like sentence length).
 DEFAULT_SRC_LEN = 30
-
-
-def linear_flops(layer: nn.Linear, length: int) -> int:
-    """FLOPs of applying `layer` to `length` positions: [L, in] @ [in, out] = 2·L·in·out (bias ignored)."""
-    return 2 * length * layer.in_features * layer.out_features
-
-
-def projection_flops(module: Attention, q_len: int, kv_len: int) -> int:
-    """Input/output projections of an attention module, from its actual layer shapes.
-
-    Exposed so mechanisms that define their own `flops()` only have to add their core cost.
-    Query-side layers (q_proj, out_proj) see q_len positions; every key-side layer named in
-    `module.key_projections` (k, v, and e.g. MGK's second key projection) sees kv_len positions.
-    """
-    total = linear_flops(module.q_proj, q_len) + linear_flops(module.out_proj, q_len)
-    for name in module.key_projections:
-        total += linear_flops(getattr(module, name), kv_len)
-    return total
-
-
-def dot_product_core_flops(num_heads: int, head_dim: int, q_len: int, kv_len: int) -> int:
-    """Scores q kᵀ ([H, Tq, dh] @ [H, dh, Tk]) plus weighted values ([H, Tq, Tk] @ [H, Tk, dh])."""
-    return 2 * (2 * num_heads * q_len * kv_len * head_dim)
 
 
 def attention_flops(module: Attention, q_len: int, kv_len: int) -> int:
