@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.attention import causal_mask
 from zoo.model import ModelConfig, Transformer, build_model, count_parameters, sinusoidal_positions
 
 PAD, BOS, EOS = 0, 2, 3
@@ -62,7 +63,7 @@ class TorchSeq2Seq(nn.Module):
         self.transformer.decoder.norm = None
         self.register_buffer("positions", sinusoidal_positions(max_positions, d_model), persistent=False)
         # [P, P] True above the diagonal = may not attend (built once, sliced per batch)
-        causal = torch.triu(torch.ones(max_positions, max_positions, dtype=torch.bool), diagonal=1)
+        causal = ~causal_mask(max_positions, max_positions)
         self.register_buffer("causal", causal, persistent=False)
 
     def _embed(self, emb: nn.Embedding, tokens: Tensor) -> Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zoo.attention.base import FEATURE_MAPS, Attention, Cache, HeadPruningUnsupported, reorder_cache
+from zoo.attention.base import FEATURE_MAPS, Attention, Cache, HeadPruningUnsupported, causal_mask, reorder_cache
 from zoo.attention.linear import LinearAttention, MixtureOfLinearKeys
 from zoo.attention.mgk import MixtureOfGaussianKeys
 from zoo.attention.mha import MultiHeadAttention
@@ -39,5 +39,6 @@ __all__ = [
     "Cache",
     "HeadPruningUnsupported",
     "build_attention",
+    "causal_mask",
     "reorder_cache",
 ]

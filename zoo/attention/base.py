@@ -66,9 +66,13 @@ class Attention(nn.Module):
         self.register_buffer("head_gate", torch.ones(num_heads))
         self.capture: tuple[str, ...] = ()  # which feature maps to keep (GHT); empty = free
         self.captured: dict[str, Tensor] = {}
-        self.reset_parameters()
+        # This class's reset, not an override: a subclass's own tensors do not exist yet. A subclass that adds
+        # parameters calls `self.reset_parameters()` once they do (that re-draws q/k/v/out too, which seeded
+        # models' initial values depend on, so the draws here stay).
+        Attention.reset_parameters(self)
 
     def reset_parameters(self) -> None:
+        """Initialise every parameter (subclasses extend this for their own)."""
         # fairseq's init: scaled xavier for q/k/v so the attention logits start well-conditioned.
         for name in ("q_proj", *self.key_projections):
             proj = getattr(self, name)
@@ -190,6 +194,12 @@ def _slice_linear(layer: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
     if layer.bias is not None:
         new.bias.copy_(layer.bias if dim == 1 else layer.bias.index_select(0, index))
     return new
+
+
+def causal_mask(t: int, s: int, device: torch.device | None = None) -> Tensor:
+    """[T, S] bool, True where query i may see key j: lower-triangular, with the keys aligned to the end when
+    S > T (the T queries are the last positions after a cached prefix). The one causal mask every mechanism uses."""
+    return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
 
 
 def reorder_cache(cache: Cache, order: Tensor) -> None:

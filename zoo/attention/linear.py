@@ -28,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from zoo.attention.base import Cache
-from zoo.attention.mgk import MixtureKeyAttention
+from zoo.attention.base import Cache, causal_mask
+from zoo.attention.flops import projection_flops
+from zoo.attention.mixture_keys import MixtureKeyAttention
 
 
 def feature_map(x: Tensor) -> Tensor:
@@ -194,7 +195,7 @@ class MixtureOfLinearKeys(MixtureKeyAttention):
         if "A" in self.capture:
             scores = feature_map(q) @ kv["k"].transpose(-1, -2)  # [B, H, T, S]
             if causal:
-                scores = scores.tril(diagonal=scores.shape[-1] - scores.shape[-2])
+                scores = scores.masked_fill(~causal_mask(scores.shape[-2], scores.shape[-1], scores.device), 0.0)
             self.captured["A"] = scores / (scores.sum(dim=-1, keepdim=True) + self.eps)
 
     # ----------------------------------------------------------------- size
@@ -204,8 +205,6 @@ class MixtureOfLinearKeys(MixtureKeyAttention):
         This is the exact count of the non-causal paths (encoder self, cross); the decoder's causal
         full pass additionally spends ~4·H·Tq·min(Tq, chunk_size)·dh on within-chunk products.
         Feature maps, the π mixing and the sums over positions are elementwise (not counted)."""
-        from zoo.flops import projection_flops
-
         h, dh = self.num_heads, self.head_dim
         core = h * (2 * kv_len * dh * dh + 2 * q_len * dh * dh + 2 * q_len * dh)
         return projection_flops(self, q_len, kv_len) + core

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import math
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from zoo.attention.base import Attention, Cache
+from zoo.attention.base import Attention, Cache, causal_mask
 
 
 class MultiHeadAttention(Attention):
@@ -20,21 +19,16 @@ class MultiHeadAttention(Attention):
         p = self.dropout if self.training else 0.0
         if "A" not in self.capture:
             if causal and mask is not None:
-                mask = mask & _causal_mask(q.shape[2], k.shape[2], q.device)
+                mask = mask & causal_mask(q.shape[2], k.shape[2], q.device)
                 causal = False
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)  # [B, H, T, S]
         if causal:
-            mask = _causal_mask(q.shape[2], k.shape[2], q.device) if mask is None else mask & _causal_mask(
-                q.shape[2], k.shape[2], q.device
-            )
+            tri = causal_mask(q.shape[2], k.shape[2], q.device)  # [T, S]
+            mask = tri if mask is None else mask & tri
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         attn = scores.softmax(dim=-1)
         self.captured["A"] = attn
         return F.dropout(attn, p, self.training) @ v
 
-
-def _causal_mask(t: int, s: int, device: torch.device) -> Tensor:
-    # [T, S] True where query i may see key j (keys aligned to the end when S > T)
-    return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)

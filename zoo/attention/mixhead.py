@@ -43,8 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.attention.base import Attention, Cache, HeadPruningUnsupported
-from zoo.attention.mha import _causal_mask
+from zoo.attention.base import Attention, Cache, HeadPruningUnsupported, causal_mask
+from zoo.attention.flops import dot_product_core_flops, projection_flops
 
 VARIANTS = ("a", "b", "avg")
 
@@ -131,7 +131,7 @@ class MixheadAttention(Attention):
         k, v = kv["k"], kv["v"]  # [B, H, S, dh]
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)  # [B, H, T, S]
         if causal:
-            tri = _causal_mask(q.shape[2], k.shape[2], q.device)  # [T, S]
+            tri = causal_mask(q.shape[2], k.shape[2], q.device)  # [T, S]
             mask = tri if mask is None else mask & tri
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
@@ -169,8 +169,6 @@ class MixheadAttention(Attention):
         """Projections + q kᵀ + P̄ v as plain MHA, plus the mixing [Tq·Tk, H] @ [H, H] (2·Tq·Tk·H²)
         and, for B, the mixing matrices q·W: [Tq·H, dh] @ [dh, H] (2·Tq·H·dh·H). The training-only
         orthogonality penalty is not counted (zoo.flops counts forward passes)."""
-        from zoo.flops import dot_product_core_flops, projection_flops
-
         h, dh = self.num_heads, self.head_dim
         total = projection_flops(self, q_len, kv_len) + dot_product_core_flops(h, dh, q_len, kv_len)
         total += 2 * q_len * kv_len * h * h
