@@ -26,14 +26,14 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from export import runtime as export_runtime
-from serve.repository import (
+from serve.model_config import (
     COMMON_FILE,
     RUNTIME_FILE,
     TRITON_MODELS,
     ModelSettings,
     RepositoryError,
-    _install,
     check_name,
+    install_model_dir,
     parse_config,
     pbtxt_string,
     python_config,
@@ -103,7 +103,7 @@ def write_ngc_model(export_dir: Path, repo: Path, settings: ModelSettings, overw
         (tmp / "config.pbtxt").write_text(python_config(name, settings, extra, kind="KIND_CPU"))
         for tmp, target in staged:
             tmp.chmod(0o755)
-            _install(tmp, target, overwrite)
+            install_model_dir(tmp, target, overwrite)
     except BaseException:
         for tmp, _ in staged:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -13,169 +13,72 @@ Why: users should get a working repository without writing Triton configs or bac
   tokenizes, runs the export runtime's beam search and calls the two ONNX models per step (serve/ngc.py).
 
 Every config.pbtxt written is parsed back with Triton's model-config protobuf (shipped in tritonclient), so a
-malformed config fails here with the field named instead of at server start.
+malformed config fails here with the field named instead of at server start. What a model directory consists of
+(settings, config text, manifest, names, installing a staged dir) is serve.model_config, which serve.ngc shares.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
+import hydra
+from omegaconf import DictConfig, OmegaConf
 
 from export import runtime as export_runtime
 
-HERE = Path(__file__).resolve().parent
-TRITON_MODELS = HERE / "triton"
-RUNTIME_FILE = "export_runtime.py"  # the copy of export/runtime.py inside every model version dir
-COMMON_FILE = "model_common.py"  # request handling shared by both variants' model.py
-INPUT, OUTPUT, TRUNCATED = "TEXT", "OUTPUT", "TRUNCATED"
-KINDS = ("KIND_CPU", "KIND_GPU", "KIND_AUTO")
+# The shared model-directory pieces live in serve.model_config (serve.ngc needs them too); the public ones are
+# re-exported here for callers of serve.repository.
+from serve.model_config import (
+    COMMON_FILE,
+    HERE,
+    INPUT,
+    KINDS,
+    OUTPUT,
+    RUNTIME_FILE,
+    TRITON_MODELS,
+    TRUNCATED,
+    ModelSettings,
+    RepositoryError,
+    batching_text,
+    check_name,
+    install_model_dir,
+    parameters_text,
+    parse_config,
+    pbtxt_string,
+    python_config,
+    read_manifest,
+    text_io_text,
+)
+from serve.ngc import write_ngc_model
 
-
-class RepositoryError(Exception):
-    """A repository that cannot be written (bad export dir, name clash, invalid settings)."""
-
-
-@dataclass
-class ModelSettings:
-    """Per-model Triton settings (conf/serve.yaml `triton:`)."""
-
-    version: int = 1
-    version_policy: Any = "latest"
-    max_batch_size: int = 64
-    dynamic_batching: bool = True
-    preferred_batch_size: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
-    max_queue_delay_microseconds: int = 2000
-    instance_count: int = 1
-    instance_kind: str = "KIND_CPU"
-    onnx_instance_kind: str = "KIND_GPU"
-    provider: str = "cpu"
-    threads: int = 0
-    optimization: str | None = None
-    check_files: bool = True
-    max_request_cost: int = 10_000  # rows × beam × max output tokens one request may ask for (INVALID_ARGUMENT)
-    max_execute_cost: int = 40_000  # the same summed over one execute's batch (the rest: UNAVAILABLE, retry)
-
-    @classmethod
-    def from_mapping(cls, values: dict[str, Any] | None) -> ModelSettings:
-        values = dict(values or {})
-        unknown = sorted(set(values) - {f.name for f in fields(cls)})
-        if unknown:
-            raise RepositoryError(f"unknown model setting(s) {unknown}; known: {sorted(f.name for f in fields(cls))}")
-        settings = cls(**values)
-        settings.check()
-        return settings
-
-    def check(self) -> None:
-        for key in ("instance_kind", "onnx_instance_kind"):
-            if getattr(self, key) not in KINDS:
-                raise RepositoryError(f"{key}={getattr(self, key)!r}; use one of {KINDS}")
-        if self.provider not in ("cpu", "cuda"):
-            raise RepositoryError(f"provider={self.provider!r}; use cpu or cuda")
-        if self.max_batch_size < 1:
-            raise RepositoryError("max_batch_size must be ≥ 1 (requests carry a batch dimension)")
-        if self.max_request_cost < 1 or self.max_execute_cost < self.max_request_cost:
-            raise RepositoryError("max_request_cost must be ≥ 1 and max_execute_cost ≥ max_request_cost")
-        if self.version < 1:
-            raise RepositoryError("version must be ≥ 1 (Triton version directories are positive integers)")
-        self.preferred_batch_size = sorted({int(b) for b in self.preferred_batch_size if int(b) <= self.max_batch_size})
-
-    def version_policy_text(self) -> str:
-        policy = self.version_policy
-        if policy == "latest":
-            return "version_policy: { latest: { num_versions: 1 } }"
-        if policy == "all":
-            return "version_policy: { all: {} }"
-        if isinstance(policy, Sequence) and not isinstance(policy, str) and policy:
-            return f"version_policy: {{ specific: {{ versions: [{', '.join(str(int(v)) for v in policy)}] }} }}"
-        raise RepositoryError(f"version_policy={policy!r}; use latest, all or a list of versions")
-
-
-def pbtxt_string(value: str) -> str:
-    return json.dumps(value)  # a JSON string literal is a valid protobuf text-format string literal
-
-
-def parameters_text(params: dict[str, Any]) -> str:
-    return "\n".join(f"parameters: {{ key: {pbtxt_string(k)} value: {{ string_value: {pbtxt_string(str(v))} }} }}"
-                     for k, v in params.items())
-
-
-def batching_text(settings: ModelSettings) -> str:
-    if not settings.dynamic_batching:
-        return ""
-    preferred = ", ".join(str(b) for b in settings.preferred_batch_size)
-    return ("dynamic_batching {\n"
-            + (f"  preferred_batch_size: [ {preferred} ]\n" if preferred else "")
-            + f"  max_queue_delay_microseconds: {int(settings.max_queue_delay_microseconds)}\n}}")
-
-
-def text_io_text() -> str:
-    """The public interface of both variants: a batch of strings in, a batch of strings (+ flags) out."""
-    return (f'input [ {{ name: "{INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]\n'
-            f'output [ {{ name: "{OUTPUT}" data_type: TYPE_STRING dims: [ 1 ] }},\n'
-            f'         {{ name: "{TRUNCATED}" data_type: TYPE_BOOL dims: [ 1 ] }} ]')
-
-
-def parse_config(text: str, where: str = "config.pbtxt") -> model_config_pb2.ModelConfig:
-    """Parse config.pbtxt text with Triton's ModelConfig protobuf; a clear error on any unknown/malformed field."""
-    try:
-        return text_format.Parse(text, model_config_pb2.ModelConfig())
-    except text_format.ParseError as exc:
-        raise RepositoryError(f"{where} is not a valid Triton model config: {exc}") from exc
-
-
-def python_config(name: str, settings: ModelSettings, extra: dict[str, Any] | None = None,
-                  kind: str | None = None) -> str:
-    """config.pbtxt of a Python-backend text model (the `python` variant, and the BLS model of `ngc`)."""
-    params = {"provider": settings.provider, "threads": settings.threads,
-              "optimization": settings.optimization or "", "check_files": str(settings.check_files).lower(),
-              "max_request_cost": int(settings.max_request_cost), "max_execute_cost": int(settings.max_execute_cost),
-              **(extra or {})}
-    parts = [
-        f"name: {pbtxt_string(name)}",
-        'backend: "python"',
-        f"max_batch_size: {int(settings.max_batch_size)}",
-        settings.version_policy_text(),
-        text_io_text(),
-        batching_text(settings),
-        f"instance_group [ {{ count: {int(settings.instance_count)} kind: {kind or settings.instance_kind} }} ]",
-        parameters_text(params),
-    ]
-    text = "\n".join(p for p in parts if p) + "\n"
-    parse_config(text, f"{name}/config.pbtxt")
-    return text
-
-
-def read_manifest(export_dir: Path) -> dict[str, Any]:
-    """The export's manifest, validated by the runtime's own reader before anything is copied: every file
-    name plain and inside the export, every referenced file listed, every listed file's sha256 checked. An
-    export is untrusted input — a manifest key like `../../x` must never write outside the repository."""
-    try:
-        return export_runtime.read_manifest(export_dir, check_files=True)
-    except export_runtime.ExportedModelError as exc:
-        raise RepositoryError(f"{export_dir}: {exc}") from exc
-
-
-def check_name(name: str) -> str:
-    if not name or "/" in name or name.startswith(".") or any(c.isspace() for c in name):
-        raise RepositoryError(f"model name {name!r} is not usable as a Triton model directory name")
-    return name
-
-
-def _install(tmp: Path, target: Path, overwrite: bool) -> None:
-    if target.exists():
-        if not overwrite:
-            raise RepositoryError(f"{target} exists; pass overwrite=true to replace it")
-        shutil.rmtree(target)
-    tmp.rename(target)
+__all__ = [
+    "COMMON_FILE",
+    "HERE",
+    "INPUT",
+    "KINDS",
+    "OUTPUT",
+    "RUNTIME_FILE",
+    "TRITON_MODELS",
+    "TRUNCATED",
+    "ModelSettings",
+    "RepositoryError",
+    "batching_text",
+    "check_name",
+    "main",
+    "parameters_text",
+    "parse_config",
+    "pbtxt_string",
+    "python_config",
+    "read_manifest",
+    "text_io_text",
+    "write_python_model",
+    "write_repository",
+]
 
 
 def write_python_model(export_dir: Path, repo: Path, settings: ModelSettings, overwrite: bool = False,
@@ -195,7 +98,7 @@ def write_python_model(export_dir: Path, repo: Path, settings: ModelSettings, ov
         shutil.copy2(TRITON_MODELS / COMMON_FILE, version_dir / COMMON_FILE)
         (tmp / "config.pbtxt").write_text(python_config(name, settings), encoding="utf-8")
         tmp.chmod(0o755)
-        _install(tmp, repo / name, overwrite)
+        install_model_dir(tmp, repo / name, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -218,8 +121,6 @@ def write_repository(export_dirs: Iterable[str | Path], repo: str | Path, settin
     if variant == "python":
         return [write_python_model(d, repo, settings, overwrite) for d in dirs]
     if variant == "ngc":
-        from serve.ngc import write_ngc_model
-
         return [write_ngc_model(d, repo, settings, overwrite) for d in dirs]
     raise RepositoryError(f"variant={variant!r}; use python or ngc")
 
@@ -231,9 +132,6 @@ def _as_list(value: Any) -> list[str]:
 
 
 def main() -> None:
-    import hydra
-    from omegaconf import DictConfig, OmegaConf
-
     @hydra.main(config_path="../conf", config_name="serve", version_base="1.3")
     def run(cfg: DictConfig) -> None:
         try:

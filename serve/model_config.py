@@ -1,0 +1,168 @@
+"""What a Triton model directory of this project consists of, shared by both repository variants
+(`serve.repository`: python; `serve.ngc`: the NGC container's onnxruntime + BLS models).
+
+The per-model settings, config.pbtxt text for the Python-backend text model and its parts, the parser that reads
+every written config back with Triton's ModelConfig protobuf (shipped in tritonclient) so a malformed config fails
+here with the field named instead of at server start, the export's validated manifest, model names, the files
+copied next to every model.py, and installing a staged directory in place.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from export import runtime as export_runtime
+
+HERE = Path(__file__).resolve().parent
+TRITON_MODELS = HERE / "triton"
+RUNTIME_FILE = "export_runtime.py"  # the copy of export/runtime.py inside every model version dir
+COMMON_FILE = "model_common.py"  # request handling shared by both variants' model.py
+INPUT, OUTPUT, TRUNCATED = "TEXT", "OUTPUT", "TRUNCATED"
+KINDS = ("KIND_CPU", "KIND_GPU", "KIND_AUTO")
+
+
+class RepositoryError(Exception):
+    """A repository that cannot be written (bad export dir, name clash, invalid settings)."""
+
+
+@dataclass
+class ModelSettings:
+    """Per-model Triton settings (conf/serve.yaml `triton:`)."""
+
+    version: int = 1
+    version_policy: Any = "latest"
+    max_batch_size: int = 64
+    dynamic_batching: bool = True
+    preferred_batch_size: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
+    max_queue_delay_microseconds: int = 2000
+    instance_count: int = 1
+    instance_kind: str = "KIND_CPU"
+    onnx_instance_kind: str = "KIND_GPU"
+    provider: str = "cpu"
+    threads: int = 0
+    optimization: str | None = None
+    check_files: bool = True
+    max_request_cost: int = 10_000  # rows × beam × max output tokens one request may ask for (INVALID_ARGUMENT)
+    max_execute_cost: int = 40_000  # the same summed over one execute's batch (the rest: UNAVAILABLE, retry)
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any] | None) -> ModelSettings:
+        values = dict(values or {})
+        unknown = sorted(set(values) - {f.name for f in fields(cls)})
+        if unknown:
+            raise RepositoryError(f"unknown model setting(s) {unknown}; known: {sorted(f.name for f in fields(cls))}")
+        settings = cls(**values)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        for key in ("instance_kind", "onnx_instance_kind"):
+            if getattr(self, key) not in KINDS:
+                raise RepositoryError(f"{key}={getattr(self, key)!r}; use one of {KINDS}")
+        if self.provider not in ("cpu", "cuda"):
+            raise RepositoryError(f"provider={self.provider!r}; use cpu or cuda")
+        if self.max_batch_size < 1:
+            raise RepositoryError("max_batch_size must be ≥ 1 (requests carry a batch dimension)")
+        if self.max_request_cost < 1 or self.max_execute_cost < self.max_request_cost:
+            raise RepositoryError("max_request_cost must be ≥ 1 and max_execute_cost ≥ max_request_cost")
+        if self.version < 1:
+            raise RepositoryError("version must be ≥ 1 (Triton version directories are positive integers)")
+        self.preferred_batch_size = sorted({int(b) for b in self.preferred_batch_size if int(b) <= self.max_batch_size})
+
+    def version_policy_text(self) -> str:
+        policy = self.version_policy
+        if policy == "latest":
+            return "version_policy: { latest: { num_versions: 1 } }"
+        if policy == "all":
+            return "version_policy: { all: {} }"
+        if isinstance(policy, Sequence) and not isinstance(policy, str) and policy:
+            return f"version_policy: {{ specific: {{ versions: [{', '.join(str(int(v)) for v in policy)}] }} }}"
+        raise RepositoryError(f"version_policy={policy!r}; use latest, all or a list of versions")
+
+
+def pbtxt_string(value: str) -> str:
+    return json.dumps(value)  # a JSON string literal is a valid protobuf text-format string literal
+
+
+def parameters_text(params: dict[str, Any]) -> str:
+    return "\n".join(f"parameters: {{ key: {pbtxt_string(k)} value: {{ string_value: {pbtxt_string(str(v))} }} }}"
+                     for k, v in params.items())
+
+
+def batching_text(settings: ModelSettings) -> str:
+    if not settings.dynamic_batching:
+        return ""
+    preferred = ", ".join(str(b) for b in settings.preferred_batch_size)
+    return ("dynamic_batching {\n"
+            + (f"  preferred_batch_size: [ {preferred} ]\n" if preferred else "")
+            + f"  max_queue_delay_microseconds: {int(settings.max_queue_delay_microseconds)}\n}}")
+
+
+def text_io_text() -> str:
+    """The public interface of both variants: a batch of strings in, a batch of strings (+ flags) out."""
+    return (f'input [ {{ name: "{INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]\n'
+            f'output [ {{ name: "{OUTPUT}" data_type: TYPE_STRING dims: [ 1 ] }},\n'
+            f'         {{ name: "{TRUNCATED}" data_type: TYPE_BOOL dims: [ 1 ] }} ]')
+
+
+def parse_config(text: str, where: str = "config.pbtxt") -> model_config_pb2.ModelConfig:
+    """Parse config.pbtxt text with Triton's ModelConfig protobuf; a clear error on any unknown/malformed field."""
+    try:
+        return text_format.Parse(text, model_config_pb2.ModelConfig())
+    except text_format.ParseError as exc:
+        raise RepositoryError(f"{where} is not a valid Triton model config: {exc}") from exc
+
+
+def python_config(name: str, settings: ModelSettings, extra: dict[str, Any] | None = None,
+                  kind: str | None = None) -> str:
+    """config.pbtxt of a Python-backend text model (the `python` variant, and the BLS model of `ngc`)."""
+    params = {"provider": settings.provider, "threads": settings.threads,
+              "optimization": settings.optimization or "", "check_files": str(settings.check_files).lower(),
+              "max_request_cost": int(settings.max_request_cost), "max_execute_cost": int(settings.max_execute_cost),
+              **(extra or {})}
+    parts = [
+        f"name: {pbtxt_string(name)}",
+        'backend: "python"',
+        f"max_batch_size: {int(settings.max_batch_size)}",
+        settings.version_policy_text(),
+        text_io_text(),
+        batching_text(settings),
+        f"instance_group [ {{ count: {int(settings.instance_count)} kind: {kind or settings.instance_kind} }} ]",
+        parameters_text(params),
+    ]
+    text = "\n".join(p for p in parts if p) + "\n"
+    parse_config(text, f"{name}/config.pbtxt")
+    return text
+
+
+def read_manifest(export_dir: Path) -> dict[str, Any]:
+    """The export's manifest, validated by the runtime's own reader before anything is copied: every file
+    name plain and inside the export, every referenced file listed, every listed file's sha256 checked. An
+    export is untrusted input — a manifest key like `../../x` must never write outside the repository."""
+    try:
+        return export_runtime.read_manifest(export_dir, check_files=True)
+    except export_runtime.ExportedModelError as exc:
+        raise RepositoryError(f"{export_dir}: {exc}") from exc
+
+
+def check_name(name: str) -> str:
+    if not name or "/" in name or name.startswith(".") or any(c.isspace() for c in name):
+        raise RepositoryError(f"model name {name!r} is not usable as a Triton model directory name")
+    return name
+
+
+def install_model_dir(tmp: Path, target: Path, overwrite: bool) -> None:
+    """Move a fully written (staged) model directory into place, replacing an existing one only with `overwrite`."""
+    if target.exists():
+        if not overwrite:
+            raise RepositoryError(f"{target} exists; pass overwrite=true to replace it")
+        shutil.rmtree(target)
+    tmp.rename(target)
