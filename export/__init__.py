@@ -16,7 +16,7 @@ __all__ = ["SEARCH_LIMITS", "ExportedModel", "ExportedModelError", "Search", "Se
 
 def __getattr__(name: str) -> Any:
     if name == "export_checkpoint":
-        from export.exporter import export_checkpoint
+        from export.exporter import export_checkpoint  # imported here: the exporter loads torch (see above)
 
         return export_checkpoint
     raise AttributeError(f"module 'export' has no attribute {name!r}")

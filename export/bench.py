@@ -38,8 +38,10 @@ import torch
 from export.pruning import prune
 from export.runtime import ExportedModel, Search, load
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
+from zoo.data import build_splits
 from zoo.flops import model_flops
 from zoo.generate import SearchConfig, generate
+from zoo.metrics import paired_bootstrap
 from zoo.model import Transformer
 
 TARGETS = {("greedy", 1): 1.5, ("beam5", 32): 1.2}  # ORT / torch sentences-per-second, natural mode
@@ -76,8 +78,6 @@ def load_sentences(payload: dict[str, Any], path: str | None, n: int) -> tuple[l
         lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
         return (lines * (n // max(len(lines), 1) + 1))[:n], None
     try:
-        from zoo.data import build_splits
-
         test = build_splits(payload["data_config"]).test
         if test:
             reps = n // len(test) + 1  # a small test set is repeated to fill the largest batch
@@ -281,8 +281,6 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         elif refs is None:
             print("  int8: no references (test split unavailable): BLEU cost not measured")
         else:
-            from zoo.metrics import paired_bootstrap
-
             n = min(args.bleu_sentences or len(texts), len(set(texts)))  # one pass over the test split
             start = time.perf_counter()
             fp32_out = runtime.translate(texts[:n], beam_size=5)

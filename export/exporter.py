@@ -18,6 +18,7 @@ import datetime as dt
 import io
 import json
 import logging
+import math
 import os
 import platform
 import shutil
@@ -30,9 +31,16 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+import onnx_ir as ir
 import onnxruntime
+import onnxscript
+import sentencepiece
 import torch
+from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
+from onnx import numpy_helper
+from onnxruntime.quantization import QuantType, quantize_dynamic
+from torch.export import Dim
 
 from export.graph import (
     BATCH,
@@ -60,9 +68,10 @@ from export.pruning import (
 from export.runtime import MANIFEST, OPTIMIZATION_LEVELS, RUNTIME_FORMAT, ExportedModel, Search, _sha256
 from export.verify import encode_pairs, verify_export
 from zoo.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
-from zoo.data import Tokenizer
-from zoo.entries import list_entries
+from zoo.data import DataError, Tokenizer, build_splits
+from zoo.entries import CONF_DIR, list_entries
 from zoo.flops import size_summary
+from zoo.metrics import corpus_chrf, paired_bootstrap
 from zoo.model import ModelConfig, Transformer
 
 ENCODER_FILE = "encoder.onnx"
@@ -121,8 +130,6 @@ def _plan(cfg: DictConfig, model: Transformer, payload: dict[str, Any], tokenize
         if imp.source == "heldout":
             srcs, tgts = _heldout(payload, int(imp.sentences))
         elif imp.source == "valid":
-            from zoo.data import DataError, build_splits
-
             try:
                 valid = build_splits(payload["data_config"]).valid[: int(imp.sentences)]
             except DataError as exc:
@@ -147,8 +154,6 @@ def _quality_pairs(cfg: DictConfig, payload: dict[str, Any], srcs: list[str], tg
     q = cfg.quantize_eval
     limit = int(q.sentences) if q.sentences else None
     if q.split == "test":
-        from zoo.data import DataError, build_splits
-
         try:
             test = build_splits(payload["data_config"]).test[:limit]
         except (DataError, KeyError, OSError) as exc:
@@ -165,8 +170,6 @@ def int8_quality(fp32_out: list[str], int8_out: list[str], refs: list[str], spli
                  beam_size: int) -> dict[str, Any]:
     """BLEU of the fp32 and INT8 graphs' translations (same runtime, same search) with sacreBLEU's
     paired bootstrap: the quality cost of quantisation, claimed only if significant (DESIGN.md §3c)."""
-    from zoo.metrics import corpus_chrf, paired_bootstrap
-
     test = paired_bootstrap(fp32_out, int8_out, refs)
     return {"split": split, "beam_size": beam_size,
             "bleu_fp32": test["baseline"]["bleu"], "bleu_int8": test["system"]["bleu"],
@@ -214,11 +217,6 @@ def _sdpa_translation(opset: int) -> Callable[..., Any]:
     every layer's whole key cache — 37% of the step time of a small model at batch 32 × beam 5. A
     last-two-axes Transpose is fused away. Inference only (dropout ignored), no GQA.
     """
-    import math
-
-    import onnx_ir as ir
-    import onnxscript
-
     op = getattr(onnxscript, f"opset{opset}")
 
     def sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
@@ -319,8 +317,6 @@ def _finish_graph(path: Path, metadata: dict[str, str]) -> dict[str, int]:
 def export_graphs(model: Transformer, specs: list[CacheSpec], directory: Path, opset: int | None,
                   metadata: dict[str, str]) -> dict[str, Any]:
     """Write encoder.onnx and decoder.onnx for `model` (eval) with every batch/length axis dynamic."""
-    from torch.export import Dim
-
     cfg = model.cfg
     # lengths are bounded by the positions table (Transformer._embed checks it: a guard torch.export must
     # see declared, or it reports a constraint violation)
@@ -362,8 +358,6 @@ def _fold_weight_transposes(model: onnx.ModelProto) -> None:
     """Replace Transpose(initializer) by a transposed initializer. The tied output projection is
     `x @ tgt_embed.weightᵀ` with the table shared by the embedding Gather, so the exporter keeps a
     runtime Transpose — which hides that MatMul's weight from quantize_dynamic."""
-    from onnx import numpy_helper
-
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     keep = []
@@ -380,8 +374,6 @@ def _fold_weight_transposes(model: onnx.ModelProto) -> None:
 
 def quantize_graphs(directory: Path) -> None:
     """Dynamic INT8 quantisation of MatMul weights in place (activations stay fp32, quantised per call)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
     for name in (ENCODER_FILE, DECODER_FILE):
         path = directory / name
         model = onnx.load(str(path))
@@ -395,9 +387,6 @@ def quantize_graphs(directory: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------- manifest
 def _versions() -> dict[str, str]:
-    import onnxscript
-    import sentencepiece
-
     return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
             "onnxscript": onnxscript.__version__, "sentencepiece": sentencepiece.__version__,
             "numpy": __import__("numpy").__version__, "python": platform.python_version()}
@@ -439,10 +428,6 @@ def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
 def _as_config(cfg: DictConfig | Mapping[str, Any]) -> DictConfig:
     if isinstance(cfg, DictConfig):
         return cfg
-    from hydra import compose, initialize_config_dir
-
-    from zoo.entries import CONF_DIR
-
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         base = compose(config_name="export")
     return OmegaConf.merge(base, OmegaConf.create(dict(cfg)))

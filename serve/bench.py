@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import platform
 import sys
 import threading
 import time
@@ -22,11 +24,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import hydra
 import numpy as np
+from omegaconf import DictConfig, OmegaConf
 
+import export
 from serve.client import Client, ClientError
-from serve.repository import ModelSettings, read_manifest, write_python_model
-from serve.server import Server
+from serve.model_config import ModelSettings, RepositoryError, read_manifest
+from serve.repository import write_python_model
+from serve.server import Server, ServerError
 
 NO_BATCHING = "-nodb"
 
@@ -227,6 +233,8 @@ def comparisons(points: list[Point]) -> list[str]:
 
 
 def plot(points: list[Point], path: Path) -> None:
+    # imported here: matplotlib is slow to import and only plotting needs it, and the Agg backend must be
+    # selected before pyplot loads (at module level that would change the backend of whoever imports us)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -259,10 +267,6 @@ def plot(points: list[Point], path: Path) -> None:
 
 def bench(cfg: Any) -> dict[str, Any]:
     """Run the whole sweep described by `cfg` (conf/bench.yaml); returns the JSON written."""
-    from omegaconf import OmegaConf
-
-    import export
-
     exports = [Path(e) for e in ([cfg.exports] if isinstance(cfg.exports, str) else cfg.exports)]
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out or f"bench/serve-{stamp}")
@@ -336,8 +340,6 @@ def _baseline_threads(requested: int | None, settings: ModelSettings) -> int | N
     """ORT threads of the in-process baseline: by default the CPU the served model may use (threads per
     instance × instances, at most the machine's cores), so `instance_count: 2, threads: 1` is compared with one
     2-thread runtime on a 2-core machine, not with a 1-thread one that leaves a core idle."""
-    import os
-
     if requested:
         return int(requested)
     if not settings.threads:
@@ -346,24 +348,15 @@ def _baseline_threads(requested: int | None, settings: ModelSettings) -> int | N
 
 
 def _machine() -> dict[str, Any]:
-    import os
-    import platform
-
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
 
 
 def main() -> None:
-    import hydra
-    from omegaconf import DictConfig
-
     @hydra.main(config_path="../conf", config_name="bench", version_base="1.3")
     def run(cfg: DictConfig) -> None:
         try:
             bench(cfg)
         except Exception as exc:
-            from serve.repository import RepositoryError
-            from serve.server import ServerError
-
             if isinstance(exc, (RepositoryError, ServerError, ClientError)):
                 print(f"error: {exc}", file=sys.stderr)
                 sys.exit(2)

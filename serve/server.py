@@ -89,7 +89,7 @@ class ServerInfo:
 
 def wheel_dir() -> Path:
     """The tritonserver tree inside the nvidia-pytriton wheel."""
-    try:
+    try:  # imported here: an optional dependency (Linux x86_64 only); missing, it is a ServerError, not an ImportError
         import pytriton
     except ImportError as exc:
         raise ServerError("nvidia-pytriton is not installed; `pip install nvidia-pytriton==0.7.0` "

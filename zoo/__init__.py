@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 def load(checkpoint: str, device: str = "cpu") -> Translator:
     """`zoo.load(run_dir_or_pt).translate(["Guten Morgen."])` — see zoo.api.Translator."""
+    # imported here: every zoo.* import runs this file first, and zoo.api loads torch and the whole model stack
     from zoo.api import Translator
 
     return Translator.from_checkpoint(checkpoint, device=device)

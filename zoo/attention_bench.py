@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf  # importing zoo.* registered the ${div:…} resolver entries may use
 from torch import Tensor
 
 from zoo.attention import ATTENTION_REGISTRY, Attention, build_attention
@@ -60,9 +62,6 @@ class Candidate:
 
 def entry_candidates(size: str, entries: list[str] | None = None) -> tuple[int, list[Candidate]]:
     """(d_model, one Candidate per conf/model entry) composed like `zoo.train +model=<entry> size=<size>`."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf  # importing zoo.* registered the ${div:…} resolver entries may use
-
     names = entries or list_entries()
     found: list[Candidate] = []
     d_model = 0

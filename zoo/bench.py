@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.profiler import ProfilerActivity, profile
 
 from zoo.attention import causal_mask
 from zoo.model import ModelConfig, Transformer, build_model, count_parameters, sinusoidal_positions
@@ -188,8 +189,6 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
 
 def _profile(step: Callable[[], float], n: int) -> str:
     """Operator table (self CPU time) over n steps, to see where a slowdown comes from."""
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(n):
             step()

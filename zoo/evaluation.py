@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from zoo.data import Example, Tokenizer
 from zoo.data import remove_bpe as strip_bpe
@@ -47,8 +48,6 @@ def translate_texts(model: Transformer, tokenizer: Tokenizer, texts: Sequence[st
     batches = _batches([len(e) for e in encoded], max_tokens, max_sentences)
     iterator = batches
     if progress:
-        from tqdm import tqdm
-
         iterator = tqdm(batches, desc="decode", unit="batch", leave=False)
     for idx in iterator:
         width = max(len(encoded[i]) for i in idx)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 
 def plot_learning_curve(metrics_csv: Path, out_png: Path, quality_key: str = "valid_bleu") -> None:
+    # imported here: matplotlib is slow to import and only plotting needs it, and the Agg backend must be
+    # selected before pyplot loads (at module level that would change the backend of whoever imports us)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -22,6 +22,7 @@ from zoo.entries import missing_model_message
 from zoo.evaluation import evaluate_examples
 from zoo.flops import format_size_summary, size_summary
 from zoo.generate import SearchConfig
+from zoo.ght.procedure import GHTOptions, GHTProcedure
 from zoo.model import ModelConfig, build_model
 from zoo.runs import DONE_MARKER, new_run_dir, resolve_resume, write_provenance
 from zoo.trainer import Trainer
@@ -195,8 +196,6 @@ def _procedure(cfg: DictConfig, started_from_weights: bool):
         if started_from_weights:
             log.info("init_from: starting plain training from the given weights")
         return None
-    from zoo.ght.procedure import GHTOptions, GHTProcedure
-
     try:
         options = GHTOptions.from_config(OmegaConf.to_container(cfg.model.ght, resolve=True))
     except (TypeError, ValueError) as exc:

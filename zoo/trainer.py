@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from zoo import distributed as dist
 from zoo.checkpoint import average_weights, load_checkpoint, save_checkpoint
@@ -319,8 +320,6 @@ class Trainer:
         if dist.is_main() and not csv_path.exists():
             with csv_path.open("w", newline="") as f:
                 csv.DictWriter(f, CSV_FIELDS).writeheader()
-        from tqdm import tqdm
-
         bar = tqdm(total=cfg.max_updates, initial=self.state.step, desc="train", unit="upd",
                    disable=not dist.is_main() or not cfg.progress, dynamic_ncols=True,
                    mininterval=1.0 if sys.stderr.isatty() else 30.0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from zoo.api import Translator
 from zoo.checkpoint import CheckpointError
 
 
@@ -20,8 +21,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("text", nargs="*", help="sentences to translate; read stdin lines when none are given")
     args = parser.parse_args(argv)
-    from zoo.api import Translator
-
     try:
         translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
     except CheckpointError as exc:

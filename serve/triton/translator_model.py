@@ -12,6 +12,8 @@ import os
 import sys
 from typing import Any
 
+import onnxruntime as ort
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import export_runtime
 from model_common import TextModel
@@ -31,8 +33,6 @@ class TritonPythonModel(TextModel):
     @staticmethod
     def _use_cuda(model: Any, device: int) -> None:
         """Swap the runtime's CPU sessions for CUDA ones (the runtime itself is CPU-only by design)."""
-        import onnxruntime as ort
-
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             raise RuntimeError("provider=cuda but this onnxruntime has no CUDAExecutionProvider; "
                                "install onnxruntime-gpu in the server's Python environment")

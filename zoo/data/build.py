@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
 from zoo.data.assemble import log_stats
 from zoo.data.cache import (
     build_lock,
@@ -39,10 +41,6 @@ KINDS = (*CACHED_BUILDERS, "files")
 
 def to_plain(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """A plain, resolved dict from a ``DictConfig`` or any mapping (interpolations resolved)."""
-    try:
-        from omegaconf import DictConfig, OmegaConf
-    except ImportError:  # pragma: no cover - omegaconf is a project dependency
-        return dict(cfg)
     if isinstance(cfg, DictConfig):
         return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
     return dict(cfg)

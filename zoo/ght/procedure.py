@@ -9,7 +9,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -23,10 +23,7 @@ from zoo.ght.features import MODULE_KINDS, head_points, module_kind
 from zoo.ght.kmeans import kmeans
 from zoo.ght.voting import RENAMED, SELECTIONS, fixed_groups, nearest_heads, plot_votes, select_heads
 from zoo.model import Transformer
-from zoo.trainer import Procedure, spread_sample
-
-if TYPE_CHECKING:
-    from zoo.trainer import Trainer
+from zoo.trainer import Procedure, Trainer, spread_sample
 
 log = logging.getLogger("zoo.ght")
 LOSS_NORMALIZATIONS = ("mean", "token_sum")

@@ -64,6 +64,8 @@ def select_heads(votes: list[int], groups: list[int], k: int, rule: str, seed: i
 
 def plot_votes(votes: dict[str, list[int]], plan: dict[str, list[int]], out_png: str) -> None:
     """Heat map module × head of vote counts, kept heads outlined."""
+    # imported here: matplotlib is slow to import and only plotting needs it, and the Agg backend must be
+    # selected before pyplot loads (at module level that would change the backend of whoever imports us)
     import matplotlib
 
     matplotlib.use("Agg")

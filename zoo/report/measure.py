@@ -11,7 +11,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from zoo.checkpoint import resolve_checkpoint
+from zoo.data import build_splits
 from zoo.machine import describe_machine
 from zoo.report.records import add_speed, record_path
 from zoo.report.suite import Suite
@@ -23,10 +26,6 @@ def speed_texts(report_dir: Path, suite: Suite, run_dir: Path) -> Path:
     """The first `speed.sentences` test sources, written once so every engine decodes the same lines."""
     path = report_dir / "speed" / "texts.txt"
     if not path.is_file():
-        from omegaconf import OmegaConf
-
-        from zoo.data import build_splits
-
         test = build_splits(OmegaConf.load(run_dir / "config.yaml").data).test
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(e.src.replace("\n", " ") + "\n" for e in test[: suite.speed_sentences]),

@@ -22,6 +22,7 @@ Generator = Callable[[list[list[int]]], list[list[int]]]  # token ids per senten
 
 
 def _torch_engine(model_path: str, threads: int | None, search: dict[str, Any]) -> tuple[Generator, Callable]:
+    # imported here: one process per engine, so the ORT engine's peak RSS must not include torch
     import torch
 
     from zoo.checkpoint import load_checkpoint, model_from_checkpoint
@@ -49,7 +50,7 @@ def _torch_engine(model_path: str, threads: int | None, search: dict[str, Any]) 
 
 
 def _ort_engine(export_dir: str, threads: int | None, search: dict[str, Any]) -> tuple[Generator, Callable]:
-    import export
+    import export  # imported here: the torch engine's process must not load onnxruntime (peak RSS per engine)
 
     exported = export.load(export_dir, threads=threads)
     settings = export.Search(**search)
