@@ -229,8 +229,8 @@ def _ght_cli(tmp: Path, corpus: Path, *extra: str) -> list[str]:
     quick = _cli(tmp, corpus)
     overrides = next(a for a in quick if a.startswith("suite.overrides="))
     return [sys.executable, "-m", "zoo.report", "+suite=ght", f"suite.entries=[{','.join(ENTRIES)}]",
-            "suite.data=files", "suite.size=tiny", "suite.trainer=smoke", "suite.seeds=[1,2]", "suite.comparisons=[]",
-            overrides, "bootstrap_samples=50", f"reports_root={tmp}", f"results_root={tmp}/results", *extra]
+            "suite.data=files", "suite.size=tiny", "suite.trainer=smoke", "suite.seeds=[1,2]", overrides,
+            "bootstrap_samples=50", f"reports_root={tmp}", f"results_root={tmp}/results", *extra]
 
 
 def test_a_sibling_suites_record_of_the_same_run_is_shared_not_retrained(smoke_report: Path, smoke_corpus: Path,
@@ -271,7 +271,7 @@ def test_a_variant_trains_under_its_own_name_and_its_claim_gets_a_measured_verdi
     root = tmp_path / "r"
     shutil.copytree(_results(smoke_report), root / "results" / "quick")
     cli = [a.replace("+suite=ght", "+suite=heads") for a in _ght_cli(root, smoke_corpus, "stages=[train,render]")]
-    cli = [a for a in cli if not a.startswith(("suite.entries=", "suite.seeds=", "suite.comparisons="))]
+    cli = [a for a in cli if not a.startswith(("suite.entries=", "suite.seeds="))]
     cli += ["suite.entries=[transformer_4head]", "suite.seeds=[1]",
             "suite.claims=[{paper:Concise,claim:'fewer heads of 16 differ',design:'equal params',"
             "system:transformer_4head,baseline:transformer,expect:worse}]"]

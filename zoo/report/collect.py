@@ -45,6 +45,8 @@ def run_summary(record: Mapping[str, Any]) -> dict[str, Any]:
         "test": record["test"],
         "compactness": compactness(record),
         "votes": {"votes": voting["votes"], "plan": voting["plan"]} if voting else None,
+        "voting": {k: voting.get(k) for k in ("step", "trigger", "voting_batches", "vote_maps", "voting_seconds",
+                                              "selection")} if voting else None,
         "learning_curve": record.get("learning_curve") or [],
         "git_sha": record["git_sha"],
     }
@@ -121,11 +123,6 @@ def collect(suite: Suite, refs: References, records: Records, bootstrap_samples:
         }
     missing = [f"{e} (seed{'s' if len(left) > 1 else ''} {', '.join(map(str, left))})" for e in suite.entries
                if (left := [s for s in suite.seeds if (e, s) not in records])]
-    comparisons = [{"system": system, "baseline": baseline,
-                    "bootstrap": [b for seed in sorted({s for _, s in records})
-                                  if (b := _bootstrap(suite, records, refs, system, seed, bootstrap_samples,
-                                                      baseline)) is not None]}
-                   for system, baseline in suite.comparisons]
     claims = collect_claims(suite, entries, sorted({s for _, s in records}),
                             lambda system, seed, baseline: _bootstrap(suite, records, refs, system, seed,
                                                                       bootstrap_samples, baseline))
@@ -136,7 +133,7 @@ def collect(suite: Suite, refs: References, records: Records, bootstrap_samples:
             "seeds": sorted({s for _, s in records}), "metrics": list(suite.metrics), "budget": list(suite.overrides),
             "triton_settings": suite.triton, "speed_threads": suite.speed_threads,
             "machine": machine_summary(records), "references": {"sha256": refs.sha256, "segments": len(refs.texts)},
-            "missing": missing, "entries": entries, "comparisons": comparisons, "shared": shared_runs,
+            "missing": missing, "entries": entries, "shared": shared_runs,
             "claims": claims}
 
 

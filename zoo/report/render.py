@@ -64,11 +64,17 @@ def _peak(speed: dict[str, Any], engine: str) -> str:
 
 
 def _heads(rec: dict[str, Any]) -> str:
-    """"mha 8 × 32": the mechanism, its heads and head size, read from the record's model config."""
+    """"mha 8 × 32": the mechanism, its heads and head size, read from the record's model config (and, for a
+    pruned entry, how many heads voting kept per module)."""
     c = rec["config"]
     head_dim = c.get("head_dim") or (c["d_model"] // c["num_heads"] if c.get("d_model") else None)
     shared = " shared key" if (c.get("attention_options") or {}).get("shared_key") else ""
-    return f"{c.get('attention')}{shared} {c.get('num_heads')} × {head_dim}"
+    plans = [run.get("head_plan") or {} for run in (rec.get("seeds") or {}).values()]
+    kept = sorted({len(heads) for plan in plans for heads in plan.values()})
+    pruned = ""
+    if kept:  # GHT-PS: what voting kept, per module (the model as served)
+        pruned = f" → {kept[0] if len(kept) == 1 else f'{kept[0]}–{kept[-1]}'} kept per module"
+    return f"{c.get('attention')}{shared} {c.get('num_heads')} × {head_dim}{pruned}"
 
 
 def speed_settings(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -144,7 +150,6 @@ def markdown(data: dict[str, Any], command: str) -> str:
             f"{s['max_len_b']}" for s in settings) + ".", ""]
     else:
         lines += ["Speed is not in these records (the speed stage needs the runs' checkpoints).", ""]
-    lines += _comparisons_section(data)
     lines += claims_section(data)
     lines += _per_source_section(data)
     lines += _ght_section(data)
@@ -176,24 +181,8 @@ def readme_block(data: dict[str, Any], command: str) -> str:
         row += [format_count(rec["size"]["params_excl_emb"]), format_flops(rec["size"]["flops"]),
                 _pm(rec["train_minutes"], 1)]
         lines.append("| " + " | ".join(row) + " |")
-    comparisons = _comparisons_section(data, heading=False)
     claims = claims_section(data, heading=False)
-    extra = [*comparisons, *claims]
-    return "\n".join(lines + ([""] + extra[:-1] if extra else [])) + "\n"
-
-
-def _comparisons_section(data: dict[str, Any], heading: bool = True) -> list[str]:
-    """The suite's extra paired comparisons (e.g. GHT-PS against the parameter-matched baselines)."""
-    rows = [c for c in data.get("comparisons") or [] if c["bootstrap"]]
-    if not rows:
-        return []
-    lines = ["## Paired comparisons", ""] if heading else []
-    lines += ["| system | against | params excl. emb (system / against) | Δ BLEU (per seed) |", "|---|---|---|---|"]
-    for c in rows:
-        sys_size, base_size = (data["entries"][c[k]]["size"]["params_excl_emb"] for k in ("system", "baseline"))
-        lines.append(f"| `{c['system']}` | `{c['baseline']}` | {format_count(sys_size)} / {format_count(base_size)} | "
-                     f"{_bootstrap_cell(c['bootstrap'])} |")
-    return [*lines, ""]
+    return "\n".join(lines + ([""] + claims[:-1] if claims else [])) + "\n"
 
 
 def _size_cell(sizes: dict[str, Any]) -> str:
@@ -258,6 +247,15 @@ def _ght_section(data: dict[str, Any]) -> list[str]:
                 for label, p in ((first, b), ("end of GCT", a)):
                     lines.append(f"| {label} | {p['step']} | {p['intra_cos']:.3f} | {p['inter_cos']:.3f} | "
                                  f"{p['silhouette']:.3f} | {p['dunn']:.3f} |")
+            voting = run.get("voting")
+            if voting and voting.get("step") is not None:
+                maps = "/".join(voting.get("vote_maps") or []) or "?"
+                seconds = voting.get("voting_seconds")
+                trigger = voting.get("trigger") or "trigger not recorded"
+                lines += ["", f"Voting-to-Stay at update {voting['step']} ({trigger}): "
+                          f"{voting.get('voting_batches')} batches × maps {maps}"
+                          + (f" in {seconds / 60:.1f} min" if seconds else "")
+                          + f", selection `{voting.get('selection')}`."]
             plan = run.get("head_plan")
             if plan:
                 lines += ["", "Kept heads per module: " + ", ".join(

@@ -74,7 +74,6 @@ class Suite:
     speed_export: bool = True
     speed_settings: tuple[SpeedSetting, ...] = field(default_factory=tuple)
     triton: dict[str, Any] = field(default_factory=dict)
-    comparisons: tuple[tuple[str, str], ...] = ()  # extra (system, baseline) paired bootstraps, e.g. vs lite baselines
     variants: dict[str, Variant] = field(default_factory=dict)
     claims: tuple[Claim, ...] = ()
 
@@ -131,11 +130,6 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
     seeds = tuple(int(s) for s in raw["seeds"])
     if len(set(seeds)) != len(seeds):
         raise SuiteError(f"suite.seeds={list(seeds)} repeats a seed")
-    comparisons = tuple(tuple(pair) for pair in raw.get("comparisons") or ())
-    for pair in comparisons:
-        if len(pair) != 2 or any(e not in raw["entries"] for e in pair) or pair[0] == pair[1]:
-            raise SuiteError(f"suite.comparisons entry {list(pair)}: expected [system, baseline], two different "
-                             f"entries of suite.entries")
     claims = _claims(raw.get("claims") or [], known, raw["entries"])
     speed = raw.get("speed") or {}
     settings = tuple(
@@ -152,7 +146,7 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
         speed_enabled=bool(speed.get("enabled", True)), speed_seed=speed_seed,
         speed_sentences=int(speed.get("sentences", 512)), speed_threads=speed.get("threads"),
         speed_export=bool(speed.get("export", True)), speed_settings=settings,
-        triton=dict(speed.get("triton") or {}), comparisons=comparisons,  # type: ignore[arg-type]
+        triton=dict(speed.get("triton") or {}),  # type: ignore[arg-type]
         variants={n: v for n, v in variants.items() if n in raw["entries"]}, claims=claims,
     )
 
