@@ -21,8 +21,6 @@ import logging
 import math
 import os
 import platform
-import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -66,6 +64,7 @@ from export.pruning import (
     validate_plan,
 )
 from export.runtime import MANIFEST, OPTIMIZATION_LEVELS, RUNTIME_FORMAT, ExportedModel, Search, _sha256
+from export.staging import staged_directory
 from export.verify import encode_pairs, verify_export
 from zoo.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from zoo.data import DataError, Tokenizer, build_splits
@@ -405,23 +404,15 @@ def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- output dir
+def _exists_error(out: Path) -> ExportError:
+    return ExportError(f"output directory {out} already exists; pass overwrite=true to replace it")
+
+
 def _check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not overwrite:
-        raise ExportError(f"output directory {out} already exists; pass overwrite=true to replace it")
+        raise _exists_error(out)
     if out.exists() and not out.is_dir():
         raise ExportError(f"output path {out} exists and is not a directory")
-
-
-def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
-    """Rename the finished temp dir to `out` (replacing an old export only now, when all succeeded)."""
-    _check_out(out, overwrite)
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        out.rename(old)
-    tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -483,11 +474,9 @@ def _export(cfg: DictConfig) -> dict[str, Any]:
     mcfg = pruned.cfg
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary directory
-    try:
+    # built beside `out`, swapped in only when verified (export/staging.py); removed on any failure
+    with staged_directory(out, overwrite=bool(cfg.overwrite), exists_error=_exists_error) as stage:
+        tmp = stage.path
         metadata = {"name": name, "entry": entry, "attention": mcfg.attention,
                     "head_plan": json.dumps(final), "producer": "attention-zoo export"}
         graphs = export_graphs(pruned, specs, tmp, cfg.opset, metadata)
@@ -558,10 +547,8 @@ def _export(cfg: DictConfig) -> dict[str, Any]:
         del runtime
         manifest["timings_s"] = timings
         write()
-        _publish(tmp, out, bool(cfg.overwrite))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        _check_out(out, bool(cfg.overwrite))
+        stage.publish()
     manifest["out"] = str(out)
     print(summary_table(manifest, out))
     return manifest

@@ -4,13 +4,13 @@
 The per-model settings, config.pbtxt text for the Python-backend text model and its parts, the parser that reads
 every written config back with Triton's ModelConfig protobuf (shipped in tritonclient) so a malformed config fails
 here with the field named instead of at server start, the export's validated manifest, model names, the files
-copied next to every model.py, and installing a staged directory in place.
+copied next to every model.py, and staging a model directory that is swapped in when complete.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -20,6 +20,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from export import runtime as export_runtime
+from export.staging import StagedDirectory, staged_directory
 
 HERE = Path(__file__).resolve().parent
 TRITON_MODELS = HERE / "triton"
@@ -159,10 +160,14 @@ def check_name(name: str) -> str:
     return name
 
 
-def install_model_dir(tmp: Path, target: Path, overwrite: bool) -> None:
-    """Move a fully written (staged) model directory into place, replacing an existing one only with `overwrite`."""
-    if target.exists():
-        if not overwrite:
-            raise RepositoryError(f"{target} exists; pass overwrite=true to replace it")
-        shutil.rmtree(target)
-    tmp.rename(target)
+def _exists_error(target: Path) -> RepositoryError:
+    return RepositoryError(f"{target} exists; pass overwrite=true to replace it")
+
+
+def staged_model_dir(repo: Path, name: str, overwrite: bool) -> contextlib.AbstractContextManager[StagedDirectory]:
+    """A model directory `<repo>/<name>` built under a temporary name and swapped in by `publish()`
+    (export/staging.py: the old model is deleted only after the new one is in place; an existing one is
+    replaced only with `overwrite`). Staged in the repository's parent, so a server polling the repository never
+    sees the temporary or the replaced directory as a model."""
+    return staged_directory(repo / name, overwrite=overwrite, exists_error=_exists_error, staging_dir=repo.parent,
+                            mode=0o755)

@@ -15,9 +15,9 @@ Layout for an export named N:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +33,11 @@ from serve.model_config import (
     ModelSettings,
     RepositoryError,
     check_name,
-    install_model_dir,
     parse_config,
     pbtxt_string,
     python_config,
     read_manifest,
+    staged_model_dir,
 )
 
 ONNX_TYPES = {"tensor(int64)": "TYPE_INT64", "tensor(int32)": "TYPE_INT32", "tensor(float)": "TYPE_FP32",
@@ -82,32 +82,27 @@ def write_ngc_model(export_dir: Path, repo: Path, settings: ModelSettings, overw
     v = str(settings.version)
     decoder = ort.InferenceSession(str(export_dir / graphs["decoder"]["file"]), providers=["CPUExecutionProvider"])
     decoder_inputs = sorted(i.name for i in decoder.get_inputs())
-    staged: list[tuple[Path, Path]] = []
-    try:
+    with contextlib.ExitStack() as stack:  # every staged dir not yet published is removed on leaving
+        staged = []
         for model, graph_file in parts.items():
-            tmp = Path(tempfile.mkdtemp(prefix=f".{model}.tmp-", dir=repo.parent))
-            staged.append((tmp, repo / model))
-            (tmp / v).mkdir()
-            shutil.copy2(export_dir / graph_file, tmp / v / ONNX_FILE)
-            (tmp / "config.pbtxt").write_text(onnx_config(model, export_dir / graph_file, settings))
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=repo.parent))
-        staged.append((tmp, repo / name))
-        (tmp / v).mkdir()
+            stage = stack.enter_context(staged_model_dir(repo, model, overwrite))
+            staged.append(stage)
+            (stage.path / v).mkdir()
+            shutil.copy2(export_dir / graph_file, stage.path / v / ONNX_FILE)
+            (stage.path / "config.pbtxt").write_text(onnx_config(model, export_dir / graph_file, settings))
+        stage = stack.enter_context(staged_model_dir(repo, name, overwrite))
+        staged.append(stage)
+        (stage.path / v).mkdir()
         for f in (export_runtime.MANIFEST, manifest["tokenizer"]):
-            shutil.copy2(export_dir / f, tmp / v / f)
-        shutil.copy2(export_runtime.__file__, tmp / v / RUNTIME_FILE)
-        shutil.copy2(TRITON_MODELS / "bls_model.py", tmp / v / "model.py")
-        shutil.copy2(TRITON_MODELS / COMMON_FILE, tmp / v / COMMON_FILE)
+            shutil.copy2(export_dir / f, stage.path / v / f)
+        shutil.copy2(export_runtime.__file__, stage.path / v / RUNTIME_FILE)
+        shutil.copy2(TRITON_MODELS / "bls_model.py", stage.path / v / "model.py")
+        shutil.copy2(TRITON_MODELS / COMMON_FILE, stage.path / v / COMMON_FILE)
         extra = {"encoder_model": f"{name}-encoder", "decoder_model": f"{name}-decoder",
                  "decoder_inputs": json.dumps(decoder_inputs)}
-        (tmp / "config.pbtxt").write_text(python_config(name, settings, extra, kind="KIND_CPU"))
-        for tmp, target in staged:
-            tmp.chmod(0o755)
-            install_model_dir(tmp, target, overwrite)
-    except BaseException:
-        for tmp, _ in staged:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        (stage.path / "config.pbtxt").write_text(python_config(name, settings, extra, kind="KIND_CPU"))
+        for stage in staged:  # encoder, decoder, then the BLS model that calls them
+            stage.publish()
     return name
 
 

@@ -14,14 +14,13 @@ Why: users should get a working repository without writing Triton configs or bac
 
 Every config.pbtxt written is parsed back with Triton's model-config protobuf (shipped in tritonclient), so a
 malformed config fails here with the field named instead of at server start. What a model directory consists of
-(settings, config text, manifest, names, installing a staged dir) is serve.model_config, which serve.ngc shares.
+(settings, config text, manifest, names, staging a model dir) is serve.model_config, which serve.ngc shares.
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -46,12 +45,12 @@ from serve.model_config import (
     RepositoryError,
     batching_text,
     check_name,
-    install_model_dir,
     parameters_text,
     parse_config,
     pbtxt_string,
     python_config,
     read_manifest,
+    staged_model_dir,
     text_io_text,
 )
 from serve.ngc import write_ngc_model
@@ -87,21 +86,16 @@ def write_python_model(export_dir: Path, repo: Path, settings: ModelSettings, ov
     manifest = read_manifest(export_dir)
     name = check_name(name or manifest["name"])
     repo.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=repo.parent))
-    try:
-        version_dir = tmp / str(settings.version)
+    with staged_model_dir(repo, name, overwrite) as stage:
+        version_dir = stage.path / str(settings.version)
         version_dir.mkdir()
         for f in [*manifest["files"], export_runtime.MANIFEST]:
             shutil.copy2(export_dir / f, version_dir / f)
         shutil.copy2(export_runtime.__file__, version_dir / RUNTIME_FILE)
         shutil.copy2(TRITON_MODELS / "translator_model.py", version_dir / "model.py")
         shutil.copy2(TRITON_MODELS / COMMON_FILE, version_dir / COMMON_FILE)
-        (tmp / "config.pbtxt").write_text(python_config(name, settings), encoding="utf-8")
-        tmp.chmod(0o755)
-        install_model_dir(tmp, repo / name, overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        (stage.path / "config.pbtxt").write_text(python_config(name, settings), encoding="utf-8")
+        stage.publish()
     return name
 
 
