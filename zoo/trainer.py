@@ -40,7 +40,8 @@ class Procedure:
     """What happens around plain updates: auxiliary losses, stage changes, frozen parameters.
 
     The default is plain training. GHT/GHT-PS (zoo.ght.procedure) overrides these hooks; its
-    state travels in `last.pt` so a resumed run continues in the right stage.
+    state travels in `last.pt` so a resumed run continues in the right stage. Every hook receives the
+    trainer (its `bare` model, state, config and checkpoint methods), never a part of it.
     """
 
     def bind(self, trainer: Trainer) -> None:
@@ -50,11 +51,11 @@ class Procedure:
     def on_start(self, trainer: Trainer) -> None:
         """Called when the update loop starts (also after a resume)."""
 
-    def aux_loss(self, model: Transformer, batch: Batch) -> tuple[Tensor | None, dict[str, float]]:
+    def aux_loss(self, trainer: Trainer, batch: Batch) -> tuple[Tensor | None, dict[str, float]]:
         """Extra loss for this batch (called right after the forward pass), and scalars to log."""
         return None, {}
 
-    def after_optimizer_step(self, model: Transformer) -> None:
+    def after_optimizer_step(self, trainer: Trainer) -> None:
         """E.g. restore parameters that must stay frozen."""
 
     def after_update(self, trainer: Trainer) -> None:
@@ -194,15 +195,17 @@ class Trainer:
             writer.writeheader()
             writer.writerows(rows)
 
-    def _model_payload(self, weights: dict[str, Tensor] | None = None) -> dict[str, Any]:
+    def model_payload(self, weights: dict[str, Tensor] | None = None) -> dict[str, Any]:
+        """What a model checkpoint holds (weights, config, tokenizer, step): for best.pt and stage checkpoints."""
         return {**self.payload, "model": weights if weights is not None else self.bare.state_dict(),
                 "model_config": self.bare.cfg.to_dict(), "step": self.state.step}
 
-    def _save_last(self) -> None:
+    def save_last(self) -> None:
+        """Write last.pt: everything `resume=` needs (optimizer, scheduler, RNG, the procedure's stage)."""
         if not dist.is_main():
             return
         save_checkpoint(self.ckpt_dir / "last.pt", {
-            **self._model_payload(),
+            **self.model_payload(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "train_state": asdict(self.state),
@@ -237,7 +240,7 @@ class Trainer:
                     extra = self.bare.extra_loss()
                     if extra is not None:
                         objective = objective + extra / len(batch_ids)
-                    aux_loss, logs = self.procedure.aux_loss(self.bare, batch)
+                    aux_loss, logs = self.procedure.aux_loss(self, batch)
                     if aux_loss is not None:
                         objective = objective + aux_loss / len(batch_ids)
                     aux_logs.update(logs)
@@ -249,7 +252,7 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.bare.parameters(), self.cfg.clip_norm)
         self.optimizer.step()
         self.scheduler.step()
-        self.procedure.after_optimizer_step(self.bare)
+        self.procedure.after_optimizer_step(self)
         total_loss, total_nll, total_tokens = dist.all_reduce_sum([total_loss, total_nll, total_tokens])
         return {"loss": total_loss / max(total_tokens, 1), "nll": total_nll / max(total_tokens, 1),
                 "tokens": total_tokens, **aux_logs}
@@ -305,10 +308,10 @@ class Trainer:
         if not dist.is_main():
             return
         if improved:
-            save_checkpoint(self.ckpt_dir / "best.pt", self._model_payload())
+            save_checkpoint(self.ckpt_dir / "best.pt", self.model_payload())
         if self.cfg.average_last > 1:
             name = f"step_{self.state.step:07d}.pt"
-            save_checkpoint(self.ckpt_dir / name, self._model_payload())
+            save_checkpoint(self.ckpt_dir / name, self.model_payload())
             self.state.kept_checkpoints.append(name)
             while len(self.state.kept_checkpoints) > self.cfg.average_last:
                 (self.ckpt_dir / self.state.kept_checkpoints.pop(0)).unlink(missing_ok=True)
@@ -356,7 +359,7 @@ class Trainer:
                     self._after_update(csv_path, stop.requested)
                     last_tick = time.perf_counter()  # validation time is not training time
                     if stop.requested and not self.state.finished:
-                        self._save_last()
+                        self.save_last()
                         bar.close()
                         raise KeyboardInterrupt(
                             f"training interrupted at update {self.state.step}; continue with resume={self.run_dir}"
@@ -365,7 +368,7 @@ class Trainer:
                     self.state.epoch += 1
                     self.state.batch_in_epoch = 0
         bar.close()
-        self._save_last()
+        self.save_last()
         return self.state
 
     def _after_update(self, csv_path: Path, stop_requested: bool) -> None:
@@ -399,7 +402,7 @@ class Trainer:
             st.best = dist.broadcast_object(st.best)
             st.bad_validations = dist.broadcast_object(st.bad_validations)
             if not reason and not stop_requested and cfg.save_last_every_validation:
-                self._save_last()
+                self.save_last()
         if reason:
             st.finished, st.stop_reason = True, reason
             log.info("training finished: %s", reason)
@@ -435,6 +438,6 @@ class Trainer:
                          len(paths), score, self.state.best)
                 return None
         out = self.ckpt_dir / "avg.pt"
-        save_checkpoint(out, {**self._model_payload(averaged), "averaged": [p.name for p in paths]})
+        save_checkpoint(out, {**self.model_payload(averaged), "averaged": [p.name for p in paths]})
         log.info("averaged %d checkpoints into %s", len(paths), out)
         return out

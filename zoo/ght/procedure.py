@@ -8,6 +8,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,15 @@ from zoo.trainer import Procedure, Trainer, spread_sample
 
 log = logging.getLogger("zoo.ght")
 LOSS_NORMALIZATIONS = ("mean", "token_sum")
+
+
+class Stage(str, Enum):
+    """GHT-PS's stages in order; the value is what `last.pt` stores (a plain string, so checkpoints written
+    before this enum existed resume unchanged)."""
+
+    GCT = "gct"            # group-constrained training
+    VOTE = "vote"          # Voting-to-Stay (one pass, then the plan is applied)
+    FINETUNE = "finetune"  # task loss only, non-kept heads gated off and frozen
 FEATURE_MAPS = ("V", "A", "O")
 
 
@@ -86,6 +96,8 @@ class GHTOptions:
             raise ValueError(f"model.ght.modules has {sorted(bad)}; use any of {list(MODULE_KINDS)}")
         if opts.groups < 1:
             raise ValueError("model.ght.groups must be >= 1")
+        if opts.init_stage not in {stage.value for stage in Stage}:
+            raise ValueError(f"model.ght.init_stage={opts.init_stage!r}: use one of {[stage.value for stage in Stage]}")
         if opts.loss_normalization not in LOSS_NORMALIZATIONS:
             raise ValueError(f"model.ght.loss_normalization={opts.loss_normalization!r}: use one of "
                              f"{list(LOSS_NORMALIZATIONS)}")
@@ -94,8 +106,8 @@ class GHTOptions:
 
 class GHTProcedure(Procedure):
     def __init__(self, options: GHTOptions, started_from_weights: bool = False) -> None:
-        self.o = options
-        self.stage = options.init_stage if (started_from_weights and options.prune) else "gct"
+        self.options = options
+        self.stage = Stage(options.init_stage) if (started_from_weights and options.prune) else Stage.GCT
         self.labels: dict[str, list[int]] = {}  # current training groups per module
         self.probe_labels: dict[str, list[int]] = {}
         self.probe_centres: dict[str, Tensor] = {}
@@ -111,12 +123,12 @@ class GHTProcedure(Procedure):
     def bind(self, trainer: Trainer) -> None:
         self.trainer = trainer
         self.modules = {n: m for n, m in trainer.bare.attention_modules().items()
-                        if module_kind(n) in self.o.modules}
-        self._set_capture(self.stage == "gct")
+                        if module_kind(n) in self.options.modules}
+        self._set_capture(self.stage == Stage.GCT)
 
     def _set_capture(self, on: bool, maps: tuple[str, ...] | None = None) -> None:
         for module in self.modules.values():
-            module.capture = (maps or (self.o.feature_map,)) if on else ()
+            module.capture = (maps or (self.options.feature_map,)) if on else ()
             module.captured = {}
 
     @staticmethod
@@ -127,25 +139,26 @@ class GHTProcedure(Procedure):
         out = {}
         for name, module in self.modules.items():
             q_side, k_side = MODULE_KINDS[module_kind(name)]
-            out[name] = head_points(module, feature_map or self.o.feature_map, masks[q_side], masks[k_side])
+            out[name] = head_points(module, feature_map or self.options.feature_map, masks[q_side], masks[k_side])
         return out
 
     def _cluster(self, points: Tensor, previous: list[int] | None) -> Any:
         init = torch.tensor(previous) if previous is not None else None
-        return kmeans(points, self.o.groups, iters=self.o.kmeans_iters, seed=self.o.seed, init_labels=init)
+        o = self.options
+        return kmeans(points, o.groups, iters=o.kmeans_iters, seed=o.seed, init_labels=init)
 
     # ------------------------------------------------------------------ GCT loss
-    def aux_loss(self, model: Transformer, batch: Batch) -> tuple[Tensor | None, dict[str, float]]:
-        if self.stage != "gct" or not self.modules:
+    def aux_loss(self, trainer: Trainer, batch: Batch) -> tuple[Tensor | None, dict[str, float]]:
+        if self.stage != Stage.GCT or not self.modules:
             return None, {}
-        points = self._points(self._masks(batch, model.cfg.pad_id))
-        alpha = self.o.alpha if self.o.homogenize else 0.0
-        beta = self.o.beta if self.o.diversify else 0.0
+        points = self._points(self._masks(batch, trainer.bare.cfg.pad_id))
+        alpha = self.options.alpha if self.options.homogenize else 0.0
+        beta = self.options.beta if self.options.diversify else 0.0
         losses, homs, divs = [], [], []
         for name, p in points.items():
-            if name not in self.labels or self.step % self.o.kmeans_every == 0:
+            if name not in self.labels or self.step % self.options.kmeans_every == 0:
                 self.labels[name] = self._cluster(p, self.labels.get(name)).labels.tolist()
-            loss, hom, div = group_constraint_loss(p.float(), torch.tensor(self.labels[name]), self.o.groups,
+            loss, hom, div = group_constraint_loss(p.float(), torch.tensor(self.labels[name]), self.options.groups,
                                                    alpha, beta)
             losses.append(loss)
             homs.append(float(hom))
@@ -154,7 +167,7 @@ class GHTProcedure(Procedure):
             m.captured = {}  # free the maps now that the loss holds what it needs
         per_module = torch.stack(losses)  # [modules]
         logged = float(per_module.detach().mean())  # per module at α, β strength, comparable across settings
-        if self.o.loss_normalization == "token_sum":
+        if self.options.loss_normalization == "token_sum":
             # the official criterion adds every module's terms into one sum on top of the token-summed task
             # loss, and fairseq divides the whole by the batch's target tokens
             total = per_module.sum() / max(batch.ntokens, 1)
@@ -165,37 +178,38 @@ class GHTProcedure(Procedure):
 
     # ------------------------------------------------------------------ stages
     def on_start(self, trainer: Trainer) -> None:
-        if self.stage == "gct" and trainer.state.step == 0 and not self.probe_labels:
+        if self.stage == Stage.GCT and trainer.state.step == 0 and not self.probe_labels:
             self._probe(trainer)  # compactness before any group-constrained update: the "before GCT" row
-        if self.stage == "vote":
+        if self.stage == Stage.VOTE:
             self.trigger = "init_from: voting on trained GHT weights"
             self._vote(trainer)
 
-    def after_optimizer_step(self, model: Transformer) -> None:
+    def after_optimizer_step(self, trainer: Trainer) -> None:
         with torch.no_grad():
             for param, mask, values in self._frozen:
                 param.data[mask] = values
 
     def after_update(self, trainer: Trainer) -> None:
         self.step = trainer.state.step
-        if self.stage != "gct":
+        if self.stage != Stage.GCT:
             return
-        checked = self.step % self.o.check_every == 0
+        checked = self.step % self.options.check_every == 0
         if checked:
             self._probe(trainer)
-        if not self.o.prune:
+        if not self.options.prune:
             return
-        limit = self.o.vote_at if self.o.vote_at >= 1 else self.o.vote_at * trainer.cfg.max_updates
+        limit = self.options.vote_at if self.options.vote_at >= 1 else self.options.vote_at * trainer.cfg.max_updates
         # a fractional vote_at is a fraction of the budget, and on the CPU preset the budget that ends
         # training is wall time (max_minutes), not max_updates: without this GCT never reaches voting there
         minutes = trainer.cfg.get("max_minutes") or 0
-        out_of_time = self.o.vote_at < 1 and minutes > 0 and trainer.state.elapsed_s >= self.o.vote_at * minutes * 60
-        if self.converged_checks >= self.o.patience:
+        vote_at = self.options.vote_at
+        out_of_time = vote_at < 1 and minutes > 0 and trainer.state.elapsed_s >= vote_at * minutes * 60
+        if self.converged_checks >= self.options.patience:
             why = "group centres converged on the probe batch"
         elif self.step >= limit:
-            why = f"reached vote_at={self.o.vote_at}"
+            why = f"reached vote_at={self.options.vote_at}"
         elif out_of_time:
-            why = f"reached vote_at={self.o.vote_at} of max_minutes={minutes}"
+            why = f"reached vote_at={self.options.vote_at} of max_minutes={minutes}"
         else:
             return
         log.info("GCT stage ends at update %d (%s): Voting-to-Stay", self.step, why)
@@ -203,8 +217,8 @@ class GHTProcedure(Procedure):
         self._vote(trainer)
 
     def stop_reason(self, trainer: Trainer) -> str:
-        fp = self.o.finetune_patience
-        if self.stage == "finetune" and fp and trainer.state.bad_validations >= fp:
+        fp = self.options.finetune_patience
+        if self.stage == Stage.FINETUNE and fp and trainer.state.bad_validations >= fp:
             return f"fine-tuning early stopping: no improvement in {fp} validations"
         return ""
 
@@ -216,12 +230,12 @@ class GHTProcedure(Procedure):
         was_training = model.training
         model.eval()
         tok = trainer.tokenizer
-        pairs = spread_sample(trainer.valid_pairs, self.o.probe_sentences)  # every data source
+        pairs = spread_sample(trainer.valid_pairs, self.options.probe_sentences)  # every data source
         batch = collate(list(pairs), tok.pad_id, tok.bos_id, tok.eos_id).to(trainer.device)
         self._set_capture(True)
         model(batch.src, batch.tgt_in)
         points = self._points(self._masks(batch, tok.pad_id))
-        self._set_capture(self.stage == "gct")
+        self._set_capture(self.stage == Stage.GCT)
         model.train(was_training)
         report: dict[str, Any] = {"step": self.step, "modules": {}}
         stable, shifts = True, []
@@ -229,7 +243,7 @@ class GHTProcedure(Procedure):
             p = p.float()
             res = self._cluster(p, self.probe_labels.get(name))
             labels = res.labels.tolist()
-            hom, div = homogeneity_diversity(p, res.labels, self.o.groups)
+            hom, div = homogeneity_diversity(p, res.labels, self.options.groups)
             if name in self.probe_centres and self.probe_labels.get(name) == labels:
                 old = self.probe_centres[name]
                 shifts.append(float((res.centres - old).norm() / old.norm().clamp(min=1e-12)))
@@ -241,13 +255,13 @@ class GHTProcedure(Procedure):
                 "silhouette": round(silhouette(p, res.labels), 4), "dunn": round(dunn_index(p, res.labels), 4),
             }
         shift = max(shifts) if shifts else float("inf")
-        self.converged_checks = self.converged_checks + 1 if stable and shift < self.o.shift_threshold else 0
+        self.converged_checks = self.converged_checks + 1 if stable and shift < self.options.shift_threshold else 0
         means = {k: sum(m[k] for m in report["modules"].values()) / max(len(points), 1)
                  for k in ("intra_cos", "inter_cos", "silhouette", "dunn")}
         report.update(centre_shift=shift, converged_checks=self.converged_checks, mean=means)
         log.info("GHT probe @%d: intra cos %.3f inter cos %.3f silhouette %.3f dunn %.3f shift %.3g (%d/%d)",
                  self.step, means["intra_cos"], means["inter_cos"], means["silhouette"], means["dunn"], shift,
-                 self.converged_checks, self.o.patience)
+                 self.converged_checks, self.options.patience)
         if dist.is_main():
             out = trainer.run_dir / "ght"
             out.mkdir(exist_ok=True)
@@ -262,14 +276,14 @@ class GHTProcedure(Procedure):
         model.eval()  # attention (and everything else) frozen: forward passes only
         self._probe(trainer)  # the final groups, and compactness at the end of GCT
         if dist.is_main():
-            save_checkpoint(trainer.ckpt_dir / "gct_end.pt", trainer._model_payload())
+            save_checkpoint(trainer.ckpt_dir / "gct_end.pt", trainer.model_payload())
         tok = trainer.tokenizer
         batches = trainer.sampler.batches(10_000 + trainer.state.epoch, rank=trainer.rank,
                                           world_size=trainer.world)
-        if self.o.vote_batches:
-            batches = batches[: self.o.vote_batches]
+        if self.options.vote_batches:
+            batches = batches[: self.options.vote_batches]
         votes = {name: [0] * m.num_heads for name, m in self.modules.items()}
-        maps = tuple(self.o.vote_maps)
+        maps = tuple(self.options.vote_maps)
         self._set_capture(True, maps)
         start = time.perf_counter()
         shown = bool(trainer.cfg.get("progress", True)) and dist.is_main()
@@ -281,7 +295,7 @@ class GHTProcedure(Procedure):
             masks = self._masks(batch, tok.pad_id)
             for feature_map in maps:
                 for name, p in self._points(masks, feature_map).items():
-                    groups = fixed_groups(p, self.probe_labels[name], self.o.groups)
+                    groups = fixed_groups(p, self.probe_labels[name], self.options.groups)
                     for h in nearest_heads(p, groups):
                         votes[name][h] += 1
         self._set_capture(False)
@@ -295,18 +309,19 @@ class GHTProcedure(Procedure):
             votes[n] = [int(v) for v in flat[offset : offset + h]]
             offset += h
         self.votes = votes
-        self.plan = {n: select_heads(votes[n], self.probe_labels[n], self.o.groups, self.o.selection, self.o.seed + i)
+        o = self.options
+        self.plan = {n: select_heads(votes[n], self.probe_labels[n], o.groups, o.selection, o.seed + i)
                      for i, n in enumerate(names)}  # a seed per module: random ablations differ across modules
         self._apply_plan(model)
-        self.stage = "finetune"
+        self.stage = Stage.FINETUNE
         trainer.restart_selection()
         model.train()
         for name, kept in self.plan.items():
             log.info("kept heads %s: %s (votes %s)", name, kept, votes[name])
         if dist.is_main():
             self._write_report(trainer, len(batches))
-            save_checkpoint(trainer.ckpt_dir / "voted.pt", trainer._model_payload())
-        trainer._save_last()
+            save_checkpoint(trainer.ckpt_dir / "voted.pt", trainer.model_payload())
+        trainer.save_last()
 
     def _apply_plan(self, model: Transformer) -> None:
         """Gate pruned heads off and freeze their slices of q/k/v rows and out_proj columns."""
@@ -335,22 +350,23 @@ class GHTProcedure(Procedure):
     def _write_report(self, trainer: Trainer, n_batches: int) -> None:
         out = trainer.run_dir / "ght"
         out.mkdir(exist_ok=True)
-        report = {"step": self.step, "selection": self.o.selection, "groups": self.o.groups,
-                  "vote_maps": self.o.vote_maps, "voting_batches": n_batches, "voting_seconds": self.voting_seconds,
+        report = {"step": self.step, "selection": self.options.selection, "groups": self.options.groups,
+                  "vote_maps": self.options.vote_maps, "voting_batches": n_batches,
+                  "voting_seconds": self.voting_seconds,
                   "trigger": self.trigger, "final_groups": self.probe_labels, "votes": self.votes, "plan": self.plan}
         (out / "votes.json").write_text(json.dumps(report, indent=2))
         plot_votes(self.votes, self.plan, str(out / "votes.png"))
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "labels": self.labels, "probe_labels": self.probe_labels,
+        return {"stage": self.stage.value, "labels": self.labels, "probe_labels": self.probe_labels,
                 "probe_centres": self.probe_centres, "converged_checks": self.converged_checks,
                 "plan": self.plan, "votes": self.votes, "step": self.step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:
             return
-        self.stage = state["stage"]
+        self.stage = Stage(state["stage"])
         self.labels = {k: list(v) for k, v in state["labels"].items()}
         self.probe_labels = {k: list(v) for k, v in state["probe_labels"].items()}
         self.probe_centres = dict(state["probe_centres"])
@@ -360,7 +376,7 @@ class GHTProcedure(Procedure):
         self.step = state["step"]
         if self.plan:
             self._apply_plan(self.trainer.bare)  # weights already restored: re-arm the freeze
-        self._set_capture(self.stage == "gct")
+        self._set_capture(self.stage == Stage.GCT)
 
 
 def write_plan_summary(run_dir: Path, plan: dict[str, list[int]]) -> None:
