@@ -1,4 +1,22 @@
-"""The attention zoo: multi-head-attention variants trained, pruned, exported and served."""
+"""The attention zoo: multi-head-attention variants trained, pruned, exported and served.
+
+How the code is laid out (tests/test_imports.py fails on any module-level import cycle):
+
+* **Verbs are commands, nouns are library.** Commands are thin Hydra entry points — `zoo.train`, `zoo.evaluate`,
+  `zoo.analyze`, `zoo.report`, `export` (`python -m export`), `serve.repository` / `serve.start` / `serve.bench` —
+  that compose a config and call one testable function. Library modules never import Hydra.
+* **Layers import downward only.** `zoo.attention` is the leaf: the contract (`base.py`), one file per mechanism,
+  the mixture-of-keys base they share and their FLOP helpers. Above it `zoo.model` (the encoder-decoder from a
+  `ModelConfig`), then `zoo.data`, `zoo.generate`, `zoo.trainer`, `zoo.ght`, `zoo.checkpoint`, `zoo.metrics`,
+  `zoo.flops`; the commands sit on top.
+* **`export` builds on `zoo`; its runtime does not.** The exporter and verifier import zoo (model, data,
+  generation) to prune and check; `export.runtime` (numpy + onnxruntime) imports neither torch nor zoo, so a
+  serving host needs only the export directory.
+* **`serve` builds on `export.runtime`**, never on the model code (its nginx fetch reuses `zoo.data`'s Debian
+  package cache); `zoo.report` orchestrates `zoo` and `export`.
+* Imports sit at module top; the few inside functions say why (optional dependency, start-up time, one
+  process per measured engine).
+"""
 
 from __future__ import annotations
 
