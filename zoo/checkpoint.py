@@ -10,12 +10,13 @@ from typing import Any
 
 import torch
 
+from zoo.errors import ZooError
 from zoo.model import ModelConfig, Transformer, build_model
 
 FORMAT_VERSION = 1
 
 
-class CheckpointError(Exception):
+class CheckpointError(ZooError):
     """A checkpoint that cannot be found, read or understood; the message says what to do."""
 
 

@@ -12,8 +12,9 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from zoo.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import DataError, Example, Tokenizer, build_splits
+from zoo.errors import one_line_errors
 from zoo.evaluation import evaluate_examples
 from zoo.flops import format_size_summary, size_summary
 from zoo.generate import SearchConfig
@@ -85,11 +86,8 @@ def _print(m: dict[str, Any], task: str, out: Path) -> None:
 
 @hydra.main(config_path="../conf", config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    try:
+    with one_line_errors():
         evaluate(cfg)
-    except (CheckpointError, DataError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

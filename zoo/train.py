@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from zoo import distributed as dist
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
 from zoo.data import Tokenizer, build_splits, encode_examples
 from zoo.entries import missing_model_message
+from zoo.errors import ZooError, one_line_errors
 from zoo.evaluation import evaluate_examples
 from zoo.flops import format_size_summary, size_summary
 from zoo.generate import SearchConfig
@@ -32,7 +32,7 @@ log = logging.getLogger("zoo.train")
 HELDOUT_SENTENCES = 32  # test sources stored in checkpoints for export verification away from the data
 
 
-class UsageError(Exception):
+class UsageError(ZooError):
     """A configuration the user must change; printed without a traceback."""
 
 
@@ -238,11 +238,8 @@ def _format_test_line(entry: str, task: str, m: dict[str, Any]) -> str:
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    try:
+    with one_line_errors():
         train(cfg)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

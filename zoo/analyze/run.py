@@ -21,13 +21,14 @@ from zoo.analyze.maps import collect_maps, module_kind, summarise_maps
 from zoo.analyze.scores import SCORE_DEFINITION, collect_scores, score_rank_report
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
 from zoo.data import DataError, Example, Tokenizer, build_splits, collate, encode_examples
+from zoo.errors import ZooError
 from zoo.model import Transformer
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 Batches = list[tuple[torch.Tensor, torch.Tensor]]  # (src [B, S], tgt_in [B, T]) per batch
 
 
-class AnalyzeError(ValueError):
+class AnalyzeError(ZooError, ValueError):
     """A usage error of zoo.analyze (bad option values, no checkpoint given)."""
 
 

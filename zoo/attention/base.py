@@ -14,13 +14,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from zoo.errors import ZooError
+
 # A layer's incremental state: named tensors, each [B, H, S, *] (batch first so beams reorder by index_select).
 Cache = dict[str, Tensor]
 
 FEATURE_MAPS = ("V", "A", "O")
 
 
-class HeadPruningUnsupported(NotImplementedError):
+class HeadPruningUnsupported(ZooError, NotImplementedError):
     """Raised by mechanisms for which removing heads would change the kept heads' outputs."""
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from zoo.errors import ZooError
+
 SPLIT_NAMES: tuple[str, str, str] = ("train", "valid", "test")
 
 
-class DataError(Exception):
+class DataError(ZooError):
     """A user-facing data problem.
 
     The message always names the file (and line where relevant) and says how to fix it, so the

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
+from zoo.errors import one_line_errors
 from zoo.report.measure import run_speed
 from zoo.report.publish import default_results_dir, publish
-from zoo.report.readme import ReadmeError
-from zoo.report.records import RecordError
 from zoo.report.suite import SuiteError, suite_from_config
-from zoo.report.training import TrainingFailed, finished_run, run_training
+from zoo.report.training import finished_run, run_training
 
 log = logging.getLogger("zoo.report")
 CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"
@@ -58,11 +56,8 @@ def report(cfg: DictConfig) -> Path | None:
 
 @hydra.main(config_path="../../conf", config_name="report", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    try:
+    with one_line_errors():
         report(cfg)
-    except (SuiteError, TrainingFailed, RecordError, ReadmeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from zoo.errors import ZooError
+
 README = Path(__file__).resolve().parent.parent.parent / "README.md"
 
 
-class ReadmeError(ValueError):
+class ReadmeError(ZooError, ValueError):
     """README.md has no (or a broken) block for the suite."""
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from zoo.errors import ZooError
 from zoo.machine import describe_machine
 from zoo.report.suite import Suite
 
@@ -39,7 +40,7 @@ REQUIRED_KEYS = ("record_format", "suite", "entry", "seed", "budget", "config", 
 BUDGET_KEYS = ("task", "data", "size", "trainer", "experiment", "overrides")
 
 
-class RecordError(ValueError):
+class RecordError(ZooError, ValueError):
     """A results file that cannot be used as it is; the message names the file and the fix."""
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from zoo.errors import ZooError
+
 TASK_METRICS = {"translation": ("bleu", "chrf"), "summarization": ("rouge1", "rouge2", "rougeL")}
 VARIANT_NAME = re.compile(r"^[A-Za-z0-9_]+$")  # a variant names run dirs and record files
 # What a claim says of its system against its baseline: significantly better, significantly worse, or not
@@ -21,7 +23,7 @@ VARIANT_NAME = re.compile(r"^[A-Za-z0-9_]+$")  # a variant names run dirs and re
 EXPECTATIONS = ("better", "worse", "match")
 
 
-class SuiteError(ValueError):
+class SuiteError(ZooError, ValueError):
     """A suite file that cannot be run as written."""
 
 

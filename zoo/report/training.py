@@ -15,6 +15,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from zoo.errors import ZooError
 from zoo.report.records import adopt_shared_record, missing_records, shared_record, write_record_from_run
 from zoo.report.suite import Suite
 from zoo.runs import DONE_MARKER
@@ -22,7 +23,7 @@ from zoo.runs import DONE_MARKER
 log = logging.getLogger(__name__)
 
 
-class TrainingFailed(RuntimeError):
+class TrainingFailed(ZooError, RuntimeError):
     """A `zoo.train` subprocess exited non-zero; its own log says why."""
 
 
