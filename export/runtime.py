@@ -34,7 +34,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, get_origin, get_type_hints
 
 import numpy as np
 import onnxruntime as ort
@@ -54,6 +54,148 @@ _BANNED = 3  # tokens the search may ban from a row (pad, bos, eos): fetch this 
 
 class ExportedModelError(Exception):
     """An export directory that cannot be loaded (missing, corrupt or from a newer exporter)."""
+
+
+# ---------------------------------------------------------------------------------------------- manifest schema
+# manifest.json, written down once: export/manifest.py builds it, read_manifest below checks what the runtime
+# needs, the repository writers (serve/) copy what it lists, the tests read it. The key order of the file is the
+# order of these declarations. It lives here because this module is the one every reader can import: the
+# Triton models get a verbatim copy of this file and nothing else of the project.
+class GraphInfo(TypedDict):
+    file: str  # a plain file name inside the export, listed in `files`
+    ir_version: int
+    opset: int
+    inputs: list[str]  # the graph's actual I/O (the exporter drops inputs a mechanism never reads)
+    outputs: list[str]
+
+
+class Graphs(TypedDict):
+    encoder: GraphInfo
+    decoder: GraphInfo
+
+
+class Vocab(TypedDict):
+    size: int
+    pad_id: int
+    unk_id: int
+    bos_id: int
+    eos_id: int
+
+
+class CacheEntry(TypedDict):
+    """One cached tensor of one decoder layer (export/graph.py CacheSpec.to_dict)."""
+
+    name: str  # graph I/O name, e.g. "L0.self.k"
+    layer: int
+    kind: str  # "self" | "cross"
+    key: str  # the mechanism's own name, e.g. "k"
+    shape: list[int | str]  # ints for fixed axes, "batch" / "steps" / "src_len" for dynamic ones
+    dtype: str
+
+
+class CheckpointRef(TypedDict):
+    path: str
+    sha256: str
+
+
+class HeadsInfo(TypedDict):
+    num_heads: int  # heads in the exported graph
+    head_dim: int
+    kept: list[int]  # original head indices
+
+
+class SizeInfo(TypedDict):
+    before: dict[str, Any]  # zoo.flops.size_summary of the checkpoint's model
+    after: dict[str, Any]  # … and of the exported one
+    params_ratio: float
+    params_excl_emb_ratio: float
+    flops_ratio: float
+
+
+class GenerationDefaults(TypedDict):
+    beam_size: int  # the fields of Search, then translate()'s batching
+    len_penalty: float
+    max_len_a: float
+    max_len_b: int
+    min_len: int
+    max_tokens: int
+    max_sentences: int
+
+
+class RuntimeDefaults(TypedDict):
+    graph_optimization_level: str  # a key of OPTIMIZATION_LEVELS
+    threads: int | None
+
+
+class Int8Quality(TypedDict):
+    split: str
+    beam_size: int
+    bleu_fp32: float
+    bleu_int8: float
+    chrf_fp32: float
+    chrf_int8: float
+    p_value: float
+    significant: bool
+    identical_outputs: int
+
+
+class _ManifestKeys(TypedDict):
+    format_version: int
+    runtime_format: int  # the oldest runtime format that reads this export
+    name: str  # public model name (and Triton model name)
+    entry: str
+    data: str | None
+    task: str
+    attention: str
+    attention_options: dict[str, Any]
+    created: str  # ISO 8601, UTC
+    checkpoint: CheckpointRef
+    head_plan: dict[str, list[int]]  # module → kept original head indices (modules keeping all are absent)
+    head_plan_source: str
+    heads_removed: bool
+    head_importance: dict[str, dict[str, float]] | None
+    heads: dict[str, HeadsInfo]
+    model_config: dict[str, Any]  # zoo.model.ModelConfig.to_dict of the exported model
+    vocab: Vocab
+    max_positions: int
+    tokenizer: str  # file names: plain names inside the export, each listed in `files`
+    heldout: str
+    graphs: Graphs
+    caches: list[CacheEntry]
+    next_prefix: str
+    quantized: bool
+    size: SizeInfo
+    generation: GenerationDefaults
+    runtime: RuntimeDefaults
+    versions: dict[str, str]
+    files: dict[str, str]  # file name → sha256, every file of the export but the manifest
+
+
+class Manifest(_ManifestKeys, total=False):
+    """manifest.json of an export directory. The keys below are added as the export proceeds (a manifest is
+    first written without them so the export can be loaded and verified)."""
+
+    verification: dict[str, Any]  # export/verify.py verify_export's report on the fp32 graphs
+    verification_int8: dict[str, Any]  # … on the INT8 graphs (quantize=true)
+    int8_quality: Int8Quality  # quantize=true
+    timings_s: dict[str, float]
+
+
+MANIFEST_KEYS: tuple[str, ...] = tuple(Manifest.__annotations__)  # every key, in file order
+
+
+def _schema_type(path: str) -> type:
+    """The type the schema gives key `path` ("a.b…"), as isinstance takes it (dict for dict[str, str])."""
+    node: Any = Manifest
+    for part in path.split("."):
+        node = get_type_hints(node)[part]
+    return get_origin(node) or node
+
+
+# what read_manifest checks before anything is opened (other keys are informational or have defaults)
+_RUNTIME_FIELDS = {path: _schema_type(path) for path in (
+    "files", "graphs.encoder.file", "graphs.decoder.file", "tokenizer", "heldout", "vocab.pad_id", "vocab.unk_id",
+    "vocab.bos_id", "vocab.eos_id", "vocab.size", "max_positions", "name", "caches")}
 
 
 @dataclass(frozen=True)
@@ -168,7 +310,7 @@ def _field(m: dict[str, Any], path: str, kind: type | tuple[type, ...]) -> Any:
     return node
 
 
-def read_manifest(directory: str | os.PathLike[str], check_files: bool = True) -> dict[str, Any]:
+def read_manifest(directory: str | os.PathLike[str], check_files: bool = True) -> Manifest:
     """An export directory's manifest, checked before anything is opened: the keys the runtime needs with
     their types, every referenced file a plain name listed in `files` (so it is checksummed), and with
     `check_files` every listed file present with its sha256."""
@@ -185,24 +327,23 @@ def read_manifest(directory: str | os.PathLike[str], check_files: bool = True) -
         raise ExportedModelError(f"{path} is not a JSON object; re-export the model")
     if not isinstance(m.get("runtime_format", 0), int) or m.get("runtime_format", 0) > RUNTIME_FORMAT:
         raise ExportedModelError(f"{directory} needs a newer runtime (format {m.get('runtime_format')!r})")
-    files = _field(m, "files", dict)
+    files = _field(m, "files", _RUNTIME_FIELDS["files"])
     for name, digest in files.items():
         _plain_name(name, f"files[{name!r}]")
         if not isinstance(digest, str) or len(digest) != 64:
             raise ExportedModelError(f"{MANIFEST}: files[{name!r}] is not a sha256 digest; re-export the model")
-    referenced = {"graphs.encoder.file": _field(m, "graphs.encoder.file", str),
-                  "graphs.decoder.file": _field(m, "graphs.decoder.file", str),
-                  "tokenizer": _field(m, "tokenizer", str)}
-    if "heldout" in m:
-        referenced["heldout"] = _field(m, "heldout", str)
+    referenced = {key: _field(m, key, _RUNTIME_FIELDS[key])
+                  for key in ("graphs.encoder.file", "graphs.decoder.file", "tokenizer")}
+    if "heldout" in m:  # optional for the runtime
+        referenced["heldout"] = _field(m, "heldout", _RUNTIME_FIELDS["heldout"])
     for key, value in referenced.items():
         if _plain_name(value, key) not in files:
             raise ExportedModelError(f"{MANIFEST}: {key}={value!r} is not listed (and checksummed) in 'files'; "
                                      "re-export the model")
-    for key in ("vocab.pad_id", "vocab.unk_id", "vocab.bos_id", "vocab.eos_id", "vocab.size", "max_positions"):
-        _field(m, key, int)
-    _field(m, "name", str)
-    for i, cache in enumerate(_field(m, "caches", list)):
+    for key in ("vocab.pad_id", "vocab.unk_id", "vocab.bos_id", "vocab.eos_id", "vocab.size", "max_positions",
+                "name"):
+        _field(m, key, _RUNTIME_FIELDS[key])
+    for i, cache in enumerate(_field(m, "caches", _RUNTIME_FIELDS["caches"])):
         if not isinstance(cache, dict) or not {"name", "kind", "shape", "dtype"} <= cache.keys():
             raise ExportedModelError(f"{MANIFEST}: caches[{i}] needs name, kind, shape and dtype; re-export the model")
     for name, digest in files.items():
@@ -273,7 +414,7 @@ class ExportedModel:
     def __init__(self, directory: str | os.PathLike[str], threads: int | None = None,
                  optimization: str | None = None, check_files: bool = True, spinning: bool = False) -> None:
         self.directory = Path(directory)
-        self.manifest: dict[str, Any] = read_manifest(self.directory, check_files=check_files)
+        self.manifest: Manifest = read_manifest(self.directory, check_files=check_files)
         m = self.manifest
         vocab = m["vocab"]
         self.pad_id, self.unk_id, self.bos_id, self.eos_id = (vocab[k] for k in ("pad_id", "unk_id", "bos_id",

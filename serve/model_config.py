@@ -144,10 +144,11 @@ def python_config(name: str, settings: ModelSettings, extra: dict[str, Any] | No
     return text
 
 
-def read_manifest(export_dir: Path) -> dict[str, Any]:
-    """The export's manifest, validated by the runtime's own reader before anything is copied: every file
-    name plain and inside the export, every referenced file listed, every listed file's sha256 checked. An
-    export is untrusted input — a manifest key like `../../x` must never write outside the repository."""
+def read_manifest(export_dir: Path) -> export_runtime.Manifest:
+    """The export's manifest (schema: export.runtime.Manifest), validated by the runtime's own reader before
+    anything is copied: every file name plain and inside the export, every referenced file listed, every listed
+    file's sha256 checked. An export is untrusted input — a manifest key like `../../x` must never write outside
+    the repository."""
     try:
         return export_runtime.read_manifest(export_dir, check_files=True)
     except export_runtime.ExportedModelError as exc:

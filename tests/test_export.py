@@ -13,8 +13,11 @@ import os
 import shutil
 import subprocess
 import sys
+import types
+import typing
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -402,6 +405,41 @@ def test_runtime_refuses_a_manifest_that_points_outside_or_lacks_keys(exported, 
     (copy / "manifest.json").write_text("{not json")
     with pytest.raises(rt.ExportedModelError, match="cannot read"):
         export.load(copy)
+
+
+def _conforms(value, hint) -> bool:
+    """Whether a JSON value has the type a schema annotation declares (TypedDicts: their keys, recursively)."""
+    if hint is Any:
+        return True
+    if typing.is_typeddict(hint):
+        hints = typing.get_type_hints(hint)
+        return (isinstance(value, dict) and hint.__required_keys__ <= value.keys() <= hints.keys()
+                and all(_conforms(v, hints[k]) for k, v in value.items()))
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        return any(_conforms(value, a) for a in args)
+    if origin is list:
+        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_conforms(k, args[0]) and _conforms(v, args[1])
+                                               for k, v in value.items())
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+@pytest.mark.parametrize("overrides", [(), ("keep_heads=2", "quantize=true")], ids=["fp32", "int8"])
+def test_manifest_follows_the_schema(exported, overrides) -> None:
+    """manifest.json has the keys of export.runtime.Manifest in its order, each of its declared type, and the
+    exporter returns the same document (+ out)."""
+    out, manifest = exported("transformer", *overrides)
+    written = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    optional = {"verification_int8", "int8_quality"} if not overrides else set()
+    assert list(written) == [k for k in rt.MANIFEST_KEYS if k not in optional]
+    assert _conforms(written, rt.Manifest)
+    assert manifest == {**written, "out": str(out)}
 
 
 # ------------------------------------------------------------------------------------------- bad input

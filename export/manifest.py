@@ -1,0 +1,193 @@
+"""manifest.json of an export directory: built from what the export step knew, written in the schema's key order,
+and summarised for the console.
+
+The keys and their types are written down once, as `export.runtime.Manifest` (a TypedDict in the runtime module,
+because the Triton models get a copy of that file alone and read manifests with it). `build_manifest` fills every
+key the schema requires; the export adds the optional ones (verification, INT8 results, timings) as it proceeds and
+`write_manifest` writes whatever it has in the schema's order — so the file's bytes do not depend on the order in
+which the exporter filled the dictionary.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import platform
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy
+import onnx
+import onnxruntime
+import onnxscript
+import sentencepiece
+import torch
+
+from export.graph import NEXT, CacheSpec
+from export.runtime import (
+    MANIFEST,
+    MANIFEST_KEYS,
+    RUNTIME_FORMAT,
+    CheckpointRef,
+    GenerationDefaults,
+    Graphs,
+    HeadsInfo,
+    Manifest,
+    RuntimeDefaults,
+    Search,
+    SizeInfo,
+    Vocab,
+    _sha256,
+)
+from zoo.data import Tokenizer
+from zoo.model import Transformer
+
+MANIFEST_FORMAT = 1
+TOKENIZER_FILE = "tokenizer.model"
+HELDOUT_FILE = "heldout.json"  # the held-out sample the export was verified on
+
+
+def versions() -> dict[str, str]:
+    return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+            "onnxscript": onnxscript.__version__, "sentencepiece": sentencepiece.__version__,
+            "numpy": numpy.__version__, "python": platform.python_version()}
+
+
+def heads_info(model: Transformer, plan: dict[str, list[int]]) -> dict[str, HeadsInfo]:
+    """Per attention module of the exported model: heads in the graph, head size, kept original indices."""
+    return {name: HeadsInfo(num_heads=module.num_heads, head_dim=module.head_dim,
+                            kept=plan.get(name, list(range(model.cfg.num_heads))))
+            for name, module in model.attention_modules().items()}
+
+
+def size_info(before: dict[str, Any], after: dict[str, Any]) -> SizeInfo:
+    return SizeInfo(before=before, after=after, params_ratio=after["params"] / before["params"],
+                    params_excl_emb_ratio=after["params_excl_emb"] / max(before["params_excl_emb"], 1),
+                    flops_ratio=after["flops"] / before["flops"])
+
+
+def checksums(directory: Path, graphs: Graphs) -> dict[str, str]:
+    """sha256 of every file of the export but the manifest: the graphs, the tokenizer, the held-out sample."""
+    names = (graphs["encoder"]["file"], graphs["decoder"]["file"], TOKENIZER_FILE, HELDOUT_FILE)
+    return {name: _sha256(directory / name) for name in names}
+
+
+def build_manifest(
+    directory: Path,
+    *,
+    name: str,
+    payload: dict[str, Any],
+    tokenizer: Tokenizer,
+    model: Transformer,
+    plan: dict[str, list[int]],
+    plan_source: str,
+    heads_removed: bool,
+    importance: dict[str, dict[int, float]] | None,
+    graphs: Graphs,
+    caches: list[CacheSpec],
+    quantized: bool,
+    size_before: dict[str, Any],
+    size_after: dict[str, Any],
+    search: Search,
+    max_tokens: int,
+    max_sentences: int,
+    optimization_level: str,
+    threads: int | None,
+) -> Manifest:
+    """The manifest of the export in `directory` (its files already written there): every required key of
+    `export.runtime.Manifest`. `model` is the exported (pruned) model, `plan` the head plan it realises."""
+    mcfg = model.cfg
+    return Manifest(
+        format_version=MANIFEST_FORMAT,
+        runtime_format=RUNTIME_FORMAT,
+        name=name,
+        entry=str(payload.get("entry")),
+        data=(payload.get("data_config") or {}).get("name"),
+        task=payload.get("task", "translation"),
+        attention=mcfg.attention,
+        attention_options=dict(mcfg.attention_options),
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        checkpoint=CheckpointRef(path=payload["path"], sha256=_sha256(Path(payload["path"]))),
+        head_plan=plan,
+        head_plan_source=plan_source,
+        heads_removed=heads_removed,
+        head_importance={n: {str(h): v for h, v in s.items()} for n, s in importance.items()} if importance else None,
+        heads=heads_info(model, plan),
+        model_config=mcfg.to_dict(),
+        vocab=Vocab(size=mcfg.vocab_size, pad_id=mcfg.pad_id, unk_id=tokenizer.unk_id, bos_id=mcfg.bos_id,
+                    eos_id=mcfg.eos_id),
+        max_positions=mcfg.max_positions,
+        tokenizer=TOKENIZER_FILE,
+        heldout=HELDOUT_FILE,
+        graphs=graphs,
+        caches=[spec.to_dict() for spec in caches],  # type: ignore[misc]  # CacheSpec.to_dict is a CacheEntry
+        next_prefix=NEXT,
+        quantized=quantized,
+        size=size_info(size_before, size_after),
+        generation=GenerationDefaults(**asdict(search), max_tokens=max_tokens, max_sentences=max_sentences),
+        runtime=RuntimeDefaults(graph_optimization_level=optimization_level, threads=threads),
+        versions=versions(),
+        files=checksums(directory, graphs),
+    )
+
+
+def manifest_dict(manifest: Manifest) -> dict[str, Any]:
+    """The manifest as written: its keys in the schema's order (an unknown key is a bug, not data)."""
+    unknown = sorted(set(manifest) - set(MANIFEST_KEYS))
+    if unknown:
+        raise KeyError(f"manifest keys {unknown} are not in the schema (export.runtime.Manifest)")
+    return {key: manifest[key] for key in MANIFEST_KEYS if key in manifest}  # type: ignore[literal-required]
+
+
+def write_manifest(directory: Path, manifest: Manifest) -> None:
+    text = json.dumps(manifest_dict(manifest), indent=2, ensure_ascii=False) + "\n"
+    (directory / MANIFEST).write_text(text, encoding="utf-8")
+
+
+def _fmt(n: float) -> str:
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+def summary_table(m: dict[str, Any], out: Path) -> str:
+    """Human-readable export summary: heads per module, sizes before/after, parity, files."""
+    lines = [f"exported {m['name']} (entry {m['entry']}, attention {m['attention']}) → {out}"]
+    lines.append(f"  {'module':<30} {'heads':>7} {'head_dim':>8}  kept (original head indices)")
+    cfg_heads = m["model_config"]["num_heads"]
+    for name, h in m["heads"].items():
+        lines.append(f"  {name:<30} {h['num_heads']:>3}/{cfg_heads:<3} {h['head_dim']:>8}  {h['kept']}")
+    s = m["size"]
+    lines.append(f"  {'':<24} {'before':>10} {'after':>10} {'ratio':>7}")
+    for label, key, ratio in (("params", "params", "params_ratio"),
+                              ("params excl. embeddings", "params_excl_emb", "params_excl_emb_ratio"),
+                              (f"FLOPs @ src {s['before']['src_len']}", "flops", "flops_ratio")):
+        lines.append(f"  {label:<24} {_fmt(s['before'][key]):>10} {_fmt(s['after'][key]):>10} {s[ratio]:>7.3f}")
+    for key, label in (("verification", "fp32"), ("verification_int8", "int8")):
+        v = m.get(key)
+        if not v:
+            continue
+        lines.append(
+            f"  verify {label}: max|Δlogits| ORT vs torch {v['max_abs_logits_diff']:.2e}, encoder "
+            f"{v['max_abs_encoder_diff']:.2e}, cross caches (rel.) {v['max_abs_cross_cache_rel_diff']:.2e}, "
+            f"pruned vs gated {v['pruned_vs_gated']:.2e} (tol {v['tolerance']:g}); "
+            f"beam {v['beam']['beam_size']} {v['beam']['identical']}/{v['beam']['total']} identical, greedy "
+            f"{v['greedy']['identical']}/{v['greedy']['total']}, translate {v['translate_identical']}/{v['sentences']}"
+            f"; shapes {[(x['batch'], x['src_len']) for x in v['shapes']]}")
+    q = m.get("int8_quality")
+    if q:
+        lines.append(f"  int8 quality on {q['split']}, beam {q['beam_size']}: BLEU {q['bleu_fp32']:.2f} → "
+                     f"{q['bleu_int8']:.2f}, chrF {q['chrf_fp32']:.2f} → {q['chrf_int8']:.2f} (paired bootstrap "
+                     f"p={q['p_value']:.3f}: {'significant' if q['significant'] else 'no significant difference'}); "
+                     f"{q['identical_outputs']} outputs identical")
+    if m.get("timings_s"):
+        lines.append("  time: " + ", ".join(f"{k} {v:.1f}s" for k, v in m["timings_s"].items()))
+    g = m["graphs"]
+    lines.append(f"  opset {g['decoder']['opset']}, IR {g['decoder']['ir_version']}; caches per layer: "
+                 + ", ".join(sorted({c['name'].split('.', 1)[1] for c in m['caches']})))
+    for name, digest in m["files"].items():
+        size = (out / name).stat().st_size if (out / name).exists() else 0
+        lines.append(f"  {name:<16} {_fmt(size):>7}B  sha256 {digest[:16]}…")
+    return "\n".join(lines)

@@ -1,0 +1,239 @@
+"""The exported model as ONNX files: encoder.onnx and decoder.onnx written from the torch wrappers of
+export/graph.py with torch's dynamo exporter (every batch/length axis dynamic: torch 2.13's legacy exporter bakes
+shapes, DESIGN.md §6), their weights given readable names, the export's metadata stored in them, and the optional
+dynamic INT8 quantisation of their MatMul weights.
+
+export/graph.py decides what the graphs compute (torch modules, cache discovery); this module turns them into files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import math
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+import onnxscript
+import torch
+from onnx import numpy_helper
+from onnxruntime.quantization import QuantType, quantize_dynamic
+from torch.export import Dim
+
+from export.graph import (
+    BATCH,
+    PREV_BATCH,
+    SRC_LEN,
+    STEPS,
+    CacheSpec,
+    DecoderStepGraph,
+    EncoderGraph,
+    ExportError,
+    concrete_shape,
+    decoder_io_names,
+    encoder_io_names,
+)
+from export.runtime import GraphInfo, Graphs
+from zoo.model import Transformer
+
+ENCODER_FILE = "encoder.onnx"
+DECODER_FILE = "decoder.onnx"
+DEFAULT_OPSET = 20  # what torch 2.13's dynamo exporter emits by default; onnxruntime 1.31 runs it
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """The dynamo exporter prints progress and registry warnings; keep the command's output readable."""
+    loggers = [logging.getLogger(n) for n in ("", "torch.onnx", "torch.export", "torch._export", "onnxscript",
+                                              "onnx_ir")]  # "": quantize_dynamic logs on the root logger
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def _export_errors(graph: str, attention: str) -> Iterator[None]:
+    """torch.onnx's failures are pages long; keep their summary and point at the mechanism."""
+    try:
+        yield
+    except Exception as exc:
+        text = str(exc)
+        summary = text.split("## Exception summary", 1)[-1].strip().splitlines()
+        reason = next((line for line in summary if line.strip()), type(exc).__name__)
+        raise ExportError(f"torch.onnx (dynamo) could not export the {graph} graph of attention mechanism "
+                          f"{attention!r}: {reason}") from exc
+
+
+def _sdpa_translation(opset: int) -> Callable[..., Any]:
+    """ONNX for aten.scaled_dot_product_attention as MatMul(q·scale, Transpose(k, [0, 1, 3, 2])).
+
+    Why: torch.onnx's own translation transposes keys through a rank-3 Reshape/Transpose/Reshape,
+    which onnxruntime cannot fold into its MatMul (FusedMatMul transB), so every decoder step copied
+    every layer's whole key cache — 37% of the step time of a small model at batch 32 × beam 5. A
+    last-two-axes Transpose is fused away. Inference only (dropout ignored), no GQA.
+    """
+    op = getattr(onnxscript, f"opset{opset}")
+
+    def sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+             is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:
+        # query [B, H, T, dh], key/value [B, H, S, dh], attn_mask bool (True = attend) or additive float
+        if enable_gqa:
+            raise NotImplementedError("grouped-query attention is not exported")
+        factor = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+        scores = op.MatMul(op.Mul(query, op.Constant(value_float=factor)), op.Transpose(key, perm=[0, 1, 3, 2]))
+        neg_inf = op.Constant(value_float=float("-inf"))
+        if attn_mask is not None:
+            if attn_mask.dtype == ir.DataType.BOOL:
+                scores = op.Where(attn_mask, scores, neg_inf)
+            else:
+                scores = op.Add(scores, attn_mask)
+        if is_causal:  # [T, S] lower triangle, keys aligned to the end
+            t, s = op.Shape(query, start=-2, end=-1), op.Shape(key, start=-2, end=-1)
+            ones = op.ConstantOfShape(op.Concat(t, s, axis=0), value=ir.tensor([1.0], dtype=ir.DataType.FLOAT))
+            tri = op.Trilu(ones, op.Squeeze(op.Sub(s, t)), upper=0)
+            scores = op.Where(op.Cast(tri, to=ir.DataType.BOOL), scores, neg_inf)
+        return op.MatMul(op.Softmax(scores, axis=-1), value)  # [B, H, T, dh]
+
+    return sdpa
+
+
+def _dynamic(spec: CacheSpec, dims: dict[str, Any], prev: bool = False) -> dict[int, Any]:
+    out = {}
+    for axis, size in enumerate(spec.shape):
+        if size == BATCH:
+            out[axis] = dims[PREV_BATCH if prev else BATCH]
+        elif isinstance(size, str):
+            out[axis] = dims[size]
+    return out
+
+
+def _rename(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
+    for init in graph.initializer:
+        init.name = mapping.get(init.name, init.name)
+    for node in graph.node:
+        node.input[:] = [mapping.get(n, n) for n in node.input]
+        node.output[:] = [mapping.get(n, n) for n in node.output]
+    for vi in graph.value_info:
+        vi.name = mapping.get(vi.name, vi.name)
+
+
+def _name_weights(model: onnx.ModelProto) -> None:
+    """Readable initializer names: drop the wrapper's "model." prefix and name the transposed Linear
+    weights the exporter folds into anonymous constants `<module>.weight_t` ([in, out]) after the
+    bias their MatMul feeds (so removed heads can be read off the file)."""
+    graph = model.graph
+    inits = {i.name for i in graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    mapping = {n: n[len("model."):] for n in inits if n.startswith("model.")}
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in inits or node.input[1].endswith(".weight"):
+            continue
+        users = consumers.get(node.output[0], [])
+        if len(users) != 1 or users[0].op_type != "Add":
+            continue
+        bias = [n for n in users[0].input if n in inits and n.endswith(".bias")]
+        if len(bias) == 1 and len(consumers.get(node.input[1], [])) == 1:
+            mapping[node.input[1]] = mapping.get(bias[0], bias[0])[: -len(".bias")] + ".weight_t"
+    _rename(graph, mapping)
+
+
+def _finish_graph(path: Path, metadata: dict[str, str]) -> GraphInfo:
+    """Readable weight names and the export's metadata written into the graph file; its manifest entry."""
+    model = onnx.load(str(path))
+    _name_weights(model)
+    for key, value in metadata.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    # the exporter drops inputs a mechanism never reads (e.g. memory_pad_mask when cross-attention
+    # caches masked sums): record the graph's actual I/O
+    return GraphInfo(file=path.name, ir_version=model.ir_version, opset=opset,
+                     inputs=[i.name for i in model.graph.input], outputs=[o.name for o in model.graph.output])
+
+
+def export_graphs(model: Transformer, specs: list[CacheSpec], directory: Path, opset: int | None,
+                  metadata: dict[str, str]) -> Graphs:
+    """Write encoder.onnx and decoder.onnx for `model` (eval) with every batch/length axis dynamic; returns
+    their manifest entries (file, IR version, opset, actual inputs and outputs)."""
+    cfg = model.cfg
+    # lengths are bounded by the positions table (Transformer._embed checks it: a guard torch.export must
+    # see declared, or it reports a constraint violation)
+    dims = {BATCH: Dim(BATCH), PREV_BATCH: Dim(PREV_BATCH), SRC_LEN: Dim(SRC_LEN, max=cfg.max_positions),
+            STEPS: Dim(STEPS, max=cfg.max_positions)}
+    # example sizes: distinct from each other and from 0/1, which torch.export would specialise on
+    b, s, prev_b, steps = 3, 7, 5, 2
+    src = torch.randint(4, cfg.vocab_size, (b, s)) if cfg.vocab_size > 4 else torch.full((b, s), 3)
+    src[0, -2:] = cfg.pad_id
+    cross_specs = [c for c in specs if c.kind == "cross"]
+    self_specs = [c for c in specs if c.kind == "self"]
+    encoder, decoder = EncoderGraph(model, specs).eval(), DecoderStepGraph(model, specs).eval()
+    enc_in, enc_out = encoder_io_names(specs)
+    dec_in, dec_out = decoder_io_names(specs)
+    kwargs = {"dynamo": True, "external_data": False, "opset_version": opset or DEFAULT_OPSET, "verbose": False,
+              "custom_translation_table": {
+                  torch.ops.aten.scaled_dot_product_attention.default: _sdpa_translation(opset or DEFAULT_OPSET)}}
+    with torch.no_grad(), _quiet_exporter():
+        with _export_errors("encoder", cfg.attention):
+            torch.onnx.export(encoder, (src,), str(directory / ENCODER_FILE), input_names=enc_in,
+                              output_names=enc_out, dynamic_shapes=({0: dims[BATCH], 1: dims[SRC_LEN]},), **kwargs)
+        outputs = encoder(src)
+        caches = (*outputs[2:], *[torch.randn(concrete_shape(c, prev_b, steps)) for c in self_specs])
+        # tokens [B, 1], step [1], beam_order [B] into the prev_b rows, topk [1], memory_pad_mask [B, S], *caches
+        args = (torch.full((b, 1), cfg.eos_id), torch.tensor([steps]), torch.tensor([4, 0, 2]),
+                torch.tensor([min(3, cfg.vocab_size)]), outputs[1], *caches)
+        dynamic = ({0: dims[BATCH]}, None, {0: dims[BATCH]}, None, {0: dims[BATCH], 1: dims[SRC_LEN]},
+                   (*[_dynamic(c, dims) for c in cross_specs], *[_dynamic(c, dims, prev=True) for c in self_specs]))
+        with _export_errors("decoder", cfg.attention):
+            torch.onnx.export(decoder, args, str(directory / DECODER_FILE), input_names=dec_in,
+                              output_names=dec_out, dynamic_shapes=dynamic, **kwargs)
+    return Graphs(encoder=_finish_graph(directory / ENCODER_FILE, metadata),
+                  decoder=_finish_graph(directory / DECODER_FILE, metadata))
+
+
+def _fold_weight_transposes(model: onnx.ModelProto) -> None:
+    """Replace Transpose(initializer) by a transposed initializer. The tied output projection is
+    `x @ tgt_embed.weightᵀ` with the table shared by the embedding Gather, so the exporter keeps a
+    runtime Transpose — which hides that MatMul's weight from quantize_dynamic."""
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    keep = []
+    for node in graph.node:
+        if node.op_type == "Transpose" and node.input[0] in inits:
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            data = numpy_helper.to_array(inits[node.input[0]]).transpose(perm)
+            graph.initializer.append(numpy_helper.from_array(data.copy(), node.output[0]))
+        else:
+            keep.append(node)
+    del graph.node[:]
+    graph.node.extend(keep)
+
+
+def quantize_graphs(directory: Path) -> None:
+    """Dynamic INT8 quantisation of MatMul weights in place (activations stay fp32, quantised per call)."""
+    for name in (ENCODER_FILE, DECODER_FILE):
+        path = directory / name
+        model = onnx.load(str(path))
+        _fold_weight_transposes(model)
+        onnx.save(model, str(path))
+        tmp = directory / f"{name}.int8"
+        with _quiet_exporter():
+            quantize_dynamic(str(path), str(tmp), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+        os.replace(tmp, path)
