@@ -142,9 +142,16 @@ def _searches(spec: str, fixed_len: int | None) -> Search:
     return Search(beam_size=beam)
 
 
-def bench_point(label: str, engines: dict[str, tuple[str, Any]], batches: list[np.ndarray], search: Search,
-                repeats: int, flops_models: dict[str, Transformer] | None = None, out_len: int | None = None,
-                pad: int = 0) -> dict[str, Any]:
+def bench_point(
+    label: str,
+    engines: dict[str, tuple[str, Any]],
+    batches: list[np.ndarray],
+    search: Search,
+    repeats: int,
+    flops_models: dict[str, Transformer] | None = None,
+    out_len: int | None = None,
+    pad: int = 0,
+) -> dict[str, Any]:
     """Time engines {name: ("torch", model) | ("ort", runtime)} on the same batches and search."""
     torch_search = SearchConfig(**asdict(search))
     tensors = [torch.from_numpy(b) for b in batches]
@@ -156,19 +163,29 @@ def bench_point(label: str, engines: dict[str, tuple[str, Any]], batches: list[n
                 results[name] = [h for src in tensors for h in generate(engine, src, torch_search)]
             else:
                 results[name] = [h for src in batches for h in engine.generate(src, search)]
+
         return run
 
     fns = {name: runner(name, kind, engine) for name, (kind, engine) in engines.items()}
     times = interleaved(fns, repeats)
     sentences = sum(len(b) for b in batches)
-    point: dict[str, Any] = {"label": label, "sentences": sentences, "batch": len(batches[0]),
-                             "search": asdict(search), "engines": {}}
+    point: dict[str, Any] = {
+        "label": label,
+        "sentences": sentences,
+        "batch": len(batches[0]),
+        "search": asdict(search),
+        "engines": {},
+    }
     first = next(iter(results.values()))
     for name in engines:
         med = statistics.median(times[name])
-        entry = {"median_s": med, "sentences_per_s": sentences / med, "times_s": times[name],
-                 "identical_to_first": sum(a == b for a, b in zip(first, results[name], strict=True)),
-                 "peak_rss_rise_mb": None}
+        entry = {
+            "median_s": med,
+            "sentences_per_s": sentences / med,
+            "times_s": times[name],
+            "identical_to_first": sum(a == b for a, b in zip(first, results[name], strict=True)),
+            "peak_rss_rise_mb": None,
+        }
         rise = peak_rss_rise(fns[name])
         if rise is not None:
             entry["peak_rss_rise_mb"] = rise / 1e6
@@ -216,19 +233,31 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     payload = load_checkpoint(args.checkpoint)
     runtime = load(args.export, threads=args.threads, spinning=args.ort_spinning)
     if args.pruned_export and runtime.manifest.get("heads_removed") and runtime.manifest.get("head_plan"):
-        raise SystemExit("--export must be the unpruned model (exported with remove_heads=false) when "
-                         "--pruned-export is given")
+        raise SystemExit(
+            "--export must be the unpruned model (exported with remove_heads=false) when --pruned-export is given"
+        )
     # torch runs the very model the export holds: heads removed if the export removed them, else gated
-    model = prune(model_from_checkpoint(payload), runtime.manifest.get("head_plan") or {},
-                  remove=bool(runtime.manifest.get("heads_removed", True)))[0]
+    model = prune(
+        model_from_checkpoint(payload),
+        runtime.manifest.get("head_plan") or {},
+        remove=bool(runtime.manifest.get("heads_removed", True)),
+    )[0]
     texts, refs = load_sentences(payload, args.src, max(args.paper_batch, args.batch1_sentences, 64, *args.batches))
     roofline = matmul_roofline(args.threads)
-    report: dict[str, Any] = {"checkpoint": payload["path"], "export": str(args.export), "threads": args.threads,
-                              "ort_spinning": args.ort_spinning,
-                              "repeats": args.repeats, "matmul_roofline_gflops": roofline,
-                              "model": runtime.manifest["model_config"], "points": []}
-    print(f"{runtime.name}: threads {args.threads}, fp32 matmul roofline {roofline:.1f} GFLOP/s "
-          f"(torch.mm 1024³), medians of {args.repeats} interleaved runs")
+    report: dict[str, Any] = {
+        "checkpoint": payload["path"],
+        "export": str(args.export),
+        "threads": args.threads,
+        "ort_spinning": args.ort_spinning,
+        "repeats": args.repeats,
+        "matmul_roofline_gflops": roofline,
+        "model": runtime.manifest["model_config"],
+        "points": [],
+    }
+    print(
+        f"{runtime.name}: threads {args.threads}, fp32 matmul roofline {roofline:.1f} GFLOP/s "
+        f"(torch.mm 1024³), medians of {args.repeats} interleaved runs"
+    )
     engines = {"torch": ("torch", model), "ort": ("ort", runtime)}
     pad = runtime.pad_id
     per_batch = {1: args.batch1_sentences, 32: 64, 256: 256}
@@ -238,19 +267,29 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 fixed = args.fixed_len if mode == "fixed" else None
                 search = _searches(spec, fixed)
                 batches = make_batches(runtime, texts, batch, per_batch.get(batch, batch))
-                p = bench_point(f"{mode} {spec} batch {batch}", engines, batches, search, args.repeats,
-                                {"torch": model, "ort": model} if fixed else None, fixed, pad)
+                p = bench_point(
+                    f"{mode} {spec} batch {batch}",
+                    engines,
+                    batches,
+                    search,
+                    args.repeats,
+                    {"torch": model, "ort": model} if fixed else None,
+                    fixed,
+                    pad,
+                )
                 p["mode"] = mode
                 target = TARGETS.get((spec, batch)) if mode == "natural" else None
                 if target:
                     p["target"], p["meets_target"] = target, p["ratio"] >= target
                 report["points"].append(p)
-                print(_line(p, roofline) + (f"  target ≥{target}x: {'met' if p['meets_target'] else 'MISSED'}"
-                                            if target else ""), flush=True)
+                print(
+                    _line(p, roofline)
+                    + (f"  target ≥{target}x: {'met' if p['meets_target'] else 'MISSED'}" if target else ""),
+                    flush=True,
+                )
     paper = Search(beam_size=5, max_len_a=0.0, max_len_b=10)
     batches = make_batches(runtime, texts, args.paper_batch, args.paper_batch)
-    p = bench_point(f"paper: beam 5, batch {args.paper_batch}, max len 10", engines, batches, paper,
-                    args.repeats)
+    p = bench_point(f"paper: beam 5, batch {args.paper_batch}, max len 10", engines, batches, paper, args.repeats)
     report["points"].append(p)
     print(_line(p, roofline), flush=True)
 
@@ -260,18 +299,33 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         pruned_model = prune(model_from_checkpoint(payload), plan)[0]
         gated = model  # the unpruned model: --export, with every head computed (remove_heads=false)
         fixed = Search(beam_size=5, max_len_a=0.0, max_len_b=10, min_len=10)
-        flops = {"unpruned": work_flops(gated, batches, 10, 5, pad), "pruned": work_flops(pruned_model, batches, 10,
-                                                                                            5, pad)}
-        prune_report = {"plan": plan, "analytic_flops_ratio": flops["pruned"] / flops["unpruned"],
-                        "manifest_flops_ratio": pruned_rt.manifest["size"]["flops_ratio"]}
-        for kind, a, b in (("torch", ("torch", gated), ("torch", pruned_model)),
-                           ("ort", ("ort", runtime), ("ort", pruned_rt))):
-            p = bench_point(f"{kind} unpruned vs pruned (fixed 10)", {f"{kind}": a, f"{kind}-pruned": b}, batches,
-                            fixed, args.repeats)
+        flops = {
+            "unpruned": work_flops(gated, batches, 10, 5, pad),
+            "pruned": work_flops(pruned_model, batches, 10, 5, pad),
+        }
+        prune_report = {
+            "plan": plan,
+            "analytic_flops_ratio": flops["pruned"] / flops["unpruned"],
+            "manifest_flops_ratio": pruned_rt.manifest["size"]["flops_ratio"],
+        }
+        for kind, a, b in (
+            ("torch", ("torch", gated), ("torch", pruned_model)),
+            ("ort", ("ort", runtime), ("ort", pruned_rt)),
+        ):
+            p = bench_point(
+                f"{kind} unpruned vs pruned (fixed 10)",
+                {f"{kind}": a, f"{kind}-pruned": b},
+                batches,
+                fixed,
+                args.repeats,
+            )
             p["same_model"] = False
             prune_report[kind] = {"speedup": p["ratio"], "time_ratio": 1 / p["ratio"], "point": p}
-            print(_line(p, roofline) + f"  time ratio {1 / p['ratio']:.2f} vs analytic FLOP ratio "
-                  f"{prune_report['analytic_flops_ratio']:.2f}", flush=True)
+            print(
+                _line(p, roofline) + f"  time ratio {1 / p['ratio']:.2f} vs analytic FLOP ratio "
+                f"{prune_report['analytic_flops_ratio']:.2f}",
+                flush=True,
+            )
         report["pruning"] = prune_report
 
     if args.int8_export:
@@ -289,14 +343,22 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             int8_out = int8.translate(texts[:n], beam_size=5)
             int8_s = time.perf_counter() - start
             test = paired_bootstrap(fp32_out, int8_out, refs[:n])
-            report["int8"] = {"sentences": n, "bleu_fp32": test["baseline"]["bleu"],
-                              "bleu_int8": test["system"]["bleu"], "p_value": test["p_value"],
-                              "significant": test["significant"], "fp32_s": fp32_s, "int8_s": int8_s,
-                              "identical_outputs": sum(a == b for a, b in zip(fp32_out, int8_out, strict=True))}
+            report["int8"] = {
+                "sentences": n,
+                "bleu_fp32": test["baseline"]["bleu"],
+                "bleu_int8": test["system"]["bleu"],
+                "p_value": test["p_value"],
+                "significant": test["significant"],
+                "fp32_s": fp32_s,
+                "int8_s": int8_s,
+                "identical_outputs": sum(a == b for a, b in zip(fp32_out, int8_out, strict=True)),
+            }
             r = report["int8"]
-            print(f"  int8 on {n} test sentences (beam 5): BLEU {r['bleu_fp32']:.2f} → {r['bleu_int8']:.2f} "
-                  f"(paired bootstrap p={r['p_value']:.3f}{', significant' if r['significant'] else ''}); "
-                  f"{n / fp32_s:.1f} → {n / int8_s:.1f} sent/s; {r['identical_outputs']}/{n} outputs identical")
+            print(
+                f"  int8 on {n} test sentences (beam 5): BLEU {r['bleu_fp32']:.2f} → {r['bleu_int8']:.2f} "
+                f"(paired bootstrap p={r['p_value']:.3f}{', significant' if r['significant'] else ''}); "
+                f"{n / fp32_s:.1f} → {n / int8_s:.1f} sent/s; {r['identical_outputs']}/{n} outputs identical"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return report

@@ -74,8 +74,10 @@ def export_checkpoint(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     if OmegaConf.is_missing(cfg, "checkpoint") or not cfg.checkpoint:
         raise ExportError("no checkpoint given: python -m export checkpoint=<run dir|file.pt> [out=<dir>]")
     if cfg.runtime.graph_optimization_level not in OPTIMIZATION_LEVELS:
-        raise ExportError(f"runtime.graph_optimization_level={cfg.runtime.graph_optimization_level!r}: use one of "
-                          f"{', '.join(OPTIMIZATION_LEVELS)}")
+        raise ExportError(
+            f"runtime.graph_optimization_level={cfg.runtime.graph_optimization_level!r}: use one of "
+            f"{', '.join(OPTIMIZATION_LEVELS)}"
+        )
     previous_threads = torch.get_num_threads()
     if cfg.runtime.threads:
         torch.set_num_threads(int(cfg.runtime.threads))
@@ -96,8 +98,7 @@ def _export(cfg: DictConfig) -> dict[str, Any]:
     # built beside `out`, swapped in only when verified (export/staging.py); removed on any failure
     with staged_directory(source.out, overwrite=bool(cfg.overwrite), exists_error=_exists_error) as stage:
         directory = stage.path
-        graphs = export_graphs(exported.model, exported.caches, directory, cfg.opset,
-                               _graph_metadata(source, exported))
+        graphs = export_graphs(exported.model, exported.caches, directory, cfg.opset, _graph_metadata(source, exported))
         laps("onnx_export")
         _write_tokenizer_and_heldout(directory, source)
         manifest = _manifest(cfg, directory, source, plan, exported, graphs, search)
@@ -184,8 +185,10 @@ def _load(cfg: DictConfig) -> tuple[dict[str, Any], Transformer]:
         raise CheckpointError(f"{payload['path']} has a model config this code does not understand: {exc}") from exc
     entry = payload.get("entry")
     if entry not in list_entries() and not cfg.name:
-        raise ExportError(f"checkpoint {payload['path']} is from entry {entry!r}, which is not a model entry of this "
-                          f"code (known: {', '.join(list_entries())}); pass name=<public model name> to export it")
+        raise ExportError(
+            f"checkpoint {payload['path']} is from entry {entry!r}, which is not a model entry of this "
+            f"code (known: {', '.join(list_entries())}); pass name=<public model name> to export it"
+        )
     try:
         model = model_from_checkpoint(payload)
     except RuntimeError as exc:  # state dict does not fit the config
@@ -255,50 +258,96 @@ def _plan(cfg: DictConfig, model: Transformer, payload: dict[str, Any], tokenize
 def _prune(cfg: DictConfig, source: _Source, plan: _HeadPlan) -> _Exported:
     original = source.model
     pruned, gated = prune(original, plan.heads, remove=bool(cfg.remove_heads))
-    final = pruned.cfg.head_plan if cfg.remove_heads else {
-        n: h for n, h in active_heads(gated).items() if h != list(range(original.cfg.num_heads))}
+    final = (
+        pruned.cfg.head_plan
+        if cfg.remove_heads
+        else {n: h for n, h in active_heads(gated).items() if h != list(range(original.cfg.num_heads))}
+    )
     size = size_summary(pruned)
     return _Exported(pruned, gated, final, size, discover_caches(pruned))
 
 
 def _search(cfg: DictConfig) -> Search:
     g = cfg.generation
-    return Search(beam_size=int(g.beam_size), len_penalty=float(g.len_penalty), max_len_a=float(g.max_len_a),
-                  max_len_b=int(g.max_len_b), min_len=int(g.min_len))
+    return Search(
+        beam_size=int(g.beam_size),
+        len_penalty=float(g.len_penalty),
+        max_len_a=float(g.max_len_a),
+        max_len_b=int(g.max_len_b),
+        min_len=int(g.min_len),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- graphs
 def _graph_metadata(source: _Source, exported: _Exported) -> dict[str, str]:
     """Stored in both ONNX files, so a graph found alone still says what it is."""
-    return {"name": source.name, "entry": str(source.payload.get("entry")), "attention": exported.model.cfg.attention,
-            "head_plan": json.dumps(exported.plan), "producer": "attention-zoo export"}
+    return {
+        "name": source.name,
+        "entry": str(source.payload.get("entry")),
+        "attention": exported.model.cfg.attention,
+        "head_plan": json.dumps(exported.plan),
+        "producer": "attention-zoo export",
+    }
 
 
 def _write_tokenizer_and_heldout(directory: Path, source: _Source) -> None:
     (directory / TOKENIZER_FILE).write_bytes(source.tokenizer.model_bytes)
-    (directory / HELDOUT_FILE).write_text(json.dumps({"src": source.srcs, "tgt": source.tgts}, indent=1,
-                                                     ensure_ascii=False))
+    (directory / HELDOUT_FILE).write_text(
+        json.dumps({"src": source.srcs, "tgt": source.tgts}, indent=1, ensure_ascii=False)
+    )
 
 
 # ---------------------------------------------------------------------------------------------- manifest
-def _manifest(cfg: DictConfig, directory: Path, source: _Source, plan: _HeadPlan, exported: _Exported,
-              graphs: Graphs, search: Search) -> Manifest:
+def _manifest(
+    cfg: DictConfig,
+    directory: Path,
+    source: _Source,
+    plan: _HeadPlan,
+    exported: _Exported,
+    graphs: Graphs,
+    search: Search,
+) -> Manifest:
     threads = cfg.runtime.threads
     return build_manifest(
-        directory, name=source.name, payload=source.payload, tokenizer=source.tokenizer, model=exported.model,
-        plan=exported.plan, plan_source=plan.source, heads_removed=bool(cfg.remove_heads),
-        importance=plan.importance, graphs=graphs, caches=exported.caches, quantized=bool(cfg.quantize),
-        size_before=source.size, size_after=exported.size, search=search, max_tokens=int(cfg.generation.max_tokens),
+        directory,
+        name=source.name,
+        payload=source.payload,
+        tokenizer=source.tokenizer,
+        model=exported.model,
+        plan=exported.plan,
+        plan_source=plan.source,
+        heads_removed=bool(cfg.remove_heads),
+        importance=plan.importance,
+        graphs=graphs,
+        caches=exported.caches,
+        quantized=bool(cfg.quantize),
+        size_before=source.size,
+        size_after=exported.size,
+        search=search,
+        max_tokens=int(cfg.generation.max_tokens),
         max_sentences=int(cfg.generation.max_sentences),
-        optimization_level=cfg.runtime.graph_optimization_level, threads=int(threads) if threads else None)
+        optimization_level=cfg.runtime.graph_optimization_level,
+        threads=int(threads) if threads else None,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- verify
-def _verify(cfg: DictConfig, runtime: ExportedModel, exported: _Exported, source: _Source, search: Search,
-            strict: bool = True) -> dict[str, Any]:
+def _verify(
+    cfg: DictConfig, runtime: ExportedModel, exported: _Exported, source: _Source, search: Search, strict: bool = True
+) -> dict[str, Any]:
     """The graphs in `runtime` against the torch model (strict: fail the export on any difference)."""
-    return verify_export(runtime, exported.model, exported.gated, source.tokenizer, source.srcs, source.tgts, search,
-                         float(cfg.verify.tolerance), int(cfg.verify.max_target_tokens), strict=strict)
+    return verify_export(
+        runtime,
+        exported.model,
+        exported.gated,
+        source.tokenizer,
+        source.srcs,
+        source.tgts,
+        search,
+        float(cfg.verify.tolerance),
+        int(cfg.verify.max_target_tokens),
+        strict=strict,
+    )
 
 
 @contextlib.contextmanager
@@ -316,8 +365,15 @@ def _ort_errors(which: str) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------------------------- int8
-def _quantize(cfg: DictConfig, directory: Path, manifest: Manifest, fp32: ExportedModel, exported: _Exported,
-              source: _Source, search: Search) -> None:
+def _quantize(
+    cfg: DictConfig,
+    directory: Path,
+    manifest: Manifest,
+    fp32: ExportedModel,
+    exported: _Exported,
+    source: _Source,
+    search: Search,
+) -> None:
     """INT8 graphs in place of the fp32 ones: verified without failing on drift (verification_int8), and their
     BLEU cost measured against the fp32 graphs' translations (int8_quality)."""
     eval_src, eval_ref, eval_split = _quality_pairs(cfg, source.payload, source.srcs, source.tgts)
@@ -333,8 +389,9 @@ def _quantize(cfg: DictConfig, directory: Path, manifest: Manifest, fp32: Export
     manifest["int8_quality"] = int8_quality(fp32_out, int8_out, eval_ref, eval_split, search.beam_size)
 
 
-def _quality_pairs(cfg: DictConfig, payload: dict[str, Any], srcs: list[str], tgts: list[str]
-                   ) -> tuple[list[str], list[str], str]:
+def _quality_pairs(
+    cfg: DictConfig, payload: dict[str, Any], srcs: list[str], tgts: list[str]
+) -> tuple[list[str], list[str], str]:
     """(sources, references, split label) the INT8 quality cost is measured on: the checkpoint's test
     split when its corpus can be rebuilt here (`quantize_eval.split=test`), else the held-out sample."""
     q = cfg.quantize_eval
@@ -352,13 +409,18 @@ def _quality_pairs(cfg: DictConfig, payload: dict[str, Any], srcs: list[str], tg
     return srcs[:limit], tgts[:limit], f"heldout ({len(srcs[:limit])} sentences)"
 
 
-def int8_quality(fp32_out: list[str], int8_out: list[str], refs: list[str], split: str,
-                 beam_size: int) -> Int8Quality:
+def int8_quality(fp32_out: list[str], int8_out: list[str], refs: list[str], split: str, beam_size: int) -> Int8Quality:
     """BLEU of the fp32 and INT8 graphs' translations (same runtime, same search) with sacreBLEU's
     paired bootstrap: the quality cost of quantisation, claimed only if significant (DESIGN.md §3c)."""
     test = paired_bootstrap(fp32_out, int8_out, refs)
-    return Int8Quality(split=split, beam_size=beam_size,
-                       bleu_fp32=test["baseline"]["bleu"], bleu_int8=test["system"]["bleu"],
-                       chrf_fp32=corpus_chrf(fp32_out, refs), chrf_int8=corpus_chrf(int8_out, refs),
-                       p_value=test["p_value"], significant=test["significant"],
-                       identical_outputs=sum(a == b for a, b in zip(fp32_out, int8_out, strict=True)))
+    return Int8Quality(
+        split=split,
+        beam_size=beam_size,
+        bleu_fp32=test["baseline"]["bleu"],
+        bleu_int8=test["system"]["bleu"],
+        chrf_fp32=corpus_chrf(fp32_out, refs),
+        chrf_int8=corpus_chrf(int8_out, refs),
+        p_value=test["p_value"],
+        significant=test["significant"],
+        identical_outputs=sum(a == b for a, b in zip(fp32_out, int8_out, strict=True)),
+    )

@@ -101,8 +101,10 @@ def _symbolic_shape(a: Tensor, b: Tensor, batch: int, grow: int, symbol: str, wh
             shape.append(symbol)
             grown.append(axis)
         else:
-            raise ExportError(f"{where}: axis {axis} changed from {a.shape[axis]} to {b.shape[axis]}; "
-                              f"only one position axis may grow (by {grow})")
+            raise ExportError(
+                f"{where}: axis {axis} changed from {a.shape[axis]} to {b.shape[axis]}; "
+                f"only one position axis may grow (by {grow})"
+            )
     if len(grown) > 1:
         raise ExportError(f"{where}: more than one axis follows the sequence length {tuple(a.shape)}")
     return tuple(shape)
@@ -140,8 +142,7 @@ def discover_caches(model: Transformer) -> list[CacheSpec]:
                 if kind == "self":
                     shape = _symbolic_shape(first[i][kind][key], second[i][kind][key], batch, 1, STEPS, where)
                 else:
-                    shape = _symbolic_shape(first[i][kind][key], first_long[i][kind][key], batch, extra, SRC_LEN,
-                                            where)
+                    shape = _symbolic_shape(first[i][kind][key], first_long[i][kind][key], batch, extra, SRC_LEN, where)
                 dtype = str(first[i][kind][key].dtype).replace("torch.", "")
                 specs.append(CacheSpec(f"L{i}.{kind}.{key}", i, kind, key, shape, dtype))
     return specs
@@ -190,10 +191,11 @@ class DecoderStepGraph(nn.Module):
         self.self_specs = [s for s in specs if s.kind == "self"]
         self.embed_scale = math.sqrt(model.cfg.d_model)
 
-    def forward(self, tokens: Tensor, step: Tensor, beam_order: Tensor, topk: Tensor, memory_pad_mask: Tensor,
-                *caches: Tensor) -> tuple[Tensor, ...]:
+    def forward(
+        self, tokens: Tensor, step: Tensor, beam_order: Tensor, topk: Tensor, memory_pad_mask: Tensor, *caches: Tensor
+    ) -> tuple[Tensor, ...]:
         m = self.model
-        cross, prev = caches[: len(self.cross)], caches[len(self.cross):]
+        cross, prev = caches[: len(self.cross)], caches[len(self.cross) :]
         state: list[dict[str, dict[str, Tensor]]] = [{"self": {}, "cross": {}} for _ in m.decoder.layers]
         for spec, value in zip(self.cross, cross, strict=True):
             state[spec.layer]["cross"][spec.key] = value  # [N, ...]

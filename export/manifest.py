@@ -49,22 +49,35 @@ HELDOUT_FILE = "heldout.json"  # the held-out sample the export was verified on
 
 
 def versions() -> dict[str, str]:
-    return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
-            "onnxscript": onnxscript.__version__, "sentencepiece": sentencepiece.__version__,
-            "numpy": numpy.__version__, "python": platform.python_version()}
+    return {
+        "torch": torch.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "onnxscript": onnxscript.__version__,
+        "sentencepiece": sentencepiece.__version__,
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def heads_info(model: Transformer, plan: dict[str, list[int]]) -> dict[str, HeadsInfo]:
     """Per attention module of the exported model: heads in the graph, head size, kept original indices."""
-    return {name: HeadsInfo(num_heads=module.num_heads, head_dim=module.head_dim,
-                            kept=plan.get(name, list(range(model.cfg.num_heads))))
-            for name, module in model.attention_modules().items()}
+    return {
+        name: HeadsInfo(
+            num_heads=module.num_heads, head_dim=module.head_dim, kept=plan.get(name, list(range(model.cfg.num_heads)))
+        )
+        for name, module in model.attention_modules().items()
+    }
 
 
 def size_info(before: dict[str, Any], after: dict[str, Any]) -> SizeInfo:
-    return SizeInfo(before=before, after=after, params_ratio=after["params"] / before["params"],
-                    params_excl_emb_ratio=after["params_excl_emb"] / max(before["params_excl_emb"], 1),
-                    flops_ratio=after["flops"] / before["flops"])
+    return SizeInfo(
+        before=before,
+        after=after,
+        params_ratio=after["params"] / before["params"],
+        params_excl_emb_ratio=after["params_excl_emb"] / max(before["params_excl_emb"], 1),
+        flops_ratio=after["flops"] / before["flops"],
+    )
 
 
 def checksums(directory: Path, graphs: Graphs) -> dict[str, str]:
@@ -115,8 +128,9 @@ def build_manifest(
         head_importance={n: {str(h): v for h, v in s.items()} for n, s in importance.items()} if importance else None,
         heads=heads_info(model, plan),
         model_config=mcfg.to_dict(),
-        vocab=Vocab(size=mcfg.vocab_size, pad_id=mcfg.pad_id, unk_id=tokenizer.unk_id, bos_id=mcfg.bos_id,
-                    eos_id=mcfg.eos_id),
+        vocab=Vocab(
+            size=mcfg.vocab_size, pad_id=mcfg.pad_id, unk_id=tokenizer.unk_id, bos_id=mcfg.bos_id, eos_id=mcfg.eos_id
+        ),
         max_positions=mcfg.max_positions,
         tokenizer=TOKENIZER_FILE,
         heldout=HELDOUT_FILE,
@@ -161,9 +175,11 @@ def summary_table(m: dict[str, Any], out: Path) -> str:
         lines.append(f"  {name:<30} {h['num_heads']:>3}/{cfg_heads:<3} {h['head_dim']:>8}  {h['kept']}")
     s = m["size"]
     lines.append(f"  {'':<24} {'before':>10} {'after':>10} {'ratio':>7}")
-    for label, key, ratio in (("params", "params", "params_ratio"),
-                              ("params excl. embeddings", "params_excl_emb", "params_excl_emb_ratio"),
-                              (f"FLOPs @ src {s['before']['src_len']}", "flops", "flops_ratio")):
+    for label, key, ratio in (
+        ("params", "params", "params_ratio"),
+        ("params excl. embeddings", "params_excl_emb", "params_excl_emb_ratio"),
+        (f"FLOPs @ src {s['before']['src_len']}", "flops", "flops_ratio"),
+    ):
         lines.append(f"  {label:<24} {_fmt(s['before'][key]):>10} {_fmt(s['after'][key]):>10} {s[ratio]:>7.3f}")
     for key, label in (("verification", "fp32"), ("verification_int8", "int8")):
         v = m.get(key)
@@ -175,18 +191,23 @@ def summary_table(m: dict[str, Any], out: Path) -> str:
             f"pruned vs gated {v['pruned_vs_gated']:.2e} (tol {v['tolerance']:g}); "
             f"beam {v['beam']['beam_size']} {v['beam']['identical']}/{v['beam']['total']} identical, greedy "
             f"{v['greedy']['identical']}/{v['greedy']['total']}, translate {v['translate_identical']}/{v['sentences']}"
-            f"; shapes {[(x['batch'], x['src_len']) for x in v['shapes']]}")
+            f"; shapes {[(x['batch'], x['src_len']) for x in v['shapes']]}"
+        )
     q = m.get("int8_quality")
     if q:
-        lines.append(f"  int8 quality on {q['split']}, beam {q['beam_size']}: BLEU {q['bleu_fp32']:.2f} → "
-                     f"{q['bleu_int8']:.2f}, chrF {q['chrf_fp32']:.2f} → {q['chrf_int8']:.2f} (paired bootstrap "
-                     f"p={q['p_value']:.3f}: {'significant' if q['significant'] else 'no significant difference'}); "
-                     f"{q['identical_outputs']} outputs identical")
+        lines.append(
+            f"  int8 quality on {q['split']}, beam {q['beam_size']}: BLEU {q['bleu_fp32']:.2f} → "
+            f"{q['bleu_int8']:.2f}, chrF {q['chrf_fp32']:.2f} → {q['chrf_int8']:.2f} (paired bootstrap "
+            f"p={q['p_value']:.3f}: {'significant' if q['significant'] else 'no significant difference'}); "
+            f"{q['identical_outputs']} outputs identical"
+        )
     if m.get("timings_s"):
         lines.append("  time: " + ", ".join(f"{k} {v:.1f}s" for k, v in m["timings_s"].items()))
     g = m["graphs"]
-    lines.append(f"  opset {g['decoder']['opset']}, IR {g['decoder']['ir_version']}; caches per layer: "
-                 + ", ".join(sorted({c['name'].split('.', 1)[1] for c in m['caches']})))
+    lines.append(
+        f"  opset {g['decoder']['opset']}, IR {g['decoder']['ir_version']}; caches per layer: "
+        + ", ".join(sorted({c["name"].split(".", 1)[1] for c in m["caches"]}))
+    )
     for name, digest in m["files"].items():
         size = (out / name).stat().st_size if (out / name).exists() else 0
         lines.append(f"  {name:<16} {_fmt(size):>7}B  sha256 {digest[:16]}…")

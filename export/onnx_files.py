@@ -50,8 +50,9 @@ DEFAULT_OPSET = 20  # what torch 2.13's dynamo exporter emits by default; onnxru
 @contextlib.contextmanager
 def _quiet_exporter() -> Iterator[None]:
     """The dynamo exporter prints progress and registry warnings; keep the command's output readable."""
-    loggers = [logging.getLogger(n) for n in ("", "torch.onnx", "torch.export", "torch._export", "onnxscript",
-                                              "onnx_ir")]  # "": quantize_dynamic logs on the root logger
+    loggers = [
+        logging.getLogger(n) for n in ("", "torch.onnx", "torch.export", "torch._export", "onnxscript", "onnx_ir")
+    ]  # "": quantize_dynamic logs on the root logger
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
@@ -73,8 +74,9 @@ def _export_errors(graph: str, attention: str) -> Iterator[None]:
         text = str(exc)
         summary = text.split("## Exception summary", 1)[-1].strip().splitlines()
         reason = next((line for line in summary if line.strip()), type(exc).__name__)
-        raise ExportError(f"torch.onnx (dynamo) could not export the {graph} graph of attention mechanism "
-                          f"{attention!r}: {reason}") from exc
+        raise ExportError(
+            f"torch.onnx (dynamo) could not export the {graph} graph of attention mechanism {attention!r}: {reason}"
+        ) from exc
 
 
 def _sdpa_translation(opset: int) -> Callable[..., Any]:
@@ -87,8 +89,16 @@ def _sdpa_translation(opset: int) -> Callable[..., Any]:
     """
     op = getattr(onnxscript, f"opset{opset}")
 
-    def sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
-             is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:
+    def sdpa(
+        query: Any,
+        key: Any,
+        value: Any,
+        attn_mask: Any = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> Any:
         # query [B, H, T, dh], key/value [B, H, S, dh], attn_mask bool (True = attend) or additive float
         if enable_gqa:
             raise NotImplementedError("grouped-query attention is not exported")
@@ -140,7 +150,7 @@ def _name_weights(model: onnx.ModelProto) -> None:
     for node in graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
-    mapping = {n: n[len("model."):] for n in inits if n.startswith("model.")}
+    mapping = {n: n[len("model.") :] for n in inits if n.startswith("model.")}
     for node in graph.node:
         if node.op_type != "MatMul" or node.input[1] not in inits or node.input[1].endswith(".weight"):
             continue
@@ -165,19 +175,29 @@ def _finish_graph(path: Path, metadata: dict[str, str]) -> GraphInfo:
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     # the exporter drops inputs a mechanism never reads (e.g. memory_pad_mask when cross-attention
     # caches masked sums): record the graph's actual I/O
-    return GraphInfo(file=path.name, ir_version=model.ir_version, opset=opset,
-                     inputs=[i.name for i in model.graph.input], outputs=[o.name for o in model.graph.output])
+    return GraphInfo(
+        file=path.name,
+        ir_version=model.ir_version,
+        opset=opset,
+        inputs=[i.name for i in model.graph.input],
+        outputs=[o.name for o in model.graph.output],
+    )
 
 
-def export_graphs(model: Transformer, specs: list[CacheSpec], directory: Path, opset: int | None,
-                  metadata: dict[str, str]) -> Graphs:
+def export_graphs(
+    model: Transformer, specs: list[CacheSpec], directory: Path, opset: int | None, metadata: dict[str, str]
+) -> Graphs:
     """Write encoder.onnx and decoder.onnx for `model` (eval) with every batch/length axis dynamic; returns
     their manifest entries (file, IR version, opset, actual inputs and outputs)."""
     cfg = model.cfg
     # lengths are bounded by the positions table (Transformer._embed checks it: a guard torch.export must
     # see declared, or it reports a constraint violation)
-    dims = {BATCH: Dim(BATCH), PREV_BATCH: Dim(PREV_BATCH), SRC_LEN: Dim(SRC_LEN, max=cfg.max_positions),
-            STEPS: Dim(STEPS, max=cfg.max_positions)}
+    dims = {
+        BATCH: Dim(BATCH),
+        PREV_BATCH: Dim(PREV_BATCH),
+        SRC_LEN: Dim(SRC_LEN, max=cfg.max_positions),
+        STEPS: Dim(STEPS, max=cfg.max_positions),
+    }
     # example sizes: distinct from each other and from 0/1, which torch.export would specialise on
     b, s, prev_b, steps = 3, 7, 5, 2
     src = torch.randint(4, cfg.vocab_size, (b, s)) if cfg.vocab_size > 4 else torch.full((b, s), 3)
@@ -187,25 +207,59 @@ def export_graphs(model: Transformer, specs: list[CacheSpec], directory: Path, o
     encoder, decoder = EncoderGraph(model, specs).eval(), DecoderStepGraph(model, specs).eval()
     enc_in, enc_out = encoder_io_names(specs)
     dec_in, dec_out = decoder_io_names(specs)
-    kwargs = {"dynamo": True, "external_data": False, "opset_version": opset or DEFAULT_OPSET, "verbose": False,
-              "custom_translation_table": {
-                  torch.ops.aten.scaled_dot_product_attention.default: _sdpa_translation(opset or DEFAULT_OPSET)}}
+    kwargs = {
+        "dynamo": True,
+        "external_data": False,
+        "opset_version": opset or DEFAULT_OPSET,
+        "verbose": False,
+        "custom_translation_table": {
+            torch.ops.aten.scaled_dot_product_attention.default: _sdpa_translation(opset or DEFAULT_OPSET)
+        },
+    }
     with torch.no_grad(), _quiet_exporter():
         with _export_errors("encoder", cfg.attention):
-            torch.onnx.export(encoder, (src,), str(directory / ENCODER_FILE), input_names=enc_in,
-                              output_names=enc_out, dynamic_shapes=({0: dims[BATCH], 1: dims[SRC_LEN]},), **kwargs)
+            torch.onnx.export(
+                encoder,
+                (src,),
+                str(directory / ENCODER_FILE),
+                input_names=enc_in,
+                output_names=enc_out,
+                dynamic_shapes=({0: dims[BATCH], 1: dims[SRC_LEN]},),
+                **kwargs,
+            )
         outputs = encoder(src)
         caches = (*outputs[2:], *[torch.randn(concrete_shape(c, prev_b, steps)) for c in self_specs])
         # tokens [B, 1], step [1], beam_order [B] into the prev_b rows, topk [1], memory_pad_mask [B, S], *caches
-        args = (torch.full((b, 1), cfg.eos_id), torch.tensor([steps]), torch.tensor([4, 0, 2]),
-                torch.tensor([min(3, cfg.vocab_size)]), outputs[1], *caches)
-        dynamic = ({0: dims[BATCH]}, None, {0: dims[BATCH]}, None, {0: dims[BATCH], 1: dims[SRC_LEN]},
-                   (*[_dynamic(c, dims) for c in cross_specs], *[_dynamic(c, dims, prev=True) for c in self_specs]))
+        args = (
+            torch.full((b, 1), cfg.eos_id),
+            torch.tensor([steps]),
+            torch.tensor([4, 0, 2]),
+            torch.tensor([min(3, cfg.vocab_size)]),
+            outputs[1],
+            *caches,
+        )
+        dynamic = (
+            {0: dims[BATCH]},
+            None,
+            {0: dims[BATCH]},
+            None,
+            {0: dims[BATCH], 1: dims[SRC_LEN]},
+            (*[_dynamic(c, dims) for c in cross_specs], *[_dynamic(c, dims, prev=True) for c in self_specs]),
+        )
         with _export_errors("decoder", cfg.attention):
-            torch.onnx.export(decoder, args, str(directory / DECODER_FILE), input_names=dec_in,
-                              output_names=dec_out, dynamic_shapes=dynamic, **kwargs)
-    return Graphs(encoder=_finish_graph(directory / ENCODER_FILE, metadata),
-                  decoder=_finish_graph(directory / DECODER_FILE, metadata))
+            torch.onnx.export(
+                decoder,
+                args,
+                str(directory / DECODER_FILE),
+                input_names=dec_in,
+                output_names=dec_out,
+                dynamic_shapes=dynamic,
+                **kwargs,
+            )
+    return Graphs(
+        encoder=_finish_graph(directory / ENCODER_FILE, metadata),
+        decoder=_finish_graph(directory / DECODER_FILE, metadata),
+    )
 
 
 def _fold_weight_transposes(model: onnx.ModelProto) -> None:

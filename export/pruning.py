@@ -44,8 +44,10 @@ def active_heads(model: Transformer) -> dict[str, list[int]]:
     """Module name → original indices of the heads that contribute (present and gate ≠ 0)."""
     present = original_indices(model)
     modules = model.attention_modules()
-    return {name: [h for p, h in enumerate(heads) if float(modules[name].head_gate[p]) != 0.0]
-            for name, heads in present.items()}
+    return {
+        name: [h for p, h in enumerate(heads) if float(modules[name].head_gate[p]) != 0.0]
+        for name, heads in present.items()
+    }
 
 
 def load_plan(path: str | Path) -> HeadPlan:
@@ -61,8 +63,10 @@ def load_plan(path: str | Path) -> HeadPlan:
         isinstance(k, str) and isinstance(v, list) and all(isinstance(h, int) and not isinstance(h, bool) for h in v)
         for k, v in data.items()
     ):
-        raise ExportError(f"head plan {p} must be a JSON object mapping module names to lists of head indices, "
-                          'e.g. {"decoder.layers.0.self_attn": [0, 3]}')
+        raise ExportError(
+            f"head plan {p} must be a JSON object mapping module names to lists of head indices, "
+            'e.g. {"decoder.layers.0.self_attn": [0, 3]}'
+        )
     return {k: list(v) for k, v in data.items()}
 
 
@@ -71,8 +75,7 @@ def validate_plan(plan: HeadPlan, model: Transformer) -> HeadPlan:
     active = active_heads(model)
     unknown = sorted(set(plan) - set(active))
     if unknown:
-        raise ExportError(f"head plan names unknown attention modules {unknown}; this model has: "
-                          f"{', '.join(active)}")
+        raise ExportError(f"head plan names unknown attention modules {unknown}; this model has: {', '.join(active)}")
     clean = {}
     for name, heads in plan.items():
         if not heads:
@@ -81,8 +84,10 @@ def validate_plan(plan: HeadPlan, model: Transformer) -> HeadPlan:
             raise ExportError(f"head plan repeats a head of {name}: {heads}")
         missing = sorted(set(heads) - set(active[name]))
         if missing:
-            raise ExportError(f"head plan keeps heads {missing} of {name}, which are not active in this checkpoint "
-                              f"(active heads: {active[name]})")
+            raise ExportError(
+                f"head plan keeps heads {missing} of {name}, which are not active in this checkpoint "
+                f"(active heads: {active[name]})"
+            )
         clean[name] = sorted(heads)
     return clean
 
@@ -132,8 +137,10 @@ def prune(model: Transformer, plan: HeadPlan, remove: bool = True) -> tuple[Tran
             modules[name].keep_heads(positions)
         except HeadPruningUnsupported as exc:
             reason = str(exc).rstrip(".")
-            raise ExportError(f"attention mechanism {model.cfg.attention!r} cannot remove heads of {name} exactly: "
-                              f"{reason}. Export with remove_heads=false to keep them gated instead") from exc
+            raise ExportError(
+                f"attention mechanism {model.cfg.attention!r} cannot remove heads of {name} exactly: "
+                f"{reason}. Export with remove_heads=false to keep them gated instead"
+            ) from exc
     cfg = copy.deepcopy(pruned.cfg)
     cfg.head_plan = plan
     cfg.heads_removed = True
@@ -145,8 +152,9 @@ def prune(model: Transformer, plan: HeadPlan, remove: bool = True) -> tuple[Tran
     return rebuilt.eval(), gated
 
 
-def _batch(pairs: Sequence[tuple[list[int], list[int]]], pad: int, bos: int, eos: int
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _batch(
+    pairs: Sequence[tuple[list[int], list[int]]], pad: int, bos: int, eos: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(src [B, S], tgt_in [B, T], tgt_out [B, T]) right-padded."""
     s = max(len(src) for src, _ in pairs)
     t = max(len(tgt) for _, tgt in pairs) + 1
@@ -160,8 +168,9 @@ def _batch(pairs: Sequence[tuple[list[int], list[int]]], pad: int, bos: int, eos
     return src, tgt_in, tgt_out
 
 
-def head_importance(model: Transformer, pairs: Sequence[tuple[list[int], list[int]]],
-                    batch_size: int = 1) -> dict[str, dict[int, float]]:
+def head_importance(
+    model: Transformer, pairs: Sequence[tuple[list[int], list[int]]], batch_size: int = 1
+) -> dict[str, dict[int, float]]:
     """Michel et al. (2019) head importance: I_h = Σ_batches |∂L/∂gate_h|, L the mean token
     cross-entropy of a batch (batch_size=1: their per-example expectation).
 
@@ -188,15 +197,16 @@ def head_importance(model: Transformer, pairs: Sequence[tuple[list[int], list[in
         for name, g in zip(gates, grads, strict=True):
             totals[name] += g.abs()
     present, active = original_indices(model), active_heads(model)
-    return {name: {h: float(totals[name][p]) for p, h in enumerate(present[name]) if h in active[name]}
-            for name in modules}
+    return {
+        name: {h: float(totals[name][p]) for p, h in enumerate(present[name]) if h in active[name]} for name in modules
+    }
 
 
 MODULE_KINDS = ("encoder_self", "decoder_self", "decoder_cross")
 
 
 def module_kind(name: str) -> str:
-    """"encoder.layers.3.self_attn" → "encoder_self" (the kinds GHT's config uses too)."""
+    """ "encoder.layers.3.self_attn" → "encoder_self" (the kinds GHT's config uses too)."""
     stack, attn = name.split(".")[0], name.rsplit(".", 1)[-1]
     return f"{stack}_{attn.removesuffix('_attn')}"
 
@@ -210,8 +220,10 @@ def plan_from_importance(scores: dict[str, dict[int, float]], keep: int | Mappin
     budget = dict(keep) if isinstance(keep, Mapping) else {kind: keep for kind in MODULE_KINDS}
     unknown = sorted(set(budget) - set(MODULE_KINDS) - set(scores))
     if unknown:
-        raise ExportError(f"keep_heads names {unknown}: use module kinds {', '.join(MODULE_KINDS)} or module names "
-                          f"such as {next(iter(scores), 'decoder.layers.0.self_attn')}")
+        raise ExportError(
+            f"keep_heads names {unknown}: use module kinds {', '.join(MODULE_KINDS)} or module names "
+            f"such as {next(iter(scores), 'decoder.layers.0.self_attn')}"
+        )
     plan = {}
     for name, per_head in scores.items():
         k = budget.get(name, budget.get(module_kind(name)))

@@ -193,9 +193,24 @@ def _schema_type(path: str) -> type:
 
 
 # what read_manifest checks before anything is opened (other keys are informational or have defaults)
-_RUNTIME_FIELDS = {path: _schema_type(path) for path in (
-    "files", "graphs.encoder.file", "graphs.decoder.file", "tokenizer", "heldout", "vocab.pad_id", "vocab.unk_id",
-    "vocab.bos_id", "vocab.eos_id", "vocab.size", "max_positions", "name", "caches")}
+_RUNTIME_FIELDS = {
+    path: _schema_type(path)
+    for path in (
+        "files",
+        "graphs.encoder.file",
+        "graphs.decoder.file",
+        "tokenizer",
+        "heldout",
+        "vocab.pad_id",
+        "vocab.unk_id",
+        "vocab.bos_id",
+        "vocab.eos_id",
+        "vocab.size",
+        "max_positions",
+        "name",
+        "caches",
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -213,7 +228,10 @@ class Search:
 # return a silently wrong answer (NaN/inf penalties, 2^63 lengths); lengths are capped by the model's positions
 # anyway, and a request's total cost is bounded separately by whoever serves it.
 SEARCH_LIMITS: dict[str, tuple[int | float, int | float]] = {
-    "beam_size": (1, 64), "len_penalty": (0.0, 10.0), "max_len_a": (0.0, 10.0), "max_len_b": (0, 4096),
+    "beam_size": (1, 64),
+    "len_penalty": (0.0, 10.0),
+    "max_len_a": (0.0, 10.0),
+    "max_len_b": (0, 4096),
     "min_len": (0, 4096),
 }
 _INTEGER_SETTINGS = frozenset({"beam_size", "max_len_b", "min_len"})
@@ -289,11 +307,20 @@ def _plain_name(value: Any, key: str) -> str:
     """A file name the manifest may refer to: a plain name inside the export directory. An export is
     untrusted input (downloaded, shared): `../x`, `/etc/x` or `sub/x` would make loading or serving it read
     or write outside the directory."""
-    if (not isinstance(value, str) or not value or value in (".", "..") or "/" in value or "\\" in value
-            or "\x00" in value or Path(value).is_absolute()):
-        raise ExportedModelError(f"{MANIFEST}: {key}={value!r} is not a plain file name inside the export "
-                                 "directory (no separators, no '..', not absolute); the export is malformed or "
-                                 "tampered with — re-export it with `python -m export`")
+    if (
+        not isinstance(value, str)
+        or not value
+        or value in (".", "..")
+        or "/" in value
+        or "\\" in value
+        or "\x00" in value
+        or Path(value).is_absolute()
+    ):
+        raise ExportedModelError(
+            f"{MANIFEST}: {key}={value!r} is not a plain file name inside the export "
+            "directory (no separators, no '..', not absolute); the export is malformed or "
+            "tampered with — re-export it with `python -m export`"
+        )
     return value
 
 
@@ -305,8 +332,10 @@ def _field(m: dict[str, Any], path: str, kind: type | tuple[type, ...]) -> Any:
             raise ExportedModelError(f"{MANIFEST}: missing key {path!r}; re-export the model with `python -m export`")
         node = node[part]
     if not isinstance(node, kind) or (isinstance(node, bool) and kind is int):
-        raise ExportedModelError(f"{MANIFEST}: {path!r} has the wrong type ({type(node).__name__}); re-export the "
-                                 "model with `python -m export`")
+        raise ExportedModelError(
+            f"{MANIFEST}: {path!r} has the wrong type ({type(node).__name__}); re-export the "
+            "model with `python -m export`"
+        )
     return node
 
 
@@ -317,8 +346,10 @@ def read_manifest(directory: str | os.PathLike[str], check_files: bool = True) -
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.is_file():
-        raise ExportedModelError(f"{directory} is not an export directory (no {MANIFEST}); create one with "
-                                 "`python -m export checkpoint=<run dir> out=<dir>`")
+        raise ExportedModelError(
+            f"{directory} is not an export directory (no {MANIFEST}); create one with "
+            "`python -m export checkpoint=<run dir> out=<dir>`"
+        )
     try:
         m = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -332,16 +363,17 @@ def read_manifest(directory: str | os.PathLike[str], check_files: bool = True) -
         _plain_name(name, f"files[{name!r}]")
         if not isinstance(digest, str) or len(digest) != 64:
             raise ExportedModelError(f"{MANIFEST}: files[{name!r}] is not a sha256 digest; re-export the model")
-    referenced = {key: _field(m, key, _RUNTIME_FIELDS[key])
-                  for key in ("graphs.encoder.file", "graphs.decoder.file", "tokenizer")}
+    referenced = {
+        key: _field(m, key, _RUNTIME_FIELDS[key]) for key in ("graphs.encoder.file", "graphs.decoder.file", "tokenizer")
+    }
     if "heldout" in m:  # optional for the runtime
         referenced["heldout"] = _field(m, "heldout", _RUNTIME_FIELDS["heldout"])
     for key, value in referenced.items():
         if _plain_name(value, key) not in files:
-            raise ExportedModelError(f"{MANIFEST}: {key}={value!r} is not listed (and checksummed) in 'files'; "
-                                     "re-export the model")
-    for key in ("vocab.pad_id", "vocab.unk_id", "vocab.bos_id", "vocab.eos_id", "vocab.size", "max_positions",
-                "name"):
+            raise ExportedModelError(
+                f"{MANIFEST}: {key}={value!r} is not listed (and checksummed) in 'files'; re-export the model"
+            )
+    for key in ("vocab.pad_id", "vocab.unk_id", "vocab.bos_id", "vocab.eos_id", "vocab.size", "max_positions", "name"):
         _field(m, key, _RUNTIME_FIELDS[key])
     for i, cache in enumerate(_field(m, "caches", _RUNTIME_FIELDS["caches"])):
         if not isinstance(cache, dict) or not {"name", "kind", "shape", "dtype"} <= cache.keys():
@@ -363,15 +395,19 @@ class _Stepper:
     cross-attention caches on the host, and only when the set of sentences actually changes.
     """
 
-    def __init__(self, model: ExportedModel, encoded: dict[str, np.ndarray], rows: np.ndarray,
-                 full: bool = False) -> None:
+    def __init__(
+        self, model: ExportedModel, encoded: dict[str, np.ndarray], rows: np.ndarray, full: bool = False
+    ) -> None:
         self.m = model
         self.sentence = rows  # [N] source row of every decoder row
-        self.cross = {name: np.ascontiguousarray(encoded[name][rows]) for name in [*model.cross_names,
-                                                                                   "memory_pad_mask"]}
+        self.cross = {
+            name: np.ascontiguousarray(encoded[name][rows]) for name in [*model.cross_names, "memory_pad_mask"]
+        }
         n = len(rows)
-        self.state = [ort.OrtValue.ortvalue_from_numpy(np.zeros(model.cache_shape(spec, n), spec["dtype"]))
-                      for spec in model.self_specs]
+        self.state = [
+            ort.OrtValue.ortvalue_from_numpy(np.zeros(model.cache_shape(spec, n), spec["dtype"]))
+            for spec in model.self_specs
+        ]
         self.order = np.arange(n, dtype=np.int64)
         self.full = full
         self.outputs = (["logits", "log_probs"] if full else []) + ["top_log_probs", "top_tokens", *model.next_names]
@@ -411,14 +447,21 @@ class _Stepper:
 class ExportedModel:
     """An export directory loaded into two onnxruntime sessions plus its sentencepiece model."""
 
-    def __init__(self, directory: str | os.PathLike[str], threads: int | None = None,
-                 optimization: str | None = None, check_files: bool = True, spinning: bool = False) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        threads: int | None = None,
+        optimization: str | None = None,
+        check_files: bool = True,
+        spinning: bool = False,
+    ) -> None:
         self.directory = Path(directory)
         self.manifest: Manifest = read_manifest(self.directory, check_files=check_files)
         m = self.manifest
         vocab = m["vocab"]
-        self.pad_id, self.unk_id, self.bos_id, self.eos_id = (vocab[k] for k in ("pad_id", "unk_id", "bos_id",
-                                                                               "eos_id"))
+        self.pad_id, self.unk_id, self.bos_id, self.eos_id = (
+            vocab[k] for k in ("pad_id", "unk_id", "bos_id", "eos_id")
+        )
         self.vocab_size: int = vocab["size"]
         self.max_positions: int = m["max_positions"]
         self.name: str = m["name"]
@@ -448,10 +491,12 @@ class ExportedModel:
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         providers = ["CPUExecutionProvider"]
         graphs = m["graphs"]
-        self.encoder = ort.InferenceSession(str(self.directory / graphs["encoder"]["file"]), options,
-                                            providers=providers)
-        self.decoder = ort.InferenceSession(str(self.directory / graphs["decoder"]["file"]), options,
-                                            providers=providers)
+        self.encoder = ort.InferenceSession(
+            str(self.directory / graphs["encoder"]["file"]), options, providers=providers
+        )
+        self.decoder = ort.InferenceSession(
+            str(self.directory / graphs["decoder"]["file"]), options, providers=providers
+        )
         self.decoder_inputs = frozenset(i.name for i in self.decoder.get_inputs())
         missing = sorted({*self.self_names, "tokens", "step", "beam_order", "topk"} - self.decoder_inputs)
         if missing:
@@ -471,8 +516,7 @@ class ExportedModel:
         out = self.encoder.run(names, {"src_tokens": np.ascontiguousarray(src, dtype=np.int64)})
         return dict(zip(names, out, strict=True))
 
-    def stepper(self, encoded: dict[str, np.ndarray], rows: np.ndarray | None = None,
-                full: bool = False) -> _Stepper:
+    def stepper(self, encoded: dict[str, np.ndarray], rows: np.ndarray | None = None, full: bool = False) -> _Stepper:
         """A decoding state over source rows `rows` (default: every row once); `full` also fetches
         the [N, V] logits and log-probs of every step (verification)."""
         if rows is None:
@@ -611,35 +655,56 @@ class ExportedModel:
         limits = max_lengths(np.asarray(lengths, dtype=np.int64), search, self.max_positions)
         return int(limits.sum()) * int(search.beam_size)
 
-    def translate_encoded(self, encoded: Sequence[Sequence[int]], search: Search, max_tokens: int | None = None,
-                          max_sentences: int | None = None) -> list[str]:
+    def translate_encoded(
+        self,
+        encoded: Sequence[Sequence[int]],
+        search: Search,
+        max_tokens: int | None = None,
+        max_sentences: int | None = None,
+    ) -> list[str]:
         """Token ids per source (as `encode_texts` gives them) → output strings in input order (`generate`
         validates the search settings)."""
         outputs = [""] * len(encoded)
-        for idx in _batches([len(e) for e in encoded], max_tokens or self.max_tokens,
-                            max_sentences or self.max_sentences):
+        for idx in _batches(
+            [len(e) for e in encoded], max_tokens or self.max_tokens, max_sentences or self.max_sentences
+        ):
             hyps = self.generate(self.pad([encoded[i] for i in idx]), search)
             for i, hyp in zip(idx, hyps, strict=True):
                 outputs[i] = self.decode_ids(hyp)
         return outputs
 
-    def translate(self, texts: str | Sequence[str], beam_size: int | None = None, len_penalty: float | None = None,
-                  max_len_a: float | None = None, max_len_b: int | None = None, min_len: int | None = None,
-                  max_tokens: int | None = None, max_sentences: int | None = None) -> list[str]:
+    def translate(
+        self,
+        texts: str | Sequence[str],
+        beam_size: int | None = None,
+        len_penalty: float | None = None,
+        max_len_a: float | None = None,
+        max_len_b: int | None = None,
+        min_len: int | None = None,
+        max_tokens: int | None = None,
+        max_sentences: int | None = None,
+    ) -> list[str]:
         """Source strings → output strings in input order (unset options: the manifest's defaults; a setting
         outside SEARCH_LIMITS raises SearchError naming the allowed range)."""
         if isinstance(texts, str):
             texts = [texts]
-        search = self.search_settings(beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a,
-                                      max_len_b=max_len_b, min_len=min_len)
+        search = self.search_settings(
+            beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len
+        )
         return self.translate_encoded(self.encode_texts(texts), search, max_tokens, max_sentences)
 
 
-def load(directory: str | os.PathLike[str], threads: int | None = None, optimization: str | None = None,
-         check_files: bool = True, spinning: bool = False) -> ExportedModel:
+def load(
+    directory: str | os.PathLike[str],
+    threads: int | None = None,
+    optimization: str | None = None,
+    check_files: bool = True,
+    spinning: bool = False,
+) -> ExportedModel:
     """Load an export directory (`python -m export …` output) for translation: `threads` ORT intra-op
     threads (default: the manifest's, else all cores), `optimization` ORT graph optimisation level
     (disabled|basic|extended|all, default: the manifest's), `check_files` verifies sha256 checksums,
     `spinning` lets ORT's idle threads spin (lower latency on dedicated cores)."""
-    return ExportedModel(directory, threads=threads, optimization=optimization, check_files=check_files,
-                         spinning=spinning)
+    return ExportedModel(
+        directory, threads=threads, optimization=optimization, check_files=check_files, spinning=spinning
+    )

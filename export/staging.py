@@ -86,8 +86,15 @@ def _default_exists_error(target: Path) -> Exception:
 class StagedDirectory:
     """A temporary directory (`path`) that `publish()` swaps in as `target`; see the module docstring."""
 
-    def __init__(self, target: Path, *, overwrite: bool, exists_error: Callable[[Path], Exception],
-                 staging_dir: Path | None = None, mode: int | None = None) -> None:
+    def __init__(
+        self,
+        target: Path,
+        *,
+        overwrite: bool,
+        exists_error: Callable[[Path], Exception],
+        staging_dir: Path | None = None,
+        mode: int | None = None,
+    ) -> None:
         self.target = Path(target)
         self.overwrite = overwrite
         self.exists_error = exists_error
@@ -121,7 +128,7 @@ class StagedDirectory:
         elif exchange(self.path, target):
             _remove(self.path)  # the old directory, now under the temporary name
         else:
-            unique = self.path.name[len(f".{target.name}.tmp-"):]  # mkdtemp's suffix
+            unique = self.path.name[len(f".{target.name}.tmp-") :]  # mkdtemp's suffix
             old = self.staging_dir / f".{target.name}.old-{unique}"
             target.rename(old)
             try:
@@ -139,14 +146,18 @@ class StagedDirectory:
 
 
 @contextlib.contextmanager
-def staged_directory(target: Path, *, overwrite: bool,
-                     exists_error: Callable[[Path], Exception] = _default_exists_error,
-                     staging_dir: Path | None = None, mode: int | None = None) -> Iterator[StagedDirectory]:
+def staged_directory(
+    target: Path,
+    *,
+    overwrite: bool,
+    exists_error: Callable[[Path], Exception] = _default_exists_error,
+    staging_dir: Path | None = None,
+    mode: int | None = None,
+) -> Iterator[StagedDirectory]:
     """A fresh temporary directory in `staging_dir` (default: beside `target`), removed on leaving the block
     unless `publish()` swapped it in. `exists_error(target)` is raised by publish when the target exists and
     overwrite is false; `mode` defaults to an ordinary directory's (0o777 minus the umask)."""
-    stage = StagedDirectory(target, overwrite=overwrite, exists_error=exists_error, staging_dir=staging_dir,
-                            mode=mode)
+    stage = StagedDirectory(target, overwrite=overwrite, exists_error=exists_error, staging_dir=staging_dir, mode=mode)
     try:
         yield stage
     finally:

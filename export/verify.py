@@ -31,8 +31,9 @@ def _pad(rows: Sequence[Sequence[int]], pad: int) -> torch.Tensor:
     return out
 
 
-def encode_pairs(tokenizer: Tokenizer, srcs: Sequence[str], tgts: Sequence[str], max_positions: int,
-                 max_target_tokens: int) -> tuple[list[list[int]], list[list[int]]]:
+def encode_pairs(
+    tokenizer: Tokenizer, srcs: Sequence[str], tgts: Sequence[str], max_positions: int, max_target_tokens: int
+) -> tuple[list[list[int]], list[list[int]]]:
     """Source ids as the runtime truncates them; target ids capped for teacher forcing."""
     limit = max(1, max_positions // 2)
     src = [tokenizer.encode(s)[:limit] or [tokenizer.unk_id] for s in srcs]
@@ -56,8 +57,9 @@ def pruned_vs_gated(pruned: Transformer, gated: Transformer, src: torch.Tensor, 
 
 
 @torch.no_grad()
-def graph_parity(runtime: ExportedModel, model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor,
-                 reorder: bool = True) -> dict[str, float]:
+def graph_parity(
+    runtime: ExportedModel, model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor, reorder: bool = True
+) -> dict[str, float]:
     """ORT vs torch on one batch: encoder outputs, then teacher-forced decoder steps.
 
     With `reorder`, step 2 reverses the rows (beam reordering: in-graph `beam_order` plus host
@@ -106,9 +108,18 @@ def _shapes(src_ids: list[list[int]]) -> list[list[int]]:
     return subsets
 
 
-def verify_export(runtime: ExportedModel, pruned: Transformer, gated: Transformer, tokenizer: Tokenizer,
-                  srcs: Sequence[str], tgts: Sequence[str], search: Search, tolerance: float,
-                  max_target_tokens: int = 64, strict: bool = True) -> dict[str, Any]:
+def verify_export(
+    runtime: ExportedModel,
+    pruned: Transformer,
+    gated: Transformer,
+    tokenizer: Tokenizer,
+    srcs: Sequence[str],
+    tgts: Sequence[str],
+    search: Search,
+    tolerance: float,
+    max_target_tokens: int = 64,
+    strict: bool = True,
+) -> dict[str, Any]:
     """The export's parity report; raises ExportError when `strict` and anything is off."""
     if not srcs:
         raise ExportError("the checkpoint has no held-out sentences to verify the export on")
@@ -134,20 +145,25 @@ def verify_export(runtime: ExportedModel, pruned: Transformer, gated: Transforme
         got = runtime.generate(src_all.numpy(), s)
         same = sum(a == b for a, b in zip(ref, got, strict=True))
         report[label] = {"beam_size": s.beam_size, "identical": same, "total": len(ref)}
-    ref_text = translate_texts(gated, tokenizer, list(srcs), torch_search, max_tokens=runtime.max_tokens,
-                               max_sentences=runtime.max_sentences)
+    ref_text = translate_texts(
+        gated, tokenizer, list(srcs), torch_search, max_tokens=runtime.max_tokens, max_sentences=runtime.max_sentences
+    )
     got_text = runtime.translate(list(srcs), **asdict(search))
     report["translate_identical"] = sum(a == b for a, b in zip(ref_text, got_text, strict=True))
     problems = []
     if report["pruned_vs_gated"] > tolerance:
         problems.append(f"pruned vs gated torch logits differ by {report['pruned_vs_gated']:.3g}")
     if max(worst["logits"], worst["encoder"], worst["cross_cache_rel"]) > tolerance:
-        problems.append(f"ORT vs torch: max |Δlogits| {worst['logits']:.3g}, max |Δencoder states| "
-                        f"{worst['encoder']:.3g}, max relative |Δcross caches| {worst['cross_cache_rel']:.3g}")
+        problems.append(
+            f"ORT vs torch: max |Δlogits| {worst['logits']:.3g}, max |Δencoder states| "
+            f"{worst['encoder']:.3g}, max relative |Δcross caches| {worst['cross_cache_rel']:.3g}"
+        )
     for label in ("beam", "greedy"):
         if report[label]["identical"] != report[label]["total"]:
-            problems.append(f"{label} search: {report[label]['identical']}/{report[label]['total']} hypotheses "
-                            "identical to zoo.generate")
+            problems.append(
+                f"{label} search: {report[label]['identical']}/{report[label]['total']} hypotheses "
+                "identical to zoo.generate"
+            )
     if report["translate_identical"] != len(srcs):
         problems.append(f"translate(): {report['translate_identical']}/{len(srcs)} outputs identical")
     report["passed"] = not problems

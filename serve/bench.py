@@ -79,12 +79,25 @@ def _stats(url: str, model: str, headers: dict[str, str] | None = None) -> tuple
     with Client(url, "http", model, headers=headers) as c:
         s = c.statistics()
     inf = s["inference_stats"]
-    return (int(s["inference_count"]), int(s["execution_count"]), int(inf["queue"]["ns"]),
-            int(inf["compute_infer"]["ns"]))
+    return (
+        int(s["inference_count"]),
+        int(s["execution_count"]),
+        int(inf["queue"]["ns"]),
+        int(inf["compute_infer"]["ns"]),
+    )
 
 
-def run_point(url: str, stats_url: str, point: Point, pool: Sequence[str], search: dict[str, Any],
-              duration: float, max_requests: int, warmup: int, admin: dict[str, str] | None = None) -> Point:
+def run_point(
+    url: str,
+    stats_url: str,
+    point: Point,
+    pool: Sequence[str],
+    search: dict[str, Any],
+    duration: float,
+    max_requests: int,
+    warmup: int,
+    admin: dict[str, str] | None = None,
+) -> Point:
     """Keep `concurrency` requests in flight for `duration` s or `max_requests`; fill in the point's numbers."""
     b, n = point.client_batch, len(pool)
     lock = threading.Lock()
@@ -189,9 +202,11 @@ def median_point(rounds: list[Point]) -> Point:
 
 
 def markdown(points: list[Point]) -> str:
-    head = ("| model | protocol | dyn. batching | client batch | concurrency | sent/s | p50 ms | p95 ms | p99 ms "
-            "| eff. batch | in-process sent/s | served / in-process | requests | errors |\n"
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+    head = (
+        "| model | protocol | dyn. batching | client batch | concurrency | sent/s | p50 ms | p95 ms | p99 ms "
+        "| eff. batch | in-process sent/s | served / in-process | requests | errors |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
     rows = []
     for p in points:
         lat = p.latency_ms
@@ -200,7 +215,8 @@ def markdown(points: list[Point]) -> str:
             f"| {p.concurrency} | {p.sentences_per_s:.1f} | {lat.get('p50', float('nan')):.1f} "
             f"| {lat.get('p95', float('nan')):.1f} | {lat.get('p99', float('nan')):.1f} | {p.effective_batch:.2f} "
             f"| {'' if p.inprocess_sentences_per_s is None else f'{p.inprocess_sentences_per_s:.1f}'} "
-            f"| {'' if p.ratio is None else f'{p.ratio:.2f}'} | {p.requests} | {p.errors} |")
+            f"| {'' if p.ratio is None else f'{p.ratio:.2f}'} | {p.requests} | {p.errors} |"
+        )
     return head + "\n".join(rows) + "\n"
 
 
@@ -213,9 +229,11 @@ def comparisons(points: list[Point]) -> list[str]:
             continue
         on = key.get((p.model.removesuffix(NO_BATCHING), p.protocol, True, p.client_batch, p.concurrency))
         if on and p.sentences_per_s:
-            lines.append(f"- {on.model} {p.protocol} batch {p.client_batch} concurrency {p.concurrency}: dynamic "
-                         f"batching on {on.sentences_per_s:.1f} vs off {p.sentences_per_s:.1f} sent/s "
-                         f"(×{on.sentences_per_s / p.sentences_per_s:.2f})")
+            lines.append(
+                f"- {on.model} {p.protocol} batch {p.client_batch} concurrency {p.concurrency}: dynamic "
+                f"batching on {on.sentences_per_s:.1f} vs off {p.sentences_per_s:.1f} sent/s "
+                f"(×{on.sentences_per_s / p.sentences_per_s:.2f})"
+            )
     models = sorted({p.model for p in points if p.dynamic_batching})
     for a in models:
         for b in models:
@@ -226,9 +244,11 @@ def comparisons(points: list[Point]) -> list[str]:
                     continue
                 q = key.get((b, p.protocol, True, p.client_batch, p.concurrency))
                 if q and q.sentences_per_s:
-                    lines.append(f"- {p.protocol} batch {p.client_batch} concurrency {p.concurrency}: {a} "
-                                 f"{p.sentences_per_s:.1f} vs {b} {q.sentences_per_s:.1f} sent/s "
-                                 f"(×{p.sentences_per_s / q.sentences_per_s:.2f})")
+                    lines.append(
+                        f"- {p.protocol} batch {p.client_batch} concurrency {p.concurrency}: {a} "
+                        f"{p.sentences_per_s:.1f} vs {b} {q.sentences_per_s:.1f} sent/s "
+                        f"(×{p.sentences_per_s / q.sentences_per_s:.2f})"
+                    )
     return lines
 
 
@@ -254,8 +274,12 @@ def plot(points: list[Point], path: Path) -> None:
         if base:
             ax1.plot(*zip(*base, strict=True), ls=":", color=line.get_color(), alpha=0.7)
         ax2.plot(xs, [p.latency_ms.get("p95", np.nan) for p in ps], marker="o", label=label)
-    ax1.set(xscale="log", xlabel="concurrency", ylabel="sentences/s",
-            title="served (solid) vs in-process at the same effective batch (dotted)")
+    ax1.set(
+        xscale="log",
+        xlabel="concurrency",
+        ylabel="sentences/s",
+        title="served (solid) vs in-process at the same effective batch (dotted)",
+    )
     ax2.set(xscale="log", yscale="log", xlabel="concurrency", ylabel="p95 latency (ms)", title="latency")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
@@ -301,35 +325,55 @@ def bench(cfg: Any) -> dict[str, Any]:
             baselines: dict[tuple[str, int], float] = {}  # in-process rate per effective batch, this round
             for k, (name, protocol, b, c, db) in enumerate(plan, 1):
                 model = name if db else name + NO_BATCHING
-                p = run_point(info.url(protocol), info.triton_http_url, Point(model, protocol, db, b, c), pools[name],
-                              search, float(cfg.duration_s), int(cfg.max_requests), int(cfg.warmup_requests),
-                              server.admin_headers())
+                p = run_point(
+                    info.url(protocol),
+                    info.triton_http_url,
+                    Point(model, protocol, db, b, c),
+                    pools[name],
+                    search,
+                    float(cfg.duration_s),
+                    int(cfg.max_requests),
+                    int(cfg.warmup_requests),
+                    server.admin_headers(),
+                )
                 if cfg.baseline and p.effective_batch > 0:
                     eff = max(1, round(p.effective_batch))
                     if (name, eff) not in baselines:
                         if name not in inproc:
                             inproc[name] = export.load(exports[names.index(name)], threads=baseline_threads)
-                        baselines[(name, eff)] = inprocess_rate(inproc[name], pools[name], eff, search,
-                                                                float(cfg.baseline_duration_s))
+                        baselines[(name, eff)] = inprocess_rate(
+                            inproc[name], pools[name], eff, search, float(cfg.baseline_duration_s)
+                        )
                     p.inprocess_sentences_per_s = baselines[(name, eff)]
                     p.ratio = p.sentences_per_s / p.inprocess_sentences_per_s
                 rounds.setdefault((model, protocol, b, c), []).append(p)
-                print(f"[round {r + 1}/{repeats}, {k}/{len(plan)}] {model} {protocol} b={b} c={c}: "
-                      f"{p.sentences_per_s:.1f} sent/s, p95 {p.latency_ms.get('p95', float('nan')):.1f} ms, "
-                      f"eff. batch {p.effective_batch:.2f}"
-                      + (f", in-process {p.inprocess_sentences_per_s:.1f} (×{p.ratio:.2f})" if p.ratio else "")
-                      + (f", {p.errors} errors: {p.first_error}" if p.errors else ""), flush=True)
+                print(
+                    f"[round {r + 1}/{repeats}, {k}/{len(plan)}] {model} {protocol} b={b} c={c}: "
+                    f"{p.sentences_per_s:.1f} sent/s, p95 {p.latency_ms.get('p95', float('nan')):.1f} ms, "
+                    f"eff. batch {p.effective_batch:.2f}"
+                    + (f", in-process {p.inprocess_sentences_per_s:.1f} (×{p.ratio:.2f})" if p.ratio else "")
+                    + (f", {p.errors} errors: {p.first_error}" if p.errors else ""),
+                    flush=True,
+                )
         points = [median_point(ps) for ps in rounds.values()]
     finally:
         server.stop()
-    result = {"repeats": repeats, "baseline_threads": baseline_threads,
-              "config": OmegaConf.to_container(cfg, resolve=True), "models": names,
-              "search": search, "created": stamp, "machine": _machine(), "points": [asdict(p) for p in points],
-              "comparisons": comparisons(points)}
+    result = {
+        "repeats": repeats,
+        "baseline_threads": baseline_threads,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "models": names,
+        "search": search,
+        "created": stamp,
+        "machine": _machine(),
+        "points": [asdict(p) for p in points],
+        "comparisons": comparisons(points),
+    }
     (out / "results.json").write_text(json.dumps(result, indent=1))
     table = markdown(points)
-    (out / "results.md").write_text(f"# Served throughput ({', '.join(names)})\n\n{table}\n"
-                                    + "\n".join(result["comparisons"]) + "\n")
+    (out / "results.md").write_text(
+        f"# Served throughput ({', '.join(names)})\n\n{table}\n" + "\n".join(result["comparisons"]) + "\n"
+    )
     plot(points, out / "results.png")
     print(table + "\n".join(result["comparisons"]))
     print(f"wrote {out}/results.json, results.md, results.png")

@@ -35,15 +35,20 @@ class ClientError(Exception):
 
 
 def _encode(texts: Sequence[str | bytes]) -> np.ndarray:
-    return np.array([t if isinstance(t, bytes) else t.encode("utf-8") for t in texts], dtype=np.object_
-                    ).reshape(-1, 1)
+    return np.array([t if isinstance(t, bytes) else t.encode("utf-8") for t in texts], dtype=np.object_).reshape(-1, 1)
 
 
 class Client:
     """One connection to a Triton server (HTTP or gRPC); thread-compatible, not thread-safe: one per thread."""
 
-    def __init__(self, url: str | None = None, protocol: str = "http", model: str | None = None,
-                 timeout: float = 120.0, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        protocol: str = "http",
+        model: str | None = None,
+        timeout: float = 120.0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         if protocol not in DEFAULT_PORTS:
             raise ClientError(f"protocol {protocol!r}; use http or grpc")
         self.protocol = protocol
@@ -51,13 +56,15 @@ class Client:
         self.timeout = timeout
         # e.g. serve.server.admin_headers(info) for the restricted APIs; gRPC carries the key as Triton's
         # prefixed metadata key
-        self.headers = {GRPC_ADMIN_HEADER if protocol == "grpc" and k == ADMIN_HEADER else k: v
-                        for k, v in (headers or {}).items()}
+        self.headers = {
+            GRPC_ADMIN_HEADER if protocol == "grpc" and k == ADMIN_HEADER else k: v for k, v in (headers or {}).items()
+        }
         self.lib: Any = httpclient if protocol == "http" else grpcclient
         try:
             if protocol == "http":
-                self.client: Any = httpclient.InferenceServerClient(self.url, connection_timeout=timeout,
-                                                                    network_timeout=timeout)
+                self.client: Any = httpclient.InferenceServerClient(
+                    self.url, connection_timeout=timeout, network_timeout=timeout
+                )
             else:
                 self.client = grpcclient.InferenceServerClient(self.url)
         except InferenceServerException as exc:
@@ -73,16 +80,23 @@ class Client:
         except InferenceServerException as exc:
             hint = ""
             if str(exc.status()) in ("403", "StatusCode.PERMISSION_DENIED") or "restricted" in str(exc.message()):
-                hint = ("; this API is restricted to the server's admin: pass the key from <repo>.serve/admin_key "
-                        "(--admin-key-file), or name the model with --model")
+                hint = (
+                    "; this API is restricted to the server's admin: pass the key from <repo>.serve/admin_key "
+                    "(--admin-key-file), or name the model with --model"
+                )
             raise ClientError(f"{what} failed: {exc.message() or exc}{hint}") from exc
         except OSError as exc:  # connection refused / reset (HTTP)
-            raise ClientError(f"{what} failed: cannot reach {self.url} ({exc}); is the server running "
-                              "(`python -m serve.start repo=…`) and is this its port?") from exc
+            raise ClientError(
+                f"{what} failed: cannot reach {self.url} ({exc}); is the server running "
+                "(`python -m serve.start repo=…`) and is this its port?"
+            ) from exc
 
     def ready_models(self) -> list[str]:
-        index = self._call("listing the models", self.client.get_model_repository_index,
-                           **({"as_json": True} if self.protocol == "grpc" else {}))
+        index = self._call(
+            "listing the models",
+            self.client.get_model_repository_index,
+            **({"as_json": True} if self.protocol == "grpc" else {}),
+        )
         if self.protocol == "grpc":
             index = index.get("models", [])
         return sorted(m["name"] for m in index if m.get("state") == "READY")
@@ -90,21 +104,27 @@ class Client:
     def _only_model(self) -> str:
         models = self.ready_models()
         if len(models) != 1:
-            raise ClientError(f"the server at {self.url} has {len(models)} ready models {models}; "
-                              "name one with --model / model=")
+            raise ClientError(
+                f"the server at {self.url} has {len(models)} ready models {models}; name one with --model / model="
+            )
         return models[0]
 
     @property
     def max_batch_size(self) -> int:
         if self._max_batch is None:
-            config = self._call(f"reading {self.model}'s config", self.client.get_model_config, self.model,
-                                **({"as_json": True} if self.protocol == "grpc" else {}))
+            config = self._call(
+                f"reading {self.model}'s config",
+                self.client.get_model_config,
+                self.model,
+                **({"as_json": True} if self.protocol == "grpc" else {}),
+            )
             config = config.get("config", config)
             self._max_batch = int(config.get("max_batch_size", 0)) or 1 << 30
         return self._max_batch
 
-    def infer(self, texts: Sequence[str | bytes], parameters: dict[str, Any] | None = None
-              ) -> tuple[list[str], list[bool]]:
+    def infer(
+        self, texts: Sequence[str | bytes], parameters: dict[str, Any] | None = None
+    ) -> tuple[list[str], list[bool]]:
         """One request (no splitting): outputs and truncation flags; errors as ClientError."""
         inp = self.lib.InferInput(INPUT, [len(texts), 1], "BYTES")
         inp.set_data_from_numpy(_encode(texts))
@@ -112,8 +132,9 @@ class Client:
         kwargs: dict[str, Any] = {"parameters": parameters} if parameters else {}
         if self.protocol == "grpc":
             kwargs["client_timeout"] = self.timeout
-        result = self._call(f"inference on {self.model}", self.client.infer, self.model, [inp], outputs=outputs,
-                            **kwargs)
+        result = self._call(
+            f"inference on {self.model}", self.client.infer, self.model, [inp], outputs=outputs, **kwargs
+        )
         out = [b.decode("utf-8") if isinstance(b, bytes) else str(b) for b in result.as_numpy(OUTPUT).reshape(-1)]
         return out, [bool(x) for x in result.as_numpy(TRUNCATED).reshape(-1)]
 
@@ -126,13 +147,17 @@ class Client:
         parameters = {k: v for k, v in search.items() if v is not None}
         out: list[str] = []
         for start in range(0, len(texts), self.max_batch_size):
-            out += self.infer(texts[start:start + self.max_batch_size], parameters)[0]
+            out += self.infer(texts[start : start + self.max_batch_size], parameters)[0]
         return out
 
     def statistics(self) -> dict[str, Any]:
         """Triton's statistics of this model (inference_count, execution_count, timings) as JSON."""
-        stats = self._call("reading statistics", self.client.get_inference_statistics, self.model,
-                           **({"as_json": True} if self.protocol == "grpc" else {}))
+        stats = self._call(
+            "reading statistics",
+            self.client.get_inference_statistics,
+            self.model,
+            **({"as_json": True} if self.protocol == "grpc" else {}),
+        )
         return stats["model_stats"][0]
 
     def close(self) -> None:
@@ -145,8 +170,15 @@ class Client:
         self.close()
 
 
-def translate(texts: str | Sequence[str], url: str | None = None, protocol: str = "http", model: str | None = None,
-              timeout: float = 120.0, headers: dict[str, str] | None = None, **search: Any) -> list[str]:
+def translate(
+    texts: str | Sequence[str],
+    url: str | None = None,
+    protocol: str = "http",
+    model: str | None = None,
+    timeout: float = 120.0,
+    headers: dict[str, str] | None = None,
+    **search: Any,
+) -> list[str]:
     """Translate (or summarise) texts on a running server; the model may be omitted when it serves one (finding
     it lists the repository, a restricted API: pass the admin header then)."""
     if isinstance(texts, str):
@@ -159,8 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serve.client", description=__doc__.splitlines()[0])
     parser.add_argument("--protocol", choices=sorted(DEFAULT_PORTS), default="http")
     parser.add_argument("--url", help="host:port (default 127.0.0.1:8000 for http, :8001 for grpc)")
-    parser.add_argument("--model", help="model name (may be omitted when the server has one model and "
-                                        "--admin-key-file is given: listing models is an admin API)")
+    parser.add_argument(
+        "--model",
+        help="model name (may be omitted when the server has one model and "
+        "--admin-key-file is given: listing models is an admin API)",
+    )
     parser.add_argument("--admin-key-file", help="the server's <repo>.serve/admin_key, for the restricted APIs")
     parser.add_argument("--beam-size", type=int, help="1 = greedy; default: the model's (manifest)")
     parser.add_argument("--len-penalty", type=float)
@@ -177,10 +212,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot read --admin-key-file {args.admin_key_file}: {exc}", file=sys.stderr)
         return 2
     try:
-        outputs = translate(texts, url=args.url, protocol=args.protocol, model=args.model, timeout=args.timeout,
-                            headers=headers,
-                            beam_size=args.beam_size, len_penalty=args.len_penalty, max_len_a=args.max_len_a,
-                            max_len_b=args.max_len_b, min_len=args.min_len)
+        outputs = translate(
+            texts,
+            url=args.url,
+            protocol=args.protocol,
+            model=args.model,
+            timeout=args.timeout,
+            headers=headers,
+            beam_size=args.beam_size,
+            len_penalty=args.len_penalty,
+            max_len_a=args.max_len_a,
+            max_len_b=args.max_len_b,
+            min_len=args.min_len,
+        )
     except ClientError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

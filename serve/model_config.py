@@ -94,24 +94,30 @@ def pbtxt_string(value: str) -> str:
 
 
 def parameters_text(params: dict[str, Any]) -> str:
-    return "\n".join(f"parameters: {{ key: {pbtxt_string(k)} value: {{ string_value: {pbtxt_string(str(v))} }} }}"
-                     for k, v in params.items())
+    return "\n".join(
+        f"parameters: {{ key: {pbtxt_string(k)} value: {{ string_value: {pbtxt_string(str(v))} }} }}"
+        for k, v in params.items()
+    )
 
 
 def batching_text(settings: ModelSettings) -> str:
     if not settings.dynamic_batching:
         return ""
     preferred = ", ".join(str(b) for b in settings.preferred_batch_size)
-    return ("dynamic_batching {\n"
-            + (f"  preferred_batch_size: [ {preferred} ]\n" if preferred else "")
-            + f"  max_queue_delay_microseconds: {int(settings.max_queue_delay_microseconds)}\n}}")
+    return (
+        "dynamic_batching {\n"
+        + (f"  preferred_batch_size: [ {preferred} ]\n" if preferred else "")
+        + f"  max_queue_delay_microseconds: {int(settings.max_queue_delay_microseconds)}\n}}"
+    )
 
 
 def text_io_text() -> str:
     """The public interface of both variants: a batch of strings in, a batch of strings (+ flags) out."""
-    return (f'input [ {{ name: "{INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]\n'
-            f'output [ {{ name: "{OUTPUT}" data_type: TYPE_STRING dims: [ 1 ] }},\n'
-            f'         {{ name: "{TRUNCATED}" data_type: TYPE_BOOL dims: [ 1 ] }} ]')
+    return (
+        f'input [ {{ name: "{INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]\n'
+        f'output [ {{ name: "{OUTPUT}" data_type: TYPE_STRING dims: [ 1 ] }},\n'
+        f'         {{ name: "{TRUNCATED}" data_type: TYPE_BOOL dims: [ 1 ] }} ]'
+    )
 
 
 def parse_config(text: str, where: str = "config.pbtxt") -> model_config_pb2.ModelConfig:
@@ -122,13 +128,19 @@ def parse_config(text: str, where: str = "config.pbtxt") -> model_config_pb2.Mod
         raise RepositoryError(f"{where} is not a valid Triton model config: {exc}") from exc
 
 
-def python_config(name: str, settings: ModelSettings, extra: dict[str, Any] | None = None,
-                  kind: str | None = None) -> str:
+def python_config(
+    name: str, settings: ModelSettings, extra: dict[str, Any] | None = None, kind: str | None = None
+) -> str:
     """config.pbtxt of a Python-backend text model (the `python` variant, and the BLS model of `ngc`)."""
-    params = {"provider": settings.provider, "threads": settings.threads,
-              "optimization": settings.optimization or "", "check_files": str(settings.check_files).lower(),
-              "max_request_cost": int(settings.max_request_cost), "max_execute_cost": int(settings.max_execute_cost),
-              **(extra or {})}
+    params = {
+        "provider": settings.provider,
+        "threads": settings.threads,
+        "optimization": settings.optimization or "",
+        "check_files": str(settings.check_files).lower(),
+        "max_request_cost": int(settings.max_request_cost),
+        "max_execute_cost": int(settings.max_execute_cost),
+        **(extra or {}),
+    }
     parts = [
         f"name: {pbtxt_string(name)}",
         'backend: "python"',
@@ -170,5 +182,6 @@ def staged_model_dir(repo: Path, name: str, overwrite: bool) -> contextlib.Abstr
     (export/staging.py: the old model is deleted only after the new one is in place; an existing one is
     replaced only with `overwrite`). Staged in the repository's parent, so a server polling the repository never
     sees the temporary or the replaced directory as a model."""
-    return staged_directory(repo / name, overwrite=overwrite, exists_error=_exists_error, staging_dir=repo.parent,
-                            mode=0o755)
+    return staged_directory(
+        repo / name, overwrite=overwrite, exists_error=_exists_error, staging_dir=repo.parent, mode=0o755
+    )

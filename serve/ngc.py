@@ -40,8 +40,14 @@ from serve.model_config import (
     staged_model_dir,
 )
 
-ONNX_TYPES = {"tensor(int64)": "TYPE_INT64", "tensor(int32)": "TYPE_INT32", "tensor(float)": "TYPE_FP32",
-              "tensor(float16)": "TYPE_FP16", "tensor(bool)": "TYPE_BOOL", "tensor(double)": "TYPE_FP64"}
+ONNX_TYPES = {
+    "tensor(int64)": "TYPE_INT64",
+    "tensor(int32)": "TYPE_INT32",
+    "tensor(float)": "TYPE_FP32",
+    "tensor(float16)": "TYPE_FP16",
+    "tensor(bool)": "TYPE_BOOL",
+    "tensor(double)": "TYPE_FP64",
+}
 ONNX_FILE = "model.onnx"
 
 
@@ -60,14 +66,16 @@ def onnx_config(name: str, onnx_path: Path, settings: ModelSettings) -> str:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-    text = (f"name: {pbtxt_string(name)}\n"
-            'backend: "onnxruntime"\n'
-            f"default_model_filename: {pbtxt_string(ONNX_FILE)}\n"
-            "max_batch_size: 0\n"
-            f"{settings.version_policy_text()}\n"
-            f"input [\n{_tensors(session.get_inputs())}\n]\n"
-            f"output [\n{_tensors(session.get_outputs())}\n]\n"
-            f"instance_group [ {{ count: {int(settings.instance_count)} kind: {settings.onnx_instance_kind} }} ]\n")
+    text = (
+        f"name: {pbtxt_string(name)}\n"
+        'backend: "onnxruntime"\n'
+        f"default_model_filename: {pbtxt_string(ONNX_FILE)}\n"
+        "max_batch_size: 0\n"
+        f"{settings.version_policy_text()}\n"
+        f"input [\n{_tensors(session.get_inputs())}\n]\n"
+        f"output [\n{_tensors(session.get_outputs())}\n]\n"
+        f"instance_group [ {{ count: {int(settings.instance_count)} kind: {settings.onnx_instance_kind} }} ]\n"
+    )
     parse_config(text, f"{name}/config.pbtxt")
     return text
 
@@ -98,8 +106,11 @@ def write_ngc_model(export_dir: Path, repo: Path, settings: ModelSettings, overw
         shutil.copy2(export_runtime.__file__, stage.path / v / RUNTIME_FILE)
         shutil.copy2(TRITON_MODELS / "bls_model.py", stage.path / v / "model.py")
         shutil.copy2(TRITON_MODELS / COMMON_FILE, stage.path / v / COMMON_FILE)
-        extra = {"encoder_model": f"{name}-encoder", "decoder_model": f"{name}-decoder",
-                 "decoder_inputs": json.dumps(decoder_inputs)}
+        extra = {
+            "encoder_model": f"{name}-encoder",
+            "decoder_model": f"{name}-decoder",
+            "decoder_inputs": json.dumps(decoder_inputs),
+        }
         (stage.path / "config.pbtxt").write_text(python_config(name, settings, extra, kind="KIND_CPU"))
         for stage in staged:  # encoder, decoder, then the BLS model that calls them
             stage.publish()

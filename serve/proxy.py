@@ -28,8 +28,10 @@ PROXY_DIR = "nginx"  # inside the server's state dir: config, pid, logs (body bu
 BUFFERS_PREFIX = "zoo-nginx-"
 # KServe v2 paths a translation client needs; anything else is refused by the proxy itself
 # plus the repository index, which Triton itself restricts to the admin key (clients list models with it)
-ALLOWED_PATHS = (r"^/v2(/health/(live|ready)|/models/[^/]+(/versions/[0-9]+)?(/ready|/infer|/config)?"
-                 r"|/repository/index)?$")
+ALLOWED_PATHS = (
+    r"^/v2(/health/(live|ready)|/models/[^/]+(/versions/[0-9]+)?(/ready|/infer|/config)?"
+    r"|/repository/index)?$"
+)
 
 
 class ProxyError(RuntimeError):
@@ -57,8 +59,10 @@ def nginx_binary(cache_root: Path | None = None) -> Path:
     try:
         binary = DebianArchive(root).package("nginx") / "root" / "usr" / "sbin" / "nginx"
     except DataError as exc:
-        raise ProxyError(f"nginx is needed in front of Triton's HTTP port and could not be fetched ({exc}); "
-                         "install it (`apt-get install nginx`) or start without it: proxy=false") from exc
+        raise ProxyError(
+            f"nginx is needed in front of Triton's HTTP port and could not be fetched ({exc}); "
+            "install it (`apt-get install nginx`) or start without it: proxy=false"
+        ) from exc
     if not binary.is_file():
         raise ProxyError(f"the Debian nginx package has no {binary}; install nginx, or start with proxy=false")
     return binary
@@ -67,16 +71,16 @@ def nginx_binary(cache_root: Path | None = None) -> Path:
 def nginx_config(state: Path, tmp: Path, host: str, port: int, upstream_port: int, settings: ProxySettings) -> str:
     """The proxy's nginx.conf: pid and logs in `state`, request-body buffers in `tmp`."""
     return f"""worker_processes 1;
-pid {state / 'nginx.pid'};
-error_log {state / 'error.log'} warn;
+pid {state / "nginx.pid"};
+error_log {state / "error.log"} warn;
 events {{ worker_connections 512; }}
 http {{
     access_log off;
-    client_body_temp_path {tmp / 'body'};
-    proxy_temp_path {tmp / 'proxy'};
-    fastcgi_temp_path {tmp / 'fastcgi'};
-    uwsgi_temp_path {tmp / 'uwsgi'};
-    scgi_temp_path {tmp / 'scgi'};
+    client_body_temp_path {tmp / "body"};
+    proxy_temp_path {tmp / "proxy"};
+    fastcgi_temp_path {tmp / "fastcgi"};
+    uwsgi_temp_path {tmp / "uwsgi"};
+    scgi_temp_path {tmp / "scgi"};
     client_max_body_size {int(settings.max_body_mb * 1024 * 1024)};
     client_body_buffer_size 1m;
     client_header_timeout {settings.client_timeout_s}s;
@@ -142,8 +146,15 @@ def _listening(host: str, port: int) -> bool:
         return s.connect_ex(("127.0.0.1" if host in ("0.0.0.0", "") else host, port)) == 0
 
 
-def start_proxy(state_dir: Path, host: str, port: int, upstream_port: int, settings: ProxySettings,
-                detach: bool = False, timeout: float = 20.0) -> subprocess.Popen:
+def start_proxy(
+    state_dir: Path,
+    host: str,
+    port: int,
+    upstream_port: int,
+    settings: ProxySettings,
+    detach: bool = False,
+    timeout: float = 20.0,
+) -> subprocess.Popen:
     """Run nginx in the foreground of a child process (it dies with `stop_proxy`); wait until it listens."""
     state = state_dir / PROXY_DIR
     state.mkdir(parents=True, exist_ok=True)
@@ -156,8 +167,17 @@ def start_proxy(state_dir: Path, host: str, port: int, upstream_port: int, setti
         raise
 
 
-def _launch(binary: Path, state: Path, buffers: Path, host: str, port: int, upstream_port: int,
-            settings: ProxySettings, detach: bool, timeout: float) -> subprocess.Popen:
+def _launch(
+    binary: Path,
+    state: Path,
+    buffers: Path,
+    host: str,
+    port: int,
+    upstream_port: int,
+    settings: ProxySettings,
+    detach: bool,
+    timeout: float,
+) -> subprocess.Popen:
     conf = state / "nginx.conf"
     conf.write_text(nginx_config(state, buffers, host, port, upstream_port, settings))
     cmd = [str(binary), "-p", str(state), "-c", str(conf), "-e", str(state / "error.log"), "-g", "daemon off;"]
@@ -165,14 +185,16 @@ def _launch(binary: Path, state: Path, buffers: Path, host: str, port: int, upst
     if check.returncode != 0:
         raise ProxyError(f"nginx rejected its config {conf}: {check.stderr.strip()[-500:]}")
     with (state / "stdout.log").open("wb") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=detach)
+        process = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=detach
+        )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             log = (state / "error.log").read_text(errors="replace") if (state / "error.log").is_file() else ""
-            raise ProxyError(f"nginx exited with code {process.returncode} while starting on {host}:{port}: "
-                             f"{log.strip()[-500:]}")
+            raise ProxyError(
+                f"nginx exited with code {process.returncode} while starting on {host}:{port}: {log.strip()[-500:]}"
+            )
         if _listening(host, port):
             return process
         time.sleep(0.1)
@@ -215,5 +237,4 @@ def _reap(pid: int) -> None:
         pass
 
 
-__all__ = ["ALLOWED_PATHS", "ProxyError", "ProxySettings", "nginx_binary", "nginx_config", "start_proxy",
-           "stop_proxy"]
+__all__ = ["ALLOWED_PATHS", "ProxyError", "ProxySettings", "nginx_binary", "nginx_config", "start_proxy", "stop_proxy"]

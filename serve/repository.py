@@ -80,8 +80,9 @@ __all__ = [
 ]
 
 
-def write_python_model(export_dir: Path, repo: Path, settings: ModelSettings, overwrite: bool = False,
-                       name: str | None = None) -> str:
+def write_python_model(
+    export_dir: Path, repo: Path, settings: ModelSettings, overwrite: bool = False, name: str | None = None
+) -> str:
     """One export → `<repo>/<name>/` (python variant); returns the model name."""
     manifest = read_manifest(export_dir)
     name = check_name(name or manifest["name"])
@@ -99,8 +100,13 @@ def write_python_model(export_dir: Path, repo: Path, settings: ModelSettings, ov
     return name
 
 
-def write_repository(export_dirs: Iterable[str | Path], repo: str | Path, settings: ModelSettings | None = None,
-                     variant: str = "python", overwrite: bool = False) -> list[str]:
+def write_repository(
+    export_dirs: Iterable[str | Path],
+    repo: str | Path,
+    settings: ModelSettings | None = None,
+    variant: str = "python",
+    overwrite: bool = False,
+) -> list[str]:
     """Write one model (python) or three (ngc: BLS + encoder + decoder) per export; returns the public names."""
     settings = settings or ModelSettings()
     settings.check()
@@ -130,8 +136,9 @@ def main() -> None:
     def run(cfg: DictConfig) -> None:
         try:
             settings = ModelSettings.from_mapping(OmegaConf.to_container(cfg.triton, resolve=True))  # type: ignore[arg-type]
-            names = write_repository(_as_list(cfg.export_dir), cfg.repo, settings, str(cfg.variant),
-                                     bool(cfg.overwrite))
+            names = write_repository(
+                _as_list(cfg.export_dir), cfg.repo, settings, str(cfg.variant), bool(cfg.overwrite)
+            )
         except RepositoryError as exc:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(2)

@@ -92,8 +92,10 @@ def wheel_dir() -> Path:
     try:  # imported here: an optional dependency (Linux x86_64 only); missing, it is a ServerError, not an ImportError
         import pytriton
     except ImportError as exc:
-        raise ServerError("nvidia-pytriton is not installed; `pip install nvidia-pytriton==0.7.0` "
-                          "(Linux x86_64; it bundles tritonserver with the Python backend)") from exc
+        raise ServerError(
+            "nvidia-pytriton is not installed; `pip install nvidia-pytriton==0.7.0` "
+            "(Linux x86_64; it bundles tritonserver with the Python backend)"
+        ) from exc
     root = Path(pytriton.__file__).resolve().parent / "tritonserver"
     if not (root / "bin" / "tritonserver").is_file():
         raise ServerError(f"{root}/bin/tritonserver is missing; reinstall nvidia-pytriton==0.7.0")
@@ -111,8 +113,10 @@ def backend_dir(state_dir: Path) -> Path:
     }
     for src in sources.values():
         if not src.is_file():
-            raise ServerError(f"{src} is missing from the pytriton wheel (no Python {version} stub?); "
-                              "use Python 3.8–3.13 and reinstall nvidia-pytriton==0.7.0")
+            raise ServerError(
+                f"{src} is missing from the pytriton wheel (no Python {version} stub?); "
+                "use Python 3.8–3.13 and reinstall nvidia-pytriton==0.7.0"
+            )
     target = state_dir / "backends" / "python"
     target.mkdir(parents=True, exist_ok=True)
     for name, src in sources.items():
@@ -155,14 +159,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 def check_repository(repo: Path) -> list[str]:
     """Model names of a repository, after parsing every config.pbtxt (a clear error before Triton's)."""
     if not repo.is_dir():
-        raise ServerError(f"model repository {repo} does not exist; write one with "
-                          "`python -m serve.repository export_dir=<export> repo=<dir>`")
+        raise ServerError(
+            f"model repository {repo} does not exist; write one with "
+            "`python -m serve.repository export_dir=<export> repo=<dir>`"
+        )
     names = []
     for model_dir in sorted(p for p in repo.iterdir() if p.is_dir() and not p.name.startswith(".")):
         config = model_dir / "config.pbtxt"
         if not config.is_file():
-            raise ServerError(f"{model_dir} has no config.pbtxt, so {repo} is not a valid model repository; "
-                              "remove the directory or re-run serve.repository")
+            raise ServerError(
+                f"{model_dir} has no config.pbtxt, so {repo} is not a valid model repository; "
+                "remove the directory or re-run serve.repository"
+            )
         try:
             text_format.Parse(config.read_text(), model_config_pb2.ModelConfig())
         except text_format.ParseError as exc:
@@ -240,11 +248,22 @@ class Server:
         self.proxy_process: subprocess.Popen | None = None
 
     @classmethod
-    def start(cls, repo: str | Path, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int = 8001,
-              metrics_port: int = 8002, state_dir: str | Path | None = None, timeout: float = 180.0,
-              log_verbose: int = 0, detach: bool = False, extra_args: tuple[str, ...] = (),
-              cancelled: Callable[[], bool] | None = None, restrict: bool = True,
-              proxy: ProxySettings | None = ProxySettings()) -> Server:
+    def start(
+        cls,
+        repo: str | Path,
+        host: str = "127.0.0.1",
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        state_dir: str | Path | None = None,
+        timeout: float = 180.0,
+        log_verbose: int = 0,
+        detach: bool = False,
+        extra_args: tuple[str, ...] = (),
+        cancelled: Callable[[], bool] | None = None,
+        restrict: bool = True,
+        proxy: ProxySettings | None = ProxySettings(),
+    ) -> Server:
         """Launch and wait until every model is ready. Port 0 picks a free port. `detach` starts the server in
         its own session so it outlives this process (then stop it with `serve.stop`). `cancelled()` true while
         waiting (e.g. a signal arrived) stops the server and raises ServerError. `restrict` (default) puts the
@@ -259,13 +278,17 @@ class Server:
         state.mkdir(parents=True, exist_ok=True)
         previous = read_info(state)
         if previous and _alive(previous.pid) and _is_tritonserver(previous.pid):
-            raise ServerError(f"a server (pid {previous.pid}) already runs from {state}; stop it with "
-                              f"`python -m serve.stop repo={repo}`")
+            raise ServerError(
+                f"a server (pid {previous.pid}) already runs from {state}; stop it with "
+                f"`python -m serve.stop repo={repo}`"
+            )
         ports = {}
         for key, port in (("http_port", http_port), ("grpc_port", grpc_port), ("metrics_port", metrics_port)):
             if port and not port_free(port, host):
-                raise ServerError(f"port {port} ({key}) on {host} is busy (another tritonserver? "
-                                  f"`python -m serve.stop`); choose another with {key}=… or {key}=0 for a free one")
+                raise ServerError(
+                    f"port {port} ({key}) on {host} is busy (another tritonserver? "
+                    f"`python -m serve.stop`); choose another with {key}=… or {key}=0 for a free one"
+                )
             ports[key] = port or free_port(host)
         triton_http = free_port("127.0.0.1") if proxy is not None else ports["http_port"]
         clean_stale_shm()
@@ -275,22 +298,42 @@ class Server:
             str(wheel_dir() / "bin" / "tritonserver"),
             f"--model-repository={repo}",
             f"--backend-directory={backend_dir(state)}",
-            f"--http-address={'127.0.0.1' if proxy is not None else host}", f"--http-port={triton_http}",
-            f"--grpc-address={host}", f"--grpc-port={ports['grpc_port']}",
-            f"--metrics-port={ports['metrics_port']}", "--allow-metrics=false", "--allow-gpu-metrics=false",
+            f"--http-address={'127.0.0.1' if proxy is not None else host}",
+            f"--http-port={triton_http}",
+            f"--grpc-address={host}",
+            f"--grpc-port={ports['grpc_port']}",
+            f"--metrics-port={ports['metrics_port']}",
+            "--allow-metrics=false",
+            "--allow-gpu-metrics=false",
             "--pinned-memory-pool-byte-size=0",
             f"--backend-config=python,shm-region-prefix-name={prefix}",
-            "--strict-readiness=true", "--exit-on-error=true", f"--log-verbose={int(log_verbose)}",
+            "--strict-readiness=true",
+            "--exit-on-error=true",
+            f"--log-verbose={int(log_verbose)}",
             *(_restriction_args(state) if restrict else ()),
             *extra_args,
         ]
         with log.open("wb") as out:
-            process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=server_env(), start_new_session=detach)
-        info = ServerInfo(pid=process.pid, repo=str(repo), host=host, shm_prefix=prefix, log=str(log),
-                          state_dir=str(state), models=models,
-                          admin_key_file=str(state / ADMIN_KEY_FILE) if restrict else None,
-                          triton_http_port=triton_http if proxy is not None else None, **ports)
+            process = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=server_env(),
+                start_new_session=detach,
+            )
+        info = ServerInfo(
+            pid=process.pid,
+            repo=str(repo),
+            host=host,
+            shm_prefix=prefix,
+            log=str(log),
+            state_dir=str(state),
+            models=models,
+            admin_key_file=str(state / ADMIN_KEY_FILE) if restrict else None,
+            triton_http_port=triton_http if proxy is not None else None,
+            **ports,
+        )
         server = cls(info, process)
         try:  # from here on, any failure or interrupt stops what was started
             (state / STATE_FILE).write_text(json.dumps(asdict(info), indent=1))
@@ -313,14 +356,18 @@ class Server:
             if cancelled is not None and cancelled():
                 raise ServerError("interrupted while waiting for tritonserver to become ready; stopped it")
             if self.process is not None and self.process.poll() is not None:
-                raise ServerError(f"tritonserver exited with code {self.process.returncode} while starting "
-                                  f"(log: {self.info.log}):\n{log_errors(Path(self.info.log))}")
+                raise ServerError(
+                    f"tritonserver exited with code {self.process.returncode} while starting "
+                    f"(log: {self.info.log}):\n{log_errors(Path(self.info.log))}"
+                )
             with contextlib.suppress(OSError):
                 if _http_get(url)[0] == 200:
                     return
             time.sleep(0.25)
-        raise ServerError(f"tritonserver was not ready after {timeout:.0f} s (log: {self.info.log}):\n"
-                          f"{log_errors(Path(self.info.log))}")
+        raise ServerError(
+            f"tritonserver was not ready after {timeout:.0f} s (log: {self.info.log}):\n"
+            f"{log_errors(Path(self.info.log))}"
+        )
 
     def admin_headers(self, protocol: str = "http") -> dict[str, str]:
         """The header (HTTP) or metadata (gRPC) that unlocks the restricted APIs ({} when unrestricted)."""
@@ -369,8 +416,10 @@ def _restriction_args(state: Path) -> list[str]:
     with os.fdopen(fd, "w") as fh:
         fh.write(key + "\n")
     apis = ",".join(RESTRICTED_APIS)
-    return [f"--http-restricted-api={apis}:{ADMIN_HEADER}={key}",
-            f"--grpc-restricted-protocol={apis}:{ADMIN_HEADER}={key}"]
+    return [
+        f"--http-restricted-api={apis}:{ADMIN_HEADER}={key}",
+        f"--grpc-restricted-protocol={apis}:{ADMIN_HEADER}={key}",
+    ]
 
 
 def admin_headers(info: ServerInfo, protocol: str = "http") -> dict[str, str]:
@@ -381,8 +430,9 @@ def admin_headers(info: ServerInfo, protocol: str = "http") -> dict[str, str]:
     try:
         key = Path(info.admin_key_file).read_text().strip()
     except OSError as exc:
-        raise ServerError(f"cannot read the admin key {info.admin_key_file} ({exc}); run as the user who started "
-                          "the server") from exc
+        raise ServerError(
+            f"cannot read the admin key {info.admin_key_file} ({exc}); run as the user who started the server"
+        ) from exc
     return {GRPC_ADMIN_HEADER if protocol == "grpc" else ADMIN_HEADER: key}
 
 

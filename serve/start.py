@@ -31,22 +31,36 @@ def main(cfg: DictConfig) -> None:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     try:
-        server = Server.start(cfg.repo, host=str(cfg.host), http_port=int(cfg.http_port),
-                              grpc_port=int(cfg.grpc_port), metrics_port=int(cfg.metrics_port),
-                              state_dir=cfg.state_dir, timeout=float(cfg.timeout_s),
-                              log_verbose=int(cfg.log_verbose), detach=bool(cfg.detach), cancelled=stop.is_set,
-                              restrict=bool(cfg.restrict_apis),
-                              proxy=ProxySettings(max_body_mb=float(cfg.max_body_mb)) if cfg.proxy else None)
+        server = Server.start(
+            cfg.repo,
+            host=str(cfg.host),
+            http_port=int(cfg.http_port),
+            grpc_port=int(cfg.grpc_port),
+            metrics_port=int(cfg.metrics_port),
+            state_dir=cfg.state_dir,
+            timeout=float(cfg.timeout_s),
+            log_verbose=int(cfg.log_verbose),
+            detach=bool(cfg.detach),
+            cancelled=stop.is_set,
+            restrict=bool(cfg.restrict_apis),
+            proxy=ProxySettings(max_body_mb=float(cfg.max_body_mb)) if cfg.proxy else None,
+        )
     except (ServerError, ProxyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(130 if stop.is_set() else 2)
     info = server.info
-    admin = (f"  admin APIs ({', '.join(RESTRICTED_APIS)}) need header {ADMIN_HEADER}: key in {info.admin_key_file}"
-             if info.admin_key_file else "  admin APIs are NOT restricted (restrict_apis=false)")
-    print(f"tritonserver ready (pid {info.pid}): models {', '.join(info.models)}\n"
-          f"  HTTP http://{info.http_url}   gRPC {info.grpc_url}   log {info.log}\n{admin}\n"
-          f"  try: python -m serve.client --url {info.http_url} --model {info.models[0]} \"Guten Morgen.\"\n"
-          f"  stop: python -m serve.stop repo={info.repo}", flush=True)
+    admin = (
+        f"  admin APIs ({', '.join(RESTRICTED_APIS)}) need header {ADMIN_HEADER}: key in {info.admin_key_file}"
+        if info.admin_key_file
+        else "  admin APIs are NOT restricted (restrict_apis=false)"
+    )
+    print(
+        f"tritonserver ready (pid {info.pid}): models {', '.join(info.models)}\n"
+        f"  HTTP http://{info.http_url}   gRPC {info.grpc_url}   log {info.log}\n{admin}\n"
+        f'  try: python -m serve.client --url {info.http_url} --model {info.models[0]} "Guten Morgen."\n'
+        f"  stop: python -m serve.stop repo={info.repo}",
+        flush=True,
+    )
     if cfg.detach and not stop.is_set():
         return
     while server.alive() and not stop.wait(0.5):

@@ -32,9 +32,11 @@ def smoke_corpus(tmp_path_factory, deen_splits) -> Path:
         picked = [e for e in examples if len(e.src.split()) <= 12 and len(e.tgt.split()) <= 12]
         return picked[:n]
 
-    for split, examples, n in (("train", deen_splits.train, SMOKE_TRAIN_PAIRS),
-                               ("valid", deen_splits.valid, SMOKE_EVAL_PAIRS),
-                               ("test", deen_splits.test, SMOKE_EVAL_PAIRS)):
+    for split, examples, n in (
+        ("train", deen_splits.train, SMOKE_TRAIN_PAIRS),
+        ("valid", deen_splits.valid, SMOKE_EVAL_PAIRS),
+        ("test", deen_splits.test, SMOKE_EVAL_PAIRS),
+    ):
         chosen = short(examples, n)
         (root / f"{split}.de").write_text("".join(e.src + "\n" for e in chosen))
         (root / f"{split}.en").write_text("".join(e.tgt + "\n" for e in chosen))
@@ -43,10 +45,23 @@ def smoke_corpus(tmp_path_factory, deen_splits) -> Path:
 
 def smoke_overrides(entry: str, corpus: Path, runs_root: Path) -> list[str]:
     return [
-        f"+model={entry}", "size=tiny", "trainer=smoke", "data=files", f"data.path={corpus}", "data.name=smoke",
-        "data.vocab_size=1000", "data.max_len=64", "model.d_model=64", "model.ffn_dim=256",
-        "trainer.max_updates=300", "trainer.max_tokens=2048", "trainer.validate_every=100",
-        "trainer.warmup_updates=50", "trainer.lr=3e-3", f"runs_root={runs_root}", "generation.beam_size=4",
+        f"+model={entry}",
+        "size=tiny",
+        "trainer=smoke",
+        "data=files",
+        f"data.path={corpus}",
+        "data.name=smoke",
+        "data.vocab_size=1000",
+        "data.max_len=64",
+        "model.d_model=64",
+        "model.ffn_dim=256",
+        "trainer.max_updates=300",
+        "trainer.max_tokens=2048",
+        "trainer.validate_every=100",
+        "trainer.warmup_updates=50",
+        "trainer.lr=3e-3",
+        f"runs_root={runs_root}",
+        "generation.beam_size=4",
         "evaluate_test=false",
     ]
 

@@ -77,7 +77,7 @@ def test_cumulative_curves() -> None:
 
 def test_summary_histogram_and_cropping() -> None:
     g = torch.Generator().manual_seed(1)
-    low = (torch.randn(2, 6, 1, generator=g) @ torch.randn(2, 1, 6, generator=g))  # two rank-1 heads [2, 6, 6]
+    low = torch.randn(2, 6, 1, generator=g) @ torch.randn(2, 1, 6, generator=g)  # two rank-1 heads [2, 6, 6]
     full = torch.eye(4).expand(2, 4, 4)  # two full-rank heads of size 4
     s = summarise_maps([low, full], threshold=1e-6, grid=4)
     assert s["matrices"] == 4 and s["ranks"] == [1, 1, 4, 4] and s["sizes"] == [6, 6, 4, 4]
@@ -100,8 +100,9 @@ def test_collect_maps_crops_padding_and_restores_capture() -> None:
     attn = model.attention_modules()
     attn["encoder.layers.0.self_attn"].capture = ("V",)
     maps = collect_maps(model, [(src, tgt)])
-    enc, dec_self, cross = (maps[n][0] for n in ("encoder.layers.0.self_attn", "decoder.layers.0.self_attn",
-                                                 "decoder.layers.0.cross_attn"))
+    enc, dec_self, cross = (
+        maps[n][0] for n in ("encoder.layers.0.self_attn", "decoder.layers.0.self_attn", "decoder.layers.0.cross_attn")
+    )
     assert enc.shape == (8, 5, 5) and dec_self.shape == (8, 6, 6) and cross.shape == (8, 6, 5)
     assert maps["encoder.layers.1.self_attn"][1].shape == (8, 7, 7)
     assert attn["encoder.layers.0.self_attn"].capture == ("V",) and not attn["decoder.layers.0.self_attn"].capture
@@ -118,7 +119,10 @@ def test_cli_end_to_end_on_smoke_checkpoint(smoke_run, tmp_path) -> None:
     out = tmp_path / "analysis"
     proc = subprocess.run(
         [sys.executable, "-m", "zoo.analyze", f"checkpoint={run_dir}", f"out={out}", "sentences=12", "threads=1"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "attention-map ranks" in proc.stdout and "encoder.layers.0.self_attn" in proc.stdout
@@ -139,8 +143,13 @@ def test_cli_end_to_end_on_smoke_checkpoint(smoke_run, tmp_path) -> None:
         assert all(a <= b + 1e-12 for a, b in itertools.pairwise(curve))  # non-decreasing
         assert 0.5 - 1e-9 <= m["curve_area"] <= 1
     # missing checkpoint: a clear error, exit code 2
-    bad = subprocess.run([sys.executable, "-m", "zoo.analyze", f"checkpoint={tmp_path / 'nope'}"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "zoo.analyze", f"checkpoint={tmp_path / 'nope'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "does not exist" in bad.stderr
 
 
@@ -254,9 +263,20 @@ def test_cli_overlay_of_several_checkpoints(smoke_run, tmp_path) -> None:
     run = smoke_run("transformer")
     out = tmp_path / "overlay"
     proc = subprocess.run(
-        [sys.executable, "-m", "zoo.analyze", f"checkpoints=[{run},{run / 'checkpoints' / 'last.pt'}]", f"out={out}",
-         "sentences=12", "threads=1", "figure_sentence=3"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "zoo.analyze",
+            f"checkpoints=[{run},{run / 'checkpoints' / 'last.pt'}]",
+            f"out={out}",
+            "sentences=12",
+            "threads=1",
+            "figure_sentence=3",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "pre-softmax QKᵀ numerical rank" in proc.stdout

@@ -18,9 +18,28 @@ from zoo.attention_bench import BASELINE, format_table, main, slow_reason
 
 def test_ratio_table_over_entries(tmp_path, capsys) -> None:
     out = tmp_path / "bench.json"
-    result = main(["--size", "tiny", "--entries", "fixhead,mgk_4head,mixhead_b,mlk_4head", "--steps", "3",
-                   "--warmup", "1", "--batch-sentences", "4", "--src-len", "8", "--tgt-len", "7", "--threads", "1",
-                   "--json", str(out)])
+    result = main(
+        [
+            "--size",
+            "tiny",
+            "--entries",
+            "fixhead,mgk_4head,mixhead_b,mlk_4head",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--batch-sentences",
+            "4",
+            "--src-len",
+            "8",
+            "--tgt-len",
+            "7",
+            "--threads",
+            "1",
+            "--json",
+            str(out),
+        ]
+    )
     rows = result["rows"]
     assert set(rows) == {BASELINE, "fixhead", "mgk_4head", "mixhead_b", "mlk_4head"}
     assert {rows[e]["key"] for e in rows} == {"mha", "mgk", "mixhead", "mlk"}

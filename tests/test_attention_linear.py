@@ -182,8 +182,11 @@ def test_keep_heads_equals_gated_heads(cls: type, options: dict) -> None:
         assert torch.equal(pruned.pi_logits, module.pi_logits[keep])
     x, memory, x_pad, mem_pad = inputs()
     with torch.no_grad():
-        for args, kwargs in (((x,), {"key_padding_mask": x_pad}), ((x,), {"causal": True}),
-                             ((x, memory), {"key_padding_mask": mem_pad})):
+        for args, kwargs in (
+            ((x,), {"key_padding_mask": x_pad}),
+            ((x,), {"causal": True}),
+            ((x, memory), {"key_padding_mask": mem_pad}),
+        ):
             assert torch.allclose(module(*args, **kwargs), pruned(*args, **kwargs), atol=1e-12, rtol=0)
 
 
@@ -213,10 +216,12 @@ def test_invalid_options_are_rejected() -> None:
     with pytest.raises(TypeError):
         build_attention("linear", D, H, num_components=2)  # "linear" is the single-key baseline
     with pytest.raises(ValueError, match="key masks"):
-        make().attend(torch.randn(B, H, T, DH, dtype=torch.float64),
-                      {"k": torch.rand(B, H, T, DH, dtype=torch.float64),
-                       "v": torch.rand(B, H, T, DH, dtype=torch.float64)},
-                      torch.ones(B, 1, T, T, dtype=torch.bool), False)
+        make().attend(
+            torch.randn(B, H, T, DH, dtype=torch.float64),
+            {"k": torch.rand(B, H, T, DH, dtype=torch.float64), "v": torch.rand(B, H, T, DH, dtype=torch.float64)},
+            torch.ones(B, 1, T, T, dtype=torch.bool),
+            False,
+        )
 
 
 # ------------------------------------------------------------------------------------------ size

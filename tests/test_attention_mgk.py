@@ -53,8 +53,9 @@ def reference_keys(module: MixtureOfGaussianKeys, x: Tensor) -> list[Tensor]:
     return [heads(x, getattr(module, n)) for n in names]
 
 
-def literal_attention(q: Tensor, keys: list[Tensor], v: Tensor, pi: Tensor | None, sigma2: float,
-                      valid: Tensor) -> tuple[Tensor, Tensor]:
+def literal_attention(
+    q: Tensor, keys: list[Tensor], v: Tensor, pi: Tensor | None, sigma2: float, valid: Tensor
+) -> tuple[Tensor, Tensor]:
     """Per-pair loop of score(q_i, k_j) = log Σ_r π_r exp(−‖q_i − k_jr‖² / 2σ²) (pi=None: hard E-step,
     log max_r exp(…)), softmax over the valid keys j. valid [B, T, S]. Returns (heads [B, H, T, DH], A)."""
     b_, h_, t_, _ = q.shape
@@ -98,8 +99,9 @@ def run_path(module: MixtureOfGaussianKeys, path: str) -> tuple[Tensor, Tensor, 
     return module(x, memory, key_padding_mask=pad), x, memory, valid
 
 
-def reference_output(module: MixtureOfGaussianKeys, x: Tensor, source: Tensor, valid: Tensor,
-                     pi: Tensor | None) -> tuple[Tensor, Tensor]:
+def reference_output(
+    module: MixtureOfGaussianKeys, x: Tensor, source: Tensor, valid: Tensor, pi: Tensor | None
+) -> tuple[Tensor, Tensor]:
     q, v = heads(x, module.q_proj), heads(source, module.v_proj)
     out, attn = literal_attention(q, reference_keys(module, source), v, pi, module.sigma2, valid)
     merged = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], H * DH)
@@ -116,7 +118,7 @@ def test_pi_one_zero_equals_single_gaussian_attention() -> None:
     with torch.no_grad():
         out, x, _, valid = run_path(module, "encoder")
         q, k, v = heads(x, module.q_proj), heads(x, module.k_proj), heads(x, module.v_proj)
-        scores = -torch.cdist(q, k) ** 2 / (2 * math.sqrt(DH))  # −‖q − k‖² / 2σ², [B, H, T, T]
+        scores = -(torch.cdist(q, k) ** 2) / (2 * math.sqrt(DH))  # −‖q − k‖² / 2σ², [B, H, T, T]
         attn = scores.masked_fill(~valid[:, None], -math.inf).softmax(-1)
         expected = module.out_proj((attn @ v).transpose(1, 2).reshape(B, T, H * DH))
     assert torch.allclose(out, expected, atol=1e-10, rtol=0)
@@ -133,8 +135,10 @@ def test_one_component_is_single_gaussian_attention(e_step: str) -> None:
 
 
 @pytest.mark.parametrize("path", ["encoder", "causal", "cross"])
-@pytest.mark.parametrize("options", [{}, {"num_components": 3, "sigma2": 1.7}, {"shared_key": True},
-                                     {"shared_key": True, "num_components": 3}])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"num_components": 3, "sigma2": 1.7}, {"shared_key": True}, {"shared_key": True, "num_components": 3}],
+)
 def test_matches_literal_per_pair_formula(path: str, options: dict) -> None:
     module = make(**options)
     with torch.no_grad():
@@ -172,8 +176,7 @@ def test_pi_is_a_distribution_initialised_uniform() -> None:
 
 
 # ------------------------------------------------------------------------------------------ E-steps
-def _mean_responsibility(module: MixtureOfGaussianKeys, x: Tensor, source: Tensor, valid: Tensor,
-                         pi: Tensor) -> Tensor:
+def _mean_responsibility(module: MixtureOfGaussianKeys, x: Tensor, source: Tensor, valid: Tensor, pi: Tensor) -> Tensor:
     """Paper Eqn. 11 by loop: γ_r = π_r N(q_i | k_jr) / Σ_r' π_r' N(q_i | k_jr'), averaged per head over
     the valid (query, key) pairs."""
     q, keys = heads(x, module.q_proj), reference_keys(module, source)
@@ -186,8 +189,12 @@ def _mean_responsibility(module: MixtureOfGaussianKeys, x: Tensor, source: Tenso
                     continue
                 count += 1
                 for h in range(H):
-                    w = torch.stack([pi[h, r] * torch.exp(-((q[b, h, i] - k[b, h, j]) ** 2).sum() / (2 * module.sigma2))
-                                     for r, k in enumerate(keys)])
+                    w = torch.stack(
+                        [
+                            pi[h, r] * torch.exp(-((q[b, h, i] - k[b, h, j]) ** 2).sum() / (2 * module.sigma2))
+                            for r, k in enumerate(keys)
+                        ]
+                    )
                     total[h] += w / w.sum()
     return total / count
 
@@ -269,8 +276,10 @@ def test_incremental_cache_equals_full_pass(options: dict) -> None:
     assert all(torch.equal(self_cache[n], before[n][order]) for n in before)
 
 
-@pytest.mark.parametrize("options", [{}, {"shared_key": True}, {"e_step": "soft"}, {"e_step": "hard"},
-                                     {"num_components": 3, "shared_key": True}])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"shared_key": True}, {"e_step": "soft"}, {"e_step": "hard"}, {"num_components": 3, "shared_key": True}],
+)
 def test_keep_heads_equals_gated_heads(options: dict) -> None:
     module = make(**options)
     if module.e_step == "soft":

@@ -38,8 +38,9 @@ def randomise_mixing(module: MixheadAttention, seed: int = 3) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in (getattr(module, n) for n in ("mix", "mix_weight", "mix_bias") if hasattr(module, n)):
-            p.copy_(torch.randn(p.shape, generator=g) * 0.5 + (torch.eye(p.shape[0]) if p.shape[0] == p.shape[1]
-                                                                else 0))
+            p.copy_(
+                torch.randn(p.shape, generator=g) * 0.5 + (torch.eye(p.shape[0]) if p.shape[0] == p.shape[1] else 0)
+            )
 
 
 def inputs(b: int = 2, t: int = 5, s: int = 7, seed: int = 1) -> tuple[Tensor, Tensor, Tensor]:
@@ -52,8 +53,7 @@ def inputs(b: int = 2, t: int = 5, s: int = 7, seed: int = 1) -> tuple[Tensor, T
     return x, mem, pad
 
 
-def reference(module: MixheadAttention, x: Tensor, memory: Tensor | None, pad: Tensor | None,
-              causal: bool) -> Tensor:
+def reference(module: MixheadAttention, x: Tensor, memory: Tensor | None, pad: Tensor | None, causal: bool) -> Tensor:
     """Loop-based Mix-head attention straight from the paper: per batch row b, query position t and
     mixed head i, P̄_i[t] = Σ_j M[t]_{j,i} P_j[t] with M[t] = Q_tᵀ W + B (B) or the learned M (A)."""
     mem = x if memory is None else memory

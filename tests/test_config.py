@@ -11,9 +11,19 @@ import yaml
 from tests.zoo_testing import ENTRIES, REPO, compose_train
 from zoo.entries import CONF_DIR
 
-MODEL_KEYS_FROM_SIZE = {"d_model", "encoder_layers", "decoder_layers", "ffn_dim", "dropout", "attention_dropout",
-                        "activation_dropout", "pre_norm", "share_decoder_embeddings", "share_all_embeddings",
-                        "max_positions"}
+MODEL_KEYS_FROM_SIZE = {
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "ffn_dim",
+    "dropout",
+    "attention_dropout",
+    "activation_dropout",
+    "pre_norm",
+    "share_decoder_embeddings",
+    "share_all_embeddings",
+    "max_positions",
+}
 
 
 def _yaml(path) -> dict:
@@ -70,8 +80,9 @@ def test_experiment_keeps_the_model_the_user_asked_for() -> None:
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zoo.train", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "zoo.train", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_r4_no_model_exits_nonzero_and_lists_entries() -> None:

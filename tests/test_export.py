@@ -42,21 +42,28 @@ from zoo.entries import CONF_DIR
 from zoo.evaluation import translate_texts
 from zoo.generate import SearchConfig, _max_lengths, generate
 
-PLAN = {"decoder.layers.0.self_attn": [1, 6], "encoder.layers.1.self_attn": [0, 2, 5],
-        "decoder.layers.1.cross_attn": [7]}  # what plan_for(8) gives: the transformer's plan
+PLAN = {
+    "decoder.layers.0.self_attn": [1, 6],
+    "encoder.layers.1.self_attn": [0, 2, 5],
+    "decoder.layers.1.cross_attn": [7],
+}  # what plan_for(8) gives: the transformer's plan
 
 
 def plan_for(num_heads: int) -> dict[str, list[int]]:
     """A head plan valid for any head count ≥ 4: 2, 3 and 1 kept heads in three different modules."""
     h = num_heads
-    return {"decoder.layers.0.self_attn": [1, h - 2], "encoder.layers.1.self_attn": sorted({0, 2, h - 3}),
-            "decoder.layers.1.cross_attn": [h - 1]}
+    return {
+        "decoder.layers.0.self_attn": [1, h - 2],
+        "encoder.layers.1.self_attn": sorted({0, 2, h - 3}),
+        "decoder.layers.1.cross_attn": [h - 1],
+    }
 
 
 def export_config(checkpoint: Path | str, out: Path, *overrides: str) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="export",
-                       overrides=[f"checkpoint={checkpoint}", f"out={out}", "runtime.threads=1", *overrides])
+        return compose(
+            config_name="export", overrides=[f"checkpoint={checkpoint}", f"out={out}", "runtime.threads=1", *overrides]
+        )
 
 
 def pruning_overrides(run_dir: Path, root: Path) -> tuple[list[str], dict[str, list[int]]]:
@@ -110,15 +117,20 @@ def _heldout_batch(run_dir: Path, n: int = 32) -> tuple[torch.Tensor, list[str],
 
 def onnx_weights(out: Path) -> list[np.ndarray]:
     """Every initializer of both graphs as an array (cross-attention k/v live in the encoder graph)."""
-    return [numpy_helper.to_array(init) for name in ("encoder.onnx", "decoder.onnx")
-            for init in onnx.load(str(out / name)).graph.initializer]
+    return [
+        numpy_helper.to_array(init)
+        for name in ("encoder.onnx", "decoder.onnx")
+        for init in onnx.load(str(out / name)).graph.initializer
+    ]
 
 
 def holds(weights: list[np.ndarray], w: torch.Tensor) -> bool:
     """Whether the graphs hold weight `w` exactly, as stored or transposed (MatMul takes [in, out])."""
     a = w.detach().numpy()
-    return any((x.shape == a.shape and np.array_equal(x, a)) or (x.shape == a.T.shape and np.array_equal(x, a.T))
-               for x in weights)
+    return any(
+        (x.shape == a.shape and np.array_equal(x, a)) or (x.shape == a.T.shape and np.array_equal(x, a.T))
+        for x in weights
+    )
 
 
 def assert_removed_heads_absent(out: Path, manifest: dict, payload: dict) -> None:
@@ -149,8 +161,13 @@ def test_export_with_pruning_verifies_for_every_entry(entry: str, exported, smok
     assert v["passed"], v
     assert v["max_abs_logits_diff"] <= 1e-4 and v["pruned_vs_gated"] <= 1e-4
     assert v["beam"]["identical"] == v["beam"]["total"] == v["sentences"]
-    assert {f.name for f in out.iterdir()} == {"encoder.onnx", "decoder.onnx", "tokenizer.model", "manifest.json",
-                                               "heldout.json"}
+    assert {f.name for f in out.iterdir()} == {
+        "encoder.onnx",
+        "decoder.onnx",
+        "tokenizer.model",
+        "manifest.json",
+        "heldout.json",
+    }
     removed = "remove_heads=false" not in overrides
     assert manifest["heads_removed"] == removed and manifest["head_plan"] == plan
     num_heads = manifest["model_config"]["num_heads"]
@@ -167,11 +184,13 @@ def test_export_with_pruning_verifies_for_every_entry(entry: str, exported, smok
         module = f"decoder.layers.{cache['layer']}.{'self_attn' if cache['kind'] == 'self' else 'cross_attn'}"
         assert cache["shape"][0] == "batch"
         assert cache["shape"][1] == manifest["heads"][module]["num_heads"], cache
-        assert [d if isinstance(d, int) else None for d in inputs[cache["name"]][1:]] == \
-            [d if isinstance(d, int) else None for d in cache["shape"][1:]]
+        assert [d if isinstance(d, int) else None for d in inputs[cache["name"]][1:]] == [
+            d if isinstance(d, int) else None for d in cache["shape"][1:]
+        ]
     assert manifest["name"] == f"{manifest['entry']}-smoke" and manifest["entry"] == entry
-    assert all(isinstance(manifest["graphs"][g][k], int) for g in ("encoder", "decoder") for k in ("opset",
-                                                                                                  "ir_version"))
+    assert all(
+        isinstance(manifest["graphs"][g][k], int) for g in ("encoder", "decoder") for k in ("opset", "ir_version")
+    )
 
 
 # ------------------------------------------------------------------------------------------- pruning
@@ -247,8 +266,12 @@ def test_head_importance_plan_and_int8_export(exported, smoke_run) -> None:
         assert set(kept) == set(ranked[:2])
     # a per-module budget: by module kind, a full module name wins; unnamed modules keep every head
     budget = plan_from_importance(scores, {"decoder_self": 1, "encoder_self": 4, "encoder.layers.0.self_attn": 3})
-    assert {n: len(h) for n, h in budget.items()} == {"encoder.layers.0.self_attn": 3, "encoder.layers.1.self_attn": 4,
-                                                     "decoder.layers.0.self_attn": 1, "decoder.layers.1.self_attn": 1}
+    assert {n: len(h) for n, h in budget.items()} == {
+        "encoder.layers.0.self_attn": 3,
+        "encoder.layers.1.self_attn": 4,
+        "decoder.layers.0.self_attn": 1,
+        "decoder.layers.1.self_attn": 1,
+    }
     with pytest.raises(ExportError, match="module kinds"):
         plan_from_importance(scores, {"decoder_ffn": 2})
     # gated-off heads (GHT-PS style) are never ranked
@@ -275,11 +298,15 @@ def test_ort_search_equals_torch_search(exported, smoke_run) -> None:
     model = model_from_checkpoint(payload)
     model.apply_head_plan(PLAN, remove=False)  # the gated original: what the pruned export must equal
     runtime = export.load(out, threads=1)
-    for search in (SearchConfig(beam_size=4, len_penalty=0.6), SearchConfig(beam_size=2, len_penalty=1.3, min_len=3),
-                   SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=5, min_len=5),
-                   SearchConfig(beam_size=5, max_len_a=0.0, max_len_b=4, min_len=4)):  # fixed length
-        mine = rt.Search(**{k: getattr(search, k) for k in ("beam_size", "len_penalty", "max_len_a", "max_len_b",
-                                                              "min_len")})
+    for search in (
+        SearchConfig(beam_size=4, len_penalty=0.6),
+        SearchConfig(beam_size=2, len_penalty=1.3, min_len=3),
+        SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=5, min_len=5),
+        SearchConfig(beam_size=5, max_len_a=0.0, max_len_b=4, min_len=4),
+    ):  # fixed length
+        mine = rt.Search(
+            **{k: getattr(search, k) for k in ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len")}
+        )
         assert runtime.generate(src.numpy(), mine) == generate(model, src, search), search
     reference = translate_texts(model, tok, texts, SearchConfig(beam_size=5))
     assert runtime.translate(texts, beam_size=5) == reference
@@ -343,16 +370,29 @@ def test_runtime_imports_no_torch_and_stays_self_contained(exported) -> None:
         "sys.exit(1 if bad else 0)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # one file, standard library + numpy + onnxruntime + sentencepiece: copied as is into a Triton model
     tree = ast.parse((REPO / "export" / "runtime.py").read_text())
-    imported = {(n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
-                for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
-                for a in (n.names if isinstance(n, ast.Import) else [n])}
-    assert imported <= {"__future__", "hashlib", "json", "os", "collections", "dataclasses", "pathlib", "typing",
-                        "numpy", "onnxruntime", "sentencepiece"}, imported
+    imported = {
+        (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import | ast.ImportFrom)
+        for a in (n.names if isinstance(n, ast.Import) else [n])
+    }
+    assert imported <= {
+        "__future__",
+        "hashlib",
+        "json",
+        "os",
+        "collections",
+        "dataclasses",
+        "pathlib",
+        "typing",
+        "numpy",
+        "onnxruntime",
+        "sentencepiece",
+    }, imported
 
 
 def test_runtime_refuses_a_corrupt_export(exported, tmp_path) -> None:
@@ -380,20 +420,24 @@ def _tampered(out: Path, tmp_path: Path, edit) -> Path:
 def _add_file(name: str):
     def edit(m: dict) -> None:
         m["files"][name] = "0" * 64
+
     return edit
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (_add_file("../../escaped.txt"), "not a plain file name"),
-    (_add_file("/etc/passwd"), "not a plain file name"),
-    (_add_file("sub/x"), "not a plain file name"),
-    (lambda m: m.update(tokenizer="../tokenizer.model"), "not a plain file name"),
-    (lambda m: m["graphs"]["decoder"].update(file="/tmp/other.onnx"), "graphs.decoder.file"),
-    (lambda m: m["files"].pop("decoder.onnx"), "not listed"),
-    (lambda m: m.pop("vocab"), "missing key 'vocab.pad_id'"),
-    (lambda m: m.update(max_positions="512"), "'max_positions' has the wrong type"),
-    (lambda m: m.update(caches=[{"name": "x"}]), r"caches\[0\]"),
-])
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_add_file("../../escaped.txt"), "not a plain file name"),
+        (_add_file("/etc/passwd"), "not a plain file name"),
+        (_add_file("sub/x"), "not a plain file name"),
+        (lambda m: m.update(tokenizer="../tokenizer.model"), "not a plain file name"),
+        (lambda m: m["graphs"]["decoder"].update(file="/tmp/other.onnx"), "graphs.decoder.file"),
+        (lambda m: m["files"].pop("decoder.onnx"), "not listed"),
+        (lambda m: m.pop("vocab"), "missing key 'vocab.pad_id'"),
+        (lambda m: m.update(max_positions="512"), "'max_positions' has the wrong type"),
+        (lambda m: m.update(caches=[{"name": "x"}]), r"caches\[0\]"),
+    ],
+)
 def test_runtime_refuses_a_manifest_that_points_outside_or_lacks_keys(exported, tmp_path, edit, message) -> None:
     """An export directory is untrusted input: every file it names must be a plain, listed, checksummed name
     inside it, and a malformed manifest gives one line naming the key."""
@@ -413,16 +457,20 @@ def _conforms(value, hint) -> bool:
         return True
     if typing.is_typeddict(hint):
         hints = typing.get_type_hints(hint)
-        return (isinstance(value, dict) and hint.__required_keys__ <= value.keys() <= hints.keys()
-                and all(_conforms(v, hints[k]) for k, v in value.items()))
+        return (
+            isinstance(value, dict)
+            and hint.__required_keys__ <= value.keys() <= hints.keys()
+            and all(_conforms(v, hints[k]) for k, v in value.items())
+        )
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (types.UnionType, typing.Union):
         return any(_conforms(value, a) for a in args)
     if origin is list:
         return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
     if origin is dict:
-        return isinstance(value, dict) and all(_conforms(k, args[0]) and _conforms(v, args[1])
-                                               for k, v in value.items())
+        return isinstance(value, dict) and all(
+            _conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items()
+        )
     if hint is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is int:
@@ -504,8 +552,9 @@ def ght_ps_unpruned(smoke_run, tmp_path_factory) -> tuple[Path, Path, dict]:
         export_checkpoint(export_config(run, existing, "remove_heads=false"))
     assert (existing / "keep.txt").read_text() == "mine"
     with pytest.raises(ExportError, match="verification failed"):  # logits differ by ~1e-6 > 1e-12
-        export_checkpoint(export_config(run, existing, "remove_heads=false", "overwrite=true",
-                                        "verify.tolerance=1e-12"))
+        export_checkpoint(
+            export_config(run, existing, "remove_heads=false", "overwrite=true", "verify.tolerance=1e-12")
+        )
     assert (existing / "keep.txt").read_text() == "mine"  # the old export survives a failed one
     assert [p.name for p in root.iterdir()] == ["existing"]  # no temporary directory left behind
     manifest = export_checkpoint(export_config(run, existing, "remove_heads=false", "overwrite=true"))
@@ -527,9 +576,30 @@ def test_bench_runs_side_by_side(ght_ps_unpruned, exported, smoke_run, tmp_path,
     _, unpruned, _ = ght_ps_unpruned
     pruned, _ = exported("ght_ps")
     report_path = tmp_path / "bench.json"
-    bench.main(["--checkpoint", str(smoke_run("ght_ps")), "--export", str(unpruned), "--pruned-export", str(pruned),
-                "--threads", "1", "--repeats", "1", "--batches", "1,4", "--batch1-sentences", "2",
-                "--paper-batch", "8", "--fixed-len", "4", "--json", str(report_path)])
+    bench.main(
+        [
+            "--checkpoint",
+            str(smoke_run("ght_ps")),
+            "--export",
+            str(unpruned),
+            "--pruned-export",
+            str(pruned),
+            "--threads",
+            "1",
+            "--repeats",
+            "1",
+            "--batches",
+            "1,4",
+            "--batch1-sentences",
+            "2",
+            "--paper-batch",
+            "8",
+            "--fixed-len",
+            "4",
+            "--json",
+            str(report_path),
+        ]
+    )
     text = capsys.readouterr().out
     report = json.loads(report_path.read_text())
     labels = [p["label"] for p in report["points"]]
@@ -552,10 +622,17 @@ def test_bench_runs_side_by_side(ght_ps_unpruned, exported, smoke_run, tmp_path,
 
 def test_cli_exit_codes(tmp_path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "export", f"checkpoint={tmp_path / 'missing.pt'}",
-                           f"out={tmp_path / 'out'}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "export", f"checkpoint={tmp_path / 'missing.pt'}", f"out={tmp_path / 'out'}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "error:" in proc.stderr and "does not exist" in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
-    proc = subprocess.run([sys.executable, "-m", "export"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "export"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 2 and "no checkpoint given" in proc.stderr, proc.stderr

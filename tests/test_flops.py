@@ -17,8 +17,16 @@ VOCAB = 53
 
 
 def tiny(**overrides) -> Transformer:
-    cfg = dict(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, num_heads=4, ffn_dim=48,
-               dropout=0.0, max_positions=64)
+    cfg = dict(
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        num_heads=4,
+        ffn_dim=48,
+        dropout=0.0,
+        max_positions=64,
+    )
     cfg.update(overrides)
     torch.manual_seed(0)
     return build_model(ModelConfig(**cfg)).eval()
@@ -78,8 +86,11 @@ def test_untied_output_projection() -> None:
 
 def test_pruned_model_saves_exactly_the_removed_heads() -> None:
     d, dh, s, t = 32, 8, 11, 6
-    plan = {"encoder.layers.0.self_attn": [0, 2], "decoder.layers.1.self_attn": [3],
-            "decoder.layers.0.cross_attn": [1, 2, 3]}
+    plan = {
+        "encoder.layers.0.self_attn": [0, 2],
+        "decoder.layers.1.self_attn": [3],
+        "decoder.layers.0.cross_attn": [1, 2, 3],
+    }
     full = model_flops(tiny(), s, t)
     model = tiny()
     model.apply_head_plan(plan, remove=True)
@@ -121,8 +132,9 @@ def test_size_summary_and_format() -> None:
     assert summary["params_excl_emb"] == count_parameters(model, include_embeddings=False) < summary["params"]
     assert summary["flops"] == model_flops(model, 30)["total"]
     assert summary["src_len"] == 30
-    line = format_size_summary({"params": 9_870_000, "params_excl_emb": 6_120_000, "flops": 1_234_000_000,
-                                "src_len": 30})
+    line = format_size_summary(
+        {"params": 9_870_000, "params_excl_emb": 6_120_000, "flops": 1_234_000_000, "src_len": 30}
+    )
     assert line == "params 9.87M (excl. emb 6.12M) · 1.23 GFLOPs @ src 30"
     assert "MFLOPs" in format_size_summary(summary)
 

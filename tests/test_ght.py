@@ -60,8 +60,9 @@ def test_group_constraint_gradient_steps_move_the_right_way() -> None:
     assert torch.isclose(loss, -0.3 * hom + 0.7 * div)
 
 
-def _official_constraint(points: dict[str, torch.Tensor], labels: dict[str, list[int]], groups: int,
-                         alpha: float, beta: float) -> float:
+def _official_constraint(
+    points: dict[str, torch.Tensor], labels: dict[str, list[int]], groups: int, alpha: float, beta: float
+) -> float:
     """The official criterion's structure (`add_cluster_loss` in SenticNet/GHA's head_cluster_loss.py), written
     from the formula with plain loops: for every constrained module, −α·cos(head i, its centre)/H for each head
     and +β·cos(c_i, c_j)/C(C,2) for each pair of centres, all added into one running sum."""
@@ -90,8 +91,18 @@ def test_token_sum_is_the_official_scale_summed_over_modules_per_target_token() 
     from zoo.model import ModelConfig, build_model
 
     torch.manual_seed(0)
-    model = build_model(ModelConfig(vocab_size=40, d_model=32, encoder_layers=1, decoder_layers=1, num_heads=4,
-                                    ffn_dim=48, dropout=0.0, max_positions=32)).eval()
+    model = build_model(
+        ModelConfig(
+            vocab_size=40,
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            num_heads=4,
+            ffn_dim=48,
+            dropout=0.0,
+            max_positions=32,
+        )
+    ).eval()
     pairs = [([5, 6, 7, 8], [9, 10, 11]), ([12, 13], [14, 15, 16, 17, 18])]
     batch = collate(pairs, 0, 1, 2)
     assert batch.ntokens == 10
@@ -113,10 +124,16 @@ def test_token_sum_is_the_official_scale_summed_over_modules_per_target_token() 
         GHTOptions.from_config({"loss_normalization": "sum"})
 
 
-@pytest.mark.parametrize(("option", "message"), [
-    ({"selection": "random"}, "random_in_group"), ({"selection": "best"}, "selection"),
-    ({"vote_maps": []}, "vote_maps"), ({"vote_maps": ["V", "Q"]}, "vote_maps"), ({"vote_batches": -1}, "vote_batches"),
-])
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"selection": "random"}, "random_in_group"),
+        ({"selection": "best"}, "selection"),
+        ({"vote_maps": []}, "vote_maps"),
+        ({"vote_maps": ["V", "Q"]}, "vote_maps"),
+        ({"vote_batches": -1}, "vote_batches"),
+    ],
+)
 def test_bad_voting_options_are_refused_with_the_fix(option, message) -> None:
     from zoo.ght.procedure import GHTOptions
 
@@ -167,8 +184,14 @@ def test_fixed_groups_give_each_group_its_mean_as_centre() -> None:
         assert torch.allclose(res.centres[g], points[truth == g].mean(0))
 
 
-GHT_FAST = ["trainer.max_updates=30", "trainer.validate_every=10", "model.ght.check_every=10",
-            "model.ght.vote_batches=6", "model.ght.vote_at=12", "evaluate_test=false"]
+GHT_FAST = [
+    "trainer.max_updates=30",
+    "trainer.validate_every=10",
+    "model.ght.check_every=10",
+    "model.ght.vote_batches=6",
+    "model.ght.vote_at=12",
+    "evaluate_test=false",
+]
 
 
 def _ckpt(path: Path) -> dict:
@@ -201,8 +224,9 @@ def test_ght_ps_runs_all_stages_and_freezes_pruned_heads(tmp_path, smoke_corpus)
                 sl = slice(h * dh, (h + 1) * dh)
                 assert torch.equal(voted["model"][f"{name}.{key}"][sl], last["model"][f"{name}.{key}"][sl])
         kept_rows = slice(kept[0] * dh, (kept[0] + 1) * dh)
-        assert not torch.equal(voted["model"][f"{name}.q_proj.weight"][kept_rows],
-                               last["model"][f"{name}.q_proj.weight"][kept_rows])  # kept heads still train
+        assert not torch.equal(
+            voted["model"][f"{name}.q_proj.weight"][kept_rows], last["model"][f"{name}.q_proj.weight"][kept_rows]
+        )  # kept heads still train
 
 
 def test_ght_ps_resume_across_stage_boundary_is_exact(tmp_path, smoke_corpus) -> None:
@@ -227,35 +251,78 @@ def test_ght_ps_resume_across_stage_boundary_is_exact(tmp_path, smoke_corpus) ->
 
 
 def test_init_from_ght_starts_at_voting(tmp_path, smoke_corpus) -> None:
-    ght = train(compose_train(smoke_overrides("ght", smoke_corpus, tmp_path / "ght") + [
-        "trainer.max_updates=10", "trainer.validate_every=10", "model.ght.check_every=5", "evaluate_test=false"]))
+    ght = train(
+        compose_train(
+            smoke_overrides("ght", smoke_corpus, tmp_path / "ght")
+            + ["trainer.max_updates=10", "trainer.validate_every=10", "model.ght.check_every=5", "evaluate_test=false"]
+        )
+    )
     assert "head_plan" not in ght  # GHT keeps every head
-    ps = train(compose_train(smoke_overrides("ght_ps", smoke_corpus, tmp_path / "ps") + [
-        f"init_from={ght['run_dir']}", "trainer.max_updates=6", "trainer.validate_every=3",
-        "model.ght.vote_batches=4", "evaluate_test=false"]))
+    ps = train(
+        compose_train(
+            smoke_overrides("ght_ps", smoke_corpus, tmp_path / "ps")
+            + [
+                f"init_from={ght['run_dir']}",
+                "trainer.max_updates=6",
+                "trainer.validate_every=3",
+                "model.ght.vote_batches=4",
+                "evaluate_test=false",
+            ]
+        )
+    )
     run = Path(ps["run_dir"])
     votes = json.loads((run / "ght" / "votes.json").read_text())
     assert votes["step"] == 0  # voted before any fine-tuning update
     assert ps["head_plan"] == votes["plan"]
 
 
-@pytest.mark.parametrize("ablation", ["model.ght.diversify=false", "model.ght.homogenize=false",
-                                      "model.ght.selection=random_in_group", "model.ght.selection=random_heads",
-                                      "model.ght.selection=top_c", "model.ght.vote_maps=[O]"])
+@pytest.mark.parametrize(
+    "ablation",
+    [
+        "model.ght.diversify=false",
+        "model.ght.homogenize=false",
+        "model.ght.selection=random_in_group",
+        "model.ght.selection=random_heads",
+        "model.ght.selection=top_c",
+        "model.ght.vote_maps=[O]",
+    ],
+)
 def test_ablation_switches_run(tmp_path, smoke_corpus, ablation: str) -> None:
-    summary = train(compose_train(smoke_overrides("ght_ps", smoke_corpus, tmp_path) + [
-        "trainer.max_updates=8", "trainer.validate_every=4", "model.ght.vote_at=4", "model.ght.vote_batches=3",
-        "model.ght.check_every=4", "evaluate_test=false", ablation]))
+    summary = train(
+        compose_train(
+            smoke_overrides("ght_ps", smoke_corpus, tmp_path)
+            + [
+                "trainer.max_updates=8",
+                "trainer.validate_every=4",
+                "model.ght.vote_at=4",
+                "model.ght.vote_batches=3",
+                "model.ght.check_every=4",
+                "evaluate_test=false",
+                ablation,
+            ]
+        )
+    )
     assert all(len(h) == 2 for h in summary["head_plan"].values())
 
 
 def test_fractional_vote_at_is_a_fraction_of_the_time_budget_too(tmp_path, smoke_corpus) -> None:
     """The CPU preset ends training by max_minutes long before max_updates: GHT-PS must still vote and
     fine-tune rather than stay in group-constrained training to the end."""
-    summary = train(compose_train(smoke_overrides("ght_ps", smoke_corpus, tmp_path) + [
-        "trainer.max_updates=100000", "trainer.max_minutes=0.15", "trainer.validate_every=5",
-        "model.ght.vote_at=0.5", "model.ght.vote_batches=3", "model.ght.check_every=1000",
-        "model.ght.finetune_patience=0", "evaluate_test=false"]))
+    summary = train(
+        compose_train(
+            smoke_overrides("ght_ps", smoke_corpus, tmp_path)
+            + [
+                "trainer.max_updates=100000",
+                "trainer.max_minutes=0.15",
+                "trainer.validate_every=5",
+                "model.ght.vote_at=0.5",
+                "model.ght.vote_batches=3",
+                "model.ght.check_every=1000",
+                "model.ght.finetune_patience=0",
+                "evaluate_test=false",
+            ]
+        )
+    )
     votes = json.loads((Path(summary["run_dir"]) / "ght" / "votes.json").read_text())
     assert 0 < votes["step"] < summary["updates"]
     assert all(len(h) == 2 for h in summary["head_plan"].values())
@@ -263,9 +330,18 @@ def test_fractional_vote_at_is_a_fraction_of_the_time_budget_too(tmp_path, smoke
 
 def test_hydra_multirun_sweep_over_alpha(tmp_path, smoke_corpus) -> None:
     overrides = smoke_overrides("ght", smoke_corpus, tmp_path) + [
-        "trainer.max_updates=2", "trainer.validate_every=2", "evaluate_test=false", "trainer.valid_quality_sentences=2"]
-    proc = subprocess.run([sys.executable, "-m", "zoo.train", "-m", *overrides, "model.ght.alpha=0.3,0.7"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+        "trainer.max_updates=2",
+        "trainer.validate_every=2",
+        "evaluate_test=false",
+        "trainer.valid_quality_sentences=2",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo.train", "-m", *overrides, "model.ght.alpha=0.3,0.7"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     configs = sorted((tmp_path / "ght-smoke").glob("*/config.yaml"))
     assert len(configs) == 2
@@ -274,6 +350,11 @@ def test_hydra_multirun_sweep_over_alpha(tmp_path, smoke_corpus) -> None:
 
 
 def test_bad_ght_option_is_a_clear_error(tmp_path, smoke_corpus) -> None:
-    proc = subprocess.run([sys.executable, "-m", "zoo.train", *smoke_overrides("ght", smoke_corpus, tmp_path),
-                           "model.ght.feature_map=Q"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo.train", *smoke_overrides("ght", smoke_corpus, tmp_path), "model.ght.feature_map=Q"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "feature_map" in proc.stderr

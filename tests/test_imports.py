@@ -178,8 +178,14 @@ def test_every_module_is_walked() -> None:
         root = Path(importlib.util.find_spec(package).origin).parent  # type: ignore[union-attr, arg-type]
         walked |= {info.name for info in pkgutil.walk_packages([str(root)], f"{package}.", onerror=_raise)}
     assert set(modules) == walked
-    for name in ("zoo.flops", "zoo.attention.base", "zoo.attention.mgk", "export.runtime", "serve.ngc",
-                 "serve.repository"):
+    for name in (
+        "zoo.flops",
+        "zoo.attention.base",
+        "zoo.attention.mgk",
+        "export.runtime",
+        "serve.ngc",
+        "serve.repository",
+    ):
         assert name in modules
     graph = import_graph(modules)
     assert "zoo.attention" in graph["zoo.flops"]
@@ -199,6 +205,7 @@ def test_no_import_cycles() -> None:
 @pytest.mark.parametrize("module", ["zoo.flops", "serve.ngc"])
 def test_module_imports_in_a_fresh_interpreter(module: str) -> None:
     """Importing the module first (nothing else loaded) must work: a cycle hidden behind import order fails here."""
-    proc = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]

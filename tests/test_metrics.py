@@ -60,7 +60,10 @@ def _cli(args: list[str], hyps: list[str], refs: list[str], tmp_path: Path) -> f
     exe = shutil.which("sacrebleu", path=str(Path(sys.executable).parent)) or "sacrebleu"
     out = subprocess.run(
         [exe, str(tmp_path / "ref.txt"), "-i", str(tmp_path / "hyp.txt"), "-b", "-w", "4", *args],
-        check=True, capture_output=True, text=True, env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8"},
     ).stdout
     return float(out.split()[0])
 

@@ -22,14 +22,35 @@ ENTRIES = ["transformer", "mixhead_a"]
 
 
 def _cli(tmp: Path, corpus: Path, *extra: str) -> list[str]:
-    train = ["data.path=" + str(corpus), "data.vocab_size=1000", "data.max_len=64", "trainer.max_updates=40",
-             "trainer.validate_every=20", "trainer.lr=3e-3", "generation.beam_size=2"]
-    return [sys.executable, "-m", "zoo.report", "+suite=quick", f"suite.entries=[{','.join(ENTRIES)}]",
-            "suite.data=files", "suite.size=tiny", "suite.trainer=smoke", "suite.seeds=[1,2]",
-            "suite.overrides=[" + ",".join(f"'{o}'" for o in train) + "]", "suite.speed.sentences=12",
-            "suite.speed.threads=1", "bootstrap_samples=50", "suite.speed.triton.duration_s=3",
-            "suite.speed.settings=[{name:b2,beam_size:2,batch:4,max_len_a:1.2,max_len_b:5}]",
-            f"reports_root={tmp}", f"results_root={tmp}/results", *extra]
+    train = [
+        "data.path=" + str(corpus),
+        "data.vocab_size=1000",
+        "data.max_len=64",
+        "trainer.max_updates=40",
+        "trainer.validate_every=20",
+        "trainer.lr=3e-3",
+        "generation.beam_size=2",
+    ]
+    return [
+        sys.executable,
+        "-m",
+        "zoo.report",
+        "+suite=quick",
+        f"suite.entries=[{','.join(ENTRIES)}]",
+        "suite.data=files",
+        "suite.size=tiny",
+        "suite.trainer=smoke",
+        "suite.seeds=[1,2]",
+        "suite.overrides=[" + ",".join(f"'{o}'" for o in train) + "]",
+        "suite.speed.sentences=12",
+        "suite.speed.threads=1",
+        "bootstrap_samples=50",
+        "suite.speed.triton.duration_s=3",
+        "suite.speed.settings=[{name:b2,beam_size:2,batch:4,max_len_a:1.2,max_len_b:5}]",
+        f"reports_root={tmp}",
+        f"results_root={tmp}/results",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -112,44 +133,66 @@ def test_report_numbers_come_from_the_records(smoke_report: Path) -> None:
     refs = read_json_gz(results / "references.json.gz")["references"]
     boot = data["entries"]["mixhead_a"]["bootstrap"]
     assert [b["seed"] for b in boot] == [1, 2] and all(0 < b["p_value"] <= 1 for b in boot)
-    direct = paired_bootstrap(_record(smoke_report, "transformer", 2)["hypotheses"],
-                              _record(smoke_report, "mixhead_a", 2)["hypotheses"], refs, n_samples=50)
+    direct = paired_bootstrap(
+        _record(smoke_report, "transformer", 2)["hypotheses"],
+        _record(smoke_report, "mixhead_a", 2)["hypotheses"],
+        refs,
+        n_samples=50,
+    )
     assert boot[1]["p_value"] == direct["p_value"]
     assert data["entries"]["transformer"]["bootstrap"] == []
     for png in ("quality_vs_params.png", "quality_vs_speed.png", "learning_curves.png"):
         assert (results / png).stat().st_size > 1000
 
 
-def test_render_needs_the_records_alone_and_reproduces_the_report(smoke_report: Path, smoke_corpus: Path,
-                                                                  tmp_path: Path) -> None:
+def test_render_needs_the_records_alone_and_reproduces_the_report(
+    smoke_report: Path, smoke_corpus: Path, tmp_path: Path
+) -> None:
     """A fresh clone has records but no runs, exports or corpus: the render must give the same bytes."""
     clone = tmp_path / "clone" / "results" / "quick"
     shutil.copytree(_results(smoke_report), clone)
     before = (clone / "REPORT.md").read_bytes()
     (clone / "REPORT.md").unlink()
-    proc = subprocess.run(_cli(tmp_path / "clone", smoke_corpus, "stages=[render]"), cwd=REPO,
-                          capture_output=True, text=True, timeout=600, env=_no_corpus_env(tmp_path))
+    proc = subprocess.run(
+        _cli(tmp_path / "clone", smoke_corpus, "stages=[render]"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_no_corpus_env(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not (tmp_path / "clone" / "quick").exists()  # no working dir was needed or made
     assert (clone / "REPORT.md").read_bytes() == before
 
 
-def test_rerun_trains_nothing_recorded_and_dry_run_lists_what_is_missing(smoke_report: Path,
-                                                                         smoke_corpus: Path) -> None:
+def test_rerun_trains_nothing_recorded_and_dry_run_lists_what_is_missing(
+    smoke_report: Path, smoke_corpus: Path
+) -> None:
     record = _results(smoke_report) / "mixhead_a-seed2.json.gz"
     aside = record.with_name("aside.bak")
     record.rename(aside)
     try:
-        proc = subprocess.run(_cli(smoke_report.parent, smoke_corpus, "dry_run=true"), cwd=REPO,
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            _cli(smoke_report.parent, smoke_corpus, "dry_run=true"),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "3 recorded" in proc.stdout and "1 to list" in proc.stdout
         listed = [line for line in proc.stdout.splitlines() if line.startswith("[report 1/1]")]
         assert len(listed) == 1 and "mixhead_a seed 2: finished run" in listed[0]
         assert not record.exists()
         # without dry_run the finished run is recorded again, not retrained, and gives the same record
-        proc = subprocess.run(_cli(smoke_report.parent, smoke_corpus, "stages=[train]"), cwd=REPO,
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            _cli(smoke_report.parent, smoke_corpus, "stages=[train]"),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "zoo.train" not in proc.stdout and record.read_bytes() == aside.read_bytes()
     finally:
@@ -164,8 +207,14 @@ def _no_corpus_env(tmp_path: Path) -> dict[str, str]:
 
 
 def _render_error(results: Path, corpus: Path, tmp_path: Path) -> str:
-    proc = subprocess.run(_cli(results.parent.parent, corpus, "stages=[render]"), cwd=REPO,
-                          capture_output=True, text=True, timeout=600, env=_no_corpus_env(tmp_path))
+    proc = subprocess.run(
+        _cli(results.parent.parent, corpus, "stages=[render]"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_no_corpus_env(tmp_path),
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
@@ -194,20 +243,30 @@ def _mutated(smoke_report: Path, tmp_path: Path, name: str, change) -> tuple[Pat
     return path, (clone / "REPORT.md").read_bytes()
 
 
-@pytest.mark.parametrize(("name", "change", "message"), [
-    ("mixhead_a-seed1.json.gz", _Raw(lambda b: b[: len(b) // 2]), "corrupt or truncated"),
-    ("mixhead_a-seed1.json.gz", _Raw(lambda b: b"not gzip"), "corrupt or truncated"),
-    ("mixhead_a-seed1.json.gz", lambda r: r.update(suite="paper_mt"), "move it to results/paper_mt/"),
-    ("mixhead_a-seed1.json.gz", lambda r: r.update(references_sha256="0" * 64), "test split changed"),
-    ("mixhead_a-seed1.json.gz", lambda r: r.pop("hypotheses"), "lacks hypotheses"),
-    ("mixhead_a-seed1.json.gz", lambda r: r["budget"].update(overrides=["trainer.max_updates=9"]),
-     "another budget"),
-    ("transformer-seed2.json.gz", lambda r: r["machine"].update({"class": "gpu:NVIDIA H200"}),
-     "never mixed in one table"),
-    ("references.json.gz", lambda r: r["references"].__setitem__(0, "edited"), "edited by hand"),
-])
-def test_a_bad_record_stops_the_render_with_one_line_naming_the_file(smoke_report: Path, smoke_corpus: Path,
-                                                                     tmp_path: Path, name, change, message) -> None:
+@pytest.mark.parametrize(
+    ("name", "change", "message"),
+    [
+        ("mixhead_a-seed1.json.gz", _Raw(lambda b: b[: len(b) // 2]), "corrupt or truncated"),
+        ("mixhead_a-seed1.json.gz", _Raw(lambda b: b"not gzip"), "corrupt or truncated"),
+        ("mixhead_a-seed1.json.gz", lambda r: r.update(suite="paper_mt"), "move it to results/paper_mt/"),
+        ("mixhead_a-seed1.json.gz", lambda r: r.update(references_sha256="0" * 64), "test split changed"),
+        ("mixhead_a-seed1.json.gz", lambda r: r.pop("hypotheses"), "lacks hypotheses"),
+        (
+            "mixhead_a-seed1.json.gz",
+            lambda r: r["budget"].update(overrides=["trainer.max_updates=9"]),
+            "another budget",
+        ),
+        (
+            "transformer-seed2.json.gz",
+            lambda r: r["machine"].update({"class": "gpu:NVIDIA H200"}),
+            "never mixed in one table",
+        ),
+        ("references.json.gz", lambda r: r["references"].__setitem__(0, "edited"), "edited by hand"),
+    ],
+)
+def test_a_bad_record_stops_the_render_with_one_line_naming_the_file(
+    smoke_report: Path, smoke_corpus: Path, tmp_path: Path, name, change, message
+) -> None:
     path, report_before = _mutated(smoke_report, tmp_path, name, change)
     line = _render_error(path.parent, smoke_corpus, tmp_path)
     assert path.name in line and message in line
@@ -228,13 +287,27 @@ def _ght_cli(tmp: Path, corpus: Path, *extra: str) -> list[str]:
     """The smoke budget under another suite's name (`ght`, speed off): the same runs as the smoke `quick`."""
     quick = _cli(tmp, corpus)
     overrides = next(a for a in quick if a.startswith("suite.overrides="))
-    return [sys.executable, "-m", "zoo.report", "+suite=ght", f"suite.entries=[{','.join(ENTRIES)}]",
-            "suite.data=files", "suite.size=tiny", "suite.trainer=smoke", "suite.seeds=[1,2]", overrides,
-            "bootstrap_samples=50", f"reports_root={tmp}", f"results_root={tmp}/results", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "zoo.report",
+        "+suite=ght",
+        f"suite.entries=[{','.join(ENTRIES)}]",
+        "suite.data=files",
+        "suite.size=tiny",
+        "suite.trainer=smoke",
+        "suite.seeds=[1,2]",
+        overrides,
+        "bootstrap_samples=50",
+        f"reports_root={tmp}",
+        f"results_root={tmp}/results",
+        *extra,
+    ]
 
 
-def test_a_sibling_suites_record_of_the_same_run_is_shared_not_retrained(smoke_report: Path, smoke_corpus: Path,
-                                                                         tmp_path: Path) -> None:
+def test_a_sibling_suites_record_of_the_same_run_is_shared_not_retrained(
+    smoke_report: Path, smoke_corpus: Path, tmp_path: Path
+) -> None:
     """`ght` repeats `quick`'s transformer/ght/ght_ps under the same budget: those records are copied (with
     `shared_from`) instead of trained again; under another budget nothing is shared."""
     from zoo.report.records import read_json_gz
@@ -245,8 +318,9 @@ def test_a_sibling_suites_record_of_the_same_run_is_shared_not_retrained(smoke_r
     proc = subprocess.run([*other, "dry_run=true"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "4 to list" in proc.stdout and "same budget" not in proc.stdout
-    proc = subprocess.run(_ght_cli(root, smoke_corpus, "stages=[train,render]"), cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        _ght_cli(root, smoke_corpus, "stages=[train,render]"), cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "zoo.train" not in proc.stdout and proc.stdout.count("shared, not retrained") == 4
     assert not (root / "ght").exists()  # nothing trained, no working dir
@@ -261,9 +335,9 @@ def test_a_sibling_suites_record_of_the_same_run_is_shared_not_retrained(smoke_r
     assert "Shared with suite `quick`" in report and "transformer seed 2" in report
 
 
-def test_a_variant_trains_under_its_own_name_and_its_claim_gets_a_measured_verdict(smoke_report: Path,
-                                                                                  smoke_corpus: Path,
-                                                                                  tmp_path: Path) -> None:
+def test_a_variant_trains_under_its_own_name_and_its_claim_gets_a_measured_verdict(
+    smoke_report: Path, smoke_corpus: Path, tmp_path: Path
+) -> None:
     """`heads` sweeps the head count with variants (an entry + model overrides, recorded under their name);
     the claims table reads its verdict off the paired bootstrap. The baseline is shared from `quick`."""
     from zoo.report.records import read_json_gz
@@ -272,9 +346,12 @@ def test_a_variant_trains_under_its_own_name_and_its_claim_gets_a_measured_verdi
     shutil.copytree(_results(smoke_report), root / "results" / "quick")
     cli = [a.replace("+suite=ght", "+suite=heads") for a in _ght_cli(root, smoke_corpus, "stages=[train,render]")]
     cli = [a for a in cli if not a.startswith(("suite.entries=", "suite.seeds="))]
-    cli += ["suite.entries=[transformer_4head]", "suite.seeds=[1]",
-            "suite.claims=[{paper:Concise,claim:'fewer heads of 16 differ',design:'equal params',"
-            "system:transformer_4head,baseline:transformer,expect:worse}]"]
+    cli += [
+        "suite.entries=[transformer_4head]",
+        "suite.seeds=[1]",
+        "suite.claims=[{paper:Concise,claim:'fewer heads of 16 differ',design:'equal params',"
+        "system:transformer_4head,baseline:transformer,expect:worse}]",
+    ]
     proc = subprocess.run(cli, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     trained = [line for line in proc.stdout.splitlines() if "zoo.train" in line]
@@ -286,24 +363,31 @@ def test_a_variant_trains_under_its_own_name_and_its_claim_gets_a_measured_verdi
     report = (root / "results" / "heads" / "REPORT.md").read_text()
     [row] = [line for line in report.splitlines() if line.startswith("| Concise |")]
     assert "`transformer_4head` vs `transformer`" in row and "equal params" in row
-    verdicts = ("**holds**", "**does not hold**", "**no significant difference at this budget**",
-                "**inconclusive: seeds disagree**")
+    verdicts = (
+        "**holds**",
+        "**does not hold**",
+        "**no significant difference at this budget**",
+        "**inconclusive: seeds disagree**",
+    )
     assert row.endswith(" |") and any(v in row for v in verdicts), row
 
 
-@pytest.mark.parametrize(("expect", "rows", "verdict"), [
-    ("better", [(0.5, True), (0.4, True)], "holds"),
-    ("better", [(0.5, True), (0.1, False)], "inconclusive: seeds disagree"),
-    ("better", [(-0.5, True), (0.1, False)], "does not hold"),
-    ("better", [(0.3, False), (-0.2, False)], "no significant difference at this budget"),
-    ("worse", [(-0.5, True), (-0.9, True)], "holds"),
-    ("worse", [(0.5, True), (0.9, True)], "does not hold"),
-    ("match", [(-0.2, False), (0.3, False)], "holds"),
-    ("match", [(0.4, True), (0.3, True)], "holds (significantly better)"),
-    ("match", [(-0.4, True), (-0.3, True)], "does not hold"),
-    ("match", [(-0.4, True), (0.1, False)], "inconclusive: seeds disagree"),
-    ("better", [(0.5, True)], "incomplete (1 of 2 seeds recorded)"),
-])
+@pytest.mark.parametrize(
+    ("expect", "rows", "verdict"),
+    [
+        ("better", [(0.5, True), (0.4, True)], "holds"),
+        ("better", [(0.5, True), (0.1, False)], "inconclusive: seeds disagree"),
+        ("better", [(-0.5, True), (0.1, False)], "does not hold"),
+        ("better", [(0.3, False), (-0.2, False)], "no significant difference at this budget"),
+        ("worse", [(-0.5, True), (-0.9, True)], "holds"),
+        ("worse", [(0.5, True), (0.9, True)], "does not hold"),
+        ("match", [(-0.2, False), (0.3, False)], "holds"),
+        ("match", [(0.4, True), (0.3, True)], "holds (significantly better)"),
+        ("match", [(-0.4, True), (-0.3, True)], "does not hold"),
+        ("match", [(-0.4, True), (0.1, False)], "inconclusive: seeds disagree"),
+        ("better", [(0.5, True)], "incomplete (1 of 2 seeds recorded)"),
+    ],
+)
 def test_claim_verdicts_follow_the_stated_rule(expect, rows, verdict) -> None:
     from zoo.report.claims import verdict as claim_verdict
 
@@ -334,20 +418,49 @@ def _suite(**changes):
     return suite_from_config(node, repo / "conf")
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"entries": ["transformer", "nope"]}, "unknown entries"),
-    ({"baseline": "nope"}, "suite.baseline='nope' is not an entry"),
-    ({"task": "poetry"}, "suite.task"),
-    ({"seeds": [1, 1]}, "repeats a seed"),
-    ({"speed.seed": 9}, "speed.seed"),
-    ({"variants": {"transformer": {"entry": "transformer", "overrides": []}}}, "not an existing entry"),
-    ({"variants": {"t2": {"entry": "nope", "overrides": []}}}, "expected {entry"),
-    ({"variants": {"t2": {"entry": "transformer", "overrides": ["trainer.lr=1"]}}}, "model.<key>=<value> only"),
-    ({"claims": [{"paper": "P", "claim": "c", "design": "d", "system": "nope", "baseline": "transformer",
-                  "expect": "better"}]}, "neither an entry nor one of suite.variants"),
-    ({"claims": [{"paper": "P", "claim": "c", "design": "d", "system": "fixhead", "baseline": "transformer",
-                  "expect": "greater"}]}, "choose from better, worse, match"),
-])
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"entries": ["transformer", "nope"]}, "unknown entries"),
+        ({"baseline": "nope"}, "suite.baseline='nope' is not an entry"),
+        ({"task": "poetry"}, "suite.task"),
+        ({"seeds": [1, 1]}, "repeats a seed"),
+        ({"speed.seed": 9}, "speed.seed"),
+        ({"variants": {"transformer": {"entry": "transformer", "overrides": []}}}, "not an existing entry"),
+        ({"variants": {"t2": {"entry": "nope", "overrides": []}}}, "expected {entry"),
+        ({"variants": {"t2": {"entry": "transformer", "overrides": ["trainer.lr=1"]}}}, "model.<key>=<value> only"),
+        (
+            {
+                "claims": [
+                    {
+                        "paper": "P",
+                        "claim": "c",
+                        "design": "d",
+                        "system": "nope",
+                        "baseline": "transformer",
+                        "expect": "better",
+                    }
+                ]
+            },
+            "neither an entry nor one of suite.variants",
+        ),
+        (
+            {
+                "claims": [
+                    {
+                        "paper": "P",
+                        "claim": "c",
+                        "design": "d",
+                        "system": "fixhead",
+                        "baseline": "transformer",
+                        "expect": "greater",
+                    }
+                ]
+            },
+            "choose from better, worse, match",
+        ),
+    ],
+)
 def test_bad_suites_are_refused_with_the_reason(changes, message) -> None:
     with pytest.raises(SuiteError, match=message):
         _suite(**changes)
@@ -388,6 +501,5 @@ def test_growing_a_suite_by_one_entry_keeps_its_baseline() -> None:
 
 
 def test_no_suite_lists_the_suites() -> None:
-    proc = subprocess.run([sys.executable, "-m", "zoo.report"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "zoo.report"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "quick" in proc.stderr and "paper_mt" in proc.stderr

@@ -28,9 +28,11 @@ def test_readme_block_and_report_are_the_render_of_the_committed_records(name: s
     published = publish(suite, results_dir, write=False)
     assert read_block(README_TEXT, name) == published.readme_block, (
         f"README.md's results:{name} block differs from the render of results/{name}/: do not edit it by hand, "
-        f"run `python -m zoo.report +suite={suite_name} stages=[render] readme=true`")
+        f"run `python -m zoo.report +suite={suite_name} stages=[render] readme=true`"
+    )
     assert (results_dir / "REPORT.md").read_text() == published.report, (
-        f"results/{name}/REPORT.md differs from the render of its records: rerun the render")
+        f"results/{name}/REPORT.md differs from the render of its records: rerun the render"
+    )
 
 
 def test_block_replacement_touches_only_the_block() -> None:

@@ -49,15 +49,24 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 def _export(run_dir: Path, out: Path) -> Path:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="export", overrides=[f"checkpoint={run_dir}", f"out={out}", "runtime.threads=1",
-                                                       "verify.sentences=16"])
+        cfg = compose(
+            config_name="export",
+            overrides=[f"checkpoint={run_dir}", f"out={out}", "runtime.threads=1", "verify.sentences=16"],
+        )
     export_checkpoint(cfg)
     return out
 
 
 def _cli(module: str, *args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=ENV, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+        **kwargs,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,16 +83,19 @@ def summarizer_export(tmp_path_factory) -> Path:
 
     splits = build_splits(compose_train(["+model=transformer", "data=summ"]).data)
     root = tmp_path_factory.mktemp("summ_corpus")
-    for split, examples, n in (("train", splits.train, 3000), ("valid", splits.valid, 24),
-                               ("test", splits.test, 24)):
+    for split, examples, n in (("train", splits.train, 3000), ("valid", splits.valid, 24), ("test", splits.test, 24)):
         picked = [e for e in examples if len(e.src.split()) <= 60][:n]
-        (root / f"{split}.jsonl").write_text("".join(json.dumps({"src": e.src, "tgt": e.tgt}) + "\n"
-                                                     for e in picked))
+        (root / f"{split}.jsonl").write_text("".join(json.dumps({"src": e.src, "tgt": e.tgt}) + "\n" for e in picked))
     runs = tmp_path_factory.mktemp("summ_runs")
     replaced = ("data.max_len=", "data.name=", "trainer.max_updates=")
     overrides = [o for o in smoke_overrides("transformer", root, runs) if not o.startswith(replaced)]
-    overrides += ["data.format=jsonl", "data.name=summ", "data.task=summarization", "data.max_len=128",
-                  "trainer.max_updates=150"]
+    overrides += [
+        "data.format=jsonl",
+        "data.name=summ",
+        "data.task=summarization",
+        "data.max_len=128",
+        "trainer.max_updates=150",
+    ]
     run_dir = Path(train(compose_train(overrides))["run_dir"])
     return _export(run_dir, tmp_path_factory.mktemp("exp") / "transformer-summ")
 
@@ -92,9 +104,15 @@ def summarizer_export(tmp_path_factory) -> Path:
 def repo(translator_export, summarizer_export, tmp_path_factory) -> Path:
     """Both models in one repository, written by the CLI (key=value overrides for the Triton settings)."""
     repo = tmp_path_factory.mktemp("triton") / "repo"
-    proc = _cli("serve.repository", f"export_dir=[{translator_export},{summarizer_export}]", f"repo={repo}",
-                "triton.max_batch_size=16", "triton.preferred_batch_size=[4,8,16]",
-                "triton.max_queue_delay_microseconds=3000", "triton.threads=1")
+    proc = _cli(
+        "serve.repository",
+        f"export_dir=[{translator_export},{summarizer_export}]",
+        f"repo={repo}",
+        "triton.max_batch_size=16",
+        "triton.preferred_batch_size=[4,8,16]",
+        "triton.max_queue_delay_microseconds=3000",
+        "triton.threads=1",
+    )
     assert proc.returncode == 0, proc.stderr
     return repo
 
@@ -143,8 +161,10 @@ def server(repo) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def local(translator_export, summarizer_export) -> dict[str, export.ExportedModel]:
-    return {"transformer-smoke": export.load(translator_export, threads=1),
-            "transformer-summ": export.load(summarizer_export, threads=1)}
+    return {
+        "transformer-smoke": export.load(translator_export, threads=1),
+        "transformer-summ": export.load(summarizer_export, threads=1),
+    }
 
 
 def _sources(export_dir: Path, n: int = 12) -> list[str]:
@@ -164,8 +184,15 @@ def test_repository_is_self_contained_and_configs_parse(repo, translator_export)
     assert [(i.name, i.data_type) for i in config.input] == [("TEXT", model_config_pb2.TYPE_STRING)]
     assert {o.name for o in config.output} == {"OUTPUT", "TRUNCATED"}
     files = {p.name for p in (model / "1").iterdir()}
-    assert files >= {"model.py", "model_common.py", "export_runtime.py", "encoder.onnx", "decoder.onnx",
-                     "tokenizer.model", "manifest.json"}
+    assert files >= {
+        "model.py",
+        "model_common.py",
+        "export_runtime.py",
+        "encoder.onnx",
+        "decoder.onnx",
+        "tokenizer.model",
+        "manifest.json",
+    }
     # the runtime is copied unchanged, and nothing in the model dir imports the project or torch
     assert (model / "1" / "export_runtime.py").read_bytes() == (REPO / "export" / "runtime.py").read_bytes()
     for py in (model / "1").glob("*.py"):
@@ -185,8 +212,9 @@ def test_repository_errors(translator_export, tmp_path) -> None:
         write_repository([translator_export], tmp_path / "r")
     settings = ModelSettings(version_policy=[1, 2], dynamic_batching=False, instance_count=2, version=2)
     write_repository([translator_export], tmp_path / "r", settings, overwrite=True)
-    config = text_format.Parse((tmp_path / "r/transformer-smoke/config.pbtxt").read_text(),
-                               model_config_pb2.ModelConfig())
+    config = text_format.Parse(
+        (tmp_path / "r/transformer-smoke/config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
     assert list(config.version_policy.specific.versions) == [1, 2] and not config.HasField("dynamic_batching")
     assert config.instance_group[0].count == 2 and (tmp_path / "r/transformer-smoke/2/model.py").is_file()
 
@@ -229,8 +257,9 @@ def test_served_equals_in_process_runtime(server, local, translator_export, summ
             for text in texts:  # one request per sentence: an execute call holds just this request
                 assert client.translate([text]) == local[name].translate([text]), (name, text)
             assert client.translate(texts[:5]) == local[name].translate(texts[:5])  # one multi-sentence request
-            assert client.translate(texts[:3], beam_size=1, max_len_b=5) == \
-                local[name].translate(texts[:3], beam_size=1, max_len_b=5)
+            assert client.translate(texts[:3], beam_size=1, max_len_b=5) == local[name].translate(
+                texts[:3], beam_size=1, max_len_b=5
+            )
         outputs = local[name].translate(texts)
         assert len(set(outputs)) > 1 and any(outputs), f"{name}: degenerate smoke model {outputs}"
 
@@ -239,10 +268,12 @@ def test_client_function_and_cli(server, local, translator_export) -> None:
     texts = _sources(translator_export, 3)
     expected = [local["transformer-smoke"].translate([t])[0] for t in texts]
     for protocol in PROTOCOLS:
-        assert [translate(t, url=server.info.url(protocol), protocol=protocol, model="transformer-smoke")[0]
-                for t in texts] == expected
-    proc = _cli("serve.client", "--protocol", "grpc", "--url", server.info.grpc_url, "--model", "transformer-smoke",
-                texts[0])
+        assert [
+            translate(t, url=server.info.url(protocol), protocol=protocol, model="transformer-smoke")[0] for t in texts
+        ] == expected
+    proc = _cli(
+        "serve.client", "--protocol", "grpc", "--url", server.info.grpc_url, "--model", "transformer-smoke", texts[0]
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == expected[:1]
     proc = _cli("serve.client", "--url", server.info.http_url, "--model", "transformer-smoke", input=texts[1] + "\n")
@@ -256,8 +287,15 @@ def test_client_function_and_cli(server, local, translator_export) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- robustness
-def _raw(server: Server, protocol: str, array: np.ndarray, dtype: str = "BYTES", shape: list[int] | None = None,
-         parameters: dict | None = None, model: str = "transformer-smoke"):
+def _raw(
+    server: Server,
+    protocol: str,
+    array: np.ndarray,
+    dtype: str = "BYTES",
+    shape: list[int] | None = None,
+    parameters: dict | None = None,
+    model: str = "transformer-smoke",
+):
     lib = httpclient if protocol == "http" else grpcclient
     client = lib.InferenceServerClient(server.info.url(protocol))
     inp = lib.InferInput("TEXT", shape or list(array.shape), dtype)
@@ -309,9 +347,17 @@ def _status(exc: InferenceServerException) -> str:
     return str(exc.status())
 
 
-BAD_SETTINGS = [("max_len_a", float("inf")), ("max_len_a", float("nan")), ("max_len_a", 1e30),
-                ("max_len_b", 2**63 - 1), ("len_penalty", float("nan")), ("len_penalty", 1e308),
-                ("beam_size", 65), ("beam_size", 2.5), ("min_len", -1)]
+BAD_SETTINGS = [
+    ("max_len_a", float("inf")),
+    ("max_len_a", float("nan")),
+    ("max_len_a", 1e30),
+    ("max_len_b", 2**63 - 1),
+    ("len_penalty", float("nan")),
+    ("len_penalty", 1e308),
+    ("beam_size", 65),
+    ("beam_size", 2.5),
+    ("min_len", -1),
+]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -350,18 +396,26 @@ def test_a_heavy_allowed_request_does_not_delay_a_small_one(translator_export, l
     tiny (10 000 row-steps take ~0.5 s), so this server's budget is raised to make the heavy request heavy."""
     budget = 16 * 49 * 255  # rows × beam × the smoke model's longest output (max_positions 256)
     repo = tmp_path / "repo"
-    write_repository([translator_export], repo, ModelSettings(threads=1, instance_count=2, max_batch_size=16,
-                                                               max_request_cost=budget, max_execute_cost=budget))
+    write_repository(
+        [translator_export],
+        repo,
+        ModelSettings(threads=1, instance_count=2, max_batch_size=16, max_request_cost=budget, max_execute_cost=budget),
+    )
     sources = (_sources(translator_export, 16) * 2)[:16]
     heavy_rows = np.array([s.encode() for s in sources], dtype=np.object_).reshape(-1, 1)
     model = local["transformer-smoke"]
     assert model.request_cost([5] * 16, model.search_settings(beam_size=49, max_len_a=0.0, max_len_b=255)) == budget
     heavy: dict[str, float] = {}
     with Server.start(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
+
         def run_heavy() -> None:
             start = time.perf_counter()
-            _raw(server, "grpc", heavy_rows, parameters={"beam_size": 49, "max_len_a": 0.0, "max_len_b": 255,
-                                                            "min_len": 255})
+            _raw(
+                server,
+                "grpc",
+                heavy_rows,
+                parameters={"beam_size": 49, "max_len_a": 0.0, "max_len_b": 255, "min_len": 255},
+            )
             heavy["s"] = time.perf_counter() - start
 
         thread = threading.Thread(target=run_heavy)
@@ -393,11 +447,14 @@ def test_admin_apis_need_the_key_and_the_shm_hijack_is_refused(server, local) ->
     url = server.info.http_url
     region = _shm(server.info.shm_prefix)[0]
     register = json.dumps({"key": f"/{region}", "offset": 0, "byte_size": 64}).encode()
-    attempts = [("POST", "/v2/systemsharedmemory/region/hijack/register", register),
-                ("POST", "/v2/repository/index", b"{}"),
-                ("POST", "/v2/repository/models/transformer-smoke/unload", b"{}"),
-                ("POST", "/v2/logging", b'{"log_verbose_level": 5}'), ("GET", "/v2/trace/setting", None),
-                ("GET", "/v2/models/transformer-smoke/stats", None)]
+    attempts = [
+        ("POST", "/v2/systemsharedmemory/region/hijack/register", register),
+        ("POST", "/v2/repository/index", b"{}"),
+        ("POST", "/v2/repository/models/transformer-smoke/unload", b"{}"),
+        ("POST", "/v2/logging", b'{"log_verbose_level": 5}'),
+        ("GET", "/v2/trace/setting", None),
+        ("GET", "/v2/models/transformer-smoke/stats", None),
+    ]
     admin = server.admin_headers()
     internal = server.info.triton_http_url  # Triton's own listener, on loopback behind the proxy
     assert internal != url
@@ -422,8 +479,9 @@ def test_admin_apis_need_the_key_and_the_shm_hijack_is_refused(server, local) ->
         client.close()
     assert server.ready() and _shm(server.info.shm_prefix)
     model = local["transformer-smoke"]
-    assert translate("Hallo.", url=server.info.grpc_url, protocol="grpc", model="transformer-smoke") == \
-        model.translate(["Hallo."])
+    assert translate("Hallo.", url=server.info.grpc_url, protocol="grpc", model="transformer-smoke") == model.translate(
+        ["Hallo."]
+    )
 
 
 def _raw_http(host: str, port: int, head: bytes, body_parts: list[bytes]) -> bytes:
@@ -442,16 +500,19 @@ def test_the_chunked_body_attack_does_not_reach_triton(server, local) -> None:
     die with SIGSEGV within a second. nginx in front reads and caps the body and forwards it with a length:
     Triton answers that the JSON is invalid and keeps serving; a body over the cap gets 413 from nginx."""
     host, port = server.info.host, server.info.http_port
-    head = (b"POST /v2/models/transformer-smoke/infer HTTP/1.1\r\nHost: zoo\r\nContent-Type: application/json\r\n"
-            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+    head = (
+        b"POST /v2/models/transformer-smoke/infer HTTP/1.1\r\nHost: zoo\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
     reply = _raw_http(host, port, head, [b"1\r\na\r\n" * 100_000] * 6 + [b"0\r\n\r\n"])
     assert b"failed to parse the request JSON" in reply, reply[:300]  # Triton's own answer to the de-chunked body
     big = b"%x\r\n%s\r\n" % (1 << 20, b"a" * (1 << 20))
     reply = _raw_http(host, port, head, [big] * 5 + [b"0\r\n\r\n"])
     assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
     assert server.alive() and server.ready()
-    assert translate("Hallo.", url=server.info.http_url, model="transformer-smoke") == \
-        local["transformer-smoke"].translate(["Hallo."])
+    assert translate("Hallo.", url=server.info.http_url, model="transformer-smoke") == local[
+        "transformer-smoke"
+    ].translate(["Hallo."])
 
 
 def test_bad_requests_in_a_dynamic_batch_fail_alone(server, local, translator_export) -> None:
@@ -488,8 +549,9 @@ def test_bounded_concurrent_load(server, local, translator_export) -> None:
     failures: list[str] = []
     lock = threading.Lock()
     counter = iter(range(total))
-    before = Client(server.info.triton_http_url, "http", "transformer-smoke",
-                    headers=server.admin_headers()).statistics()
+    before = Client(
+        server.info.triton_http_url, "http", "transformer-smoke", headers=server.admin_headers()
+    ).statistics()
 
     def worker(protocol: str) -> None:
         with Client(server.info.url(protocol), protocol, "transformer-smoke", timeout=300) as c:
@@ -514,8 +576,9 @@ def test_bounded_concurrent_load(server, local, translator_export) -> None:
     for w in workers:
         w.join(600)
     elapsed = time.perf_counter() - t0
-    after = Client(server.info.triton_http_url, "http", "transformer-smoke",
-                    headers=server.admin_headers()).statistics()
+    after = Client(
+        server.info.triton_http_url, "http", "transformer-smoke", headers=server.admin_headers()
+    ).statistics()
     assert failures == [] and len(answers) == total, failures[:3]
     served = int(after["inference_count"]) - int(before["inference_count"])
     executions = int(after["execution_count"]) - int(before["execution_count"])
@@ -523,8 +586,10 @@ def test_bounded_concurrent_load(server, local, translator_export) -> None:
     assert executions < total, "dynamic batching never combined requests"
     greedy = {t: local["transformer-smoke"].translate([t], beam_size=1)[0] for t in texts}
     differing = sum(out != greedy[t] for t, out in answers)
-    print(f"\n2000 requests in {elapsed:.1f} s, effective batch {served / executions:.2f}, "
-          f"{differing} outputs differ from the per-sentence runtime (batch composition)")
+    print(
+        f"\n2000 requests in {elapsed:.1f} s, effective batch {served / executions:.2f}, "
+        f"{differing} outputs differ from the per-sentence runtime (batch composition)"
+    )
     assert server.ready()
 
 
@@ -533,13 +598,19 @@ def test_ngc_variant_configs_and_bls_against_standins(translator_export, local, 
     repo = tmp_path / "ngc"
     names = write_repository([translator_export], repo, ModelSettings(max_batch_size=8, threads=1), variant="ngc")
     assert names == ["transformer-smoke"]
-    assert sorted(p.name for p in repo.iterdir()) == ["transformer-smoke", "transformer-smoke-decoder",
-                                                      "transformer-smoke-encoder"]
-    onnx_inputs = {"encoder": {i.name for i in local["transformer-smoke"].encoder.get_inputs()},
-                   "decoder": {i.name for i in local["transformer-smoke"].decoder.get_inputs()}}
+    assert sorted(p.name for p in repo.iterdir()) == [
+        "transformer-smoke",
+        "transformer-smoke-decoder",
+        "transformer-smoke-encoder",
+    ]
+    onnx_inputs = {
+        "encoder": {i.name for i in local["transformer-smoke"].encoder.get_inputs()},
+        "decoder": {i.name for i in local["transformer-smoke"].decoder.get_inputs()},
+    }
     for part in ("encoder", "decoder"):
-        config = text_format.Parse((repo / f"transformer-smoke-{part}/config.pbtxt").read_text(),
-                                   model_config_pb2.ModelConfig())
+        config = text_format.Parse(
+            (repo / f"transformer-smoke-{part}/config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+        )
         assert config.backend == "onnxruntime" and config.max_batch_size == 0
         assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
         assert {i.name for i in config.input} == onnx_inputs[part]
@@ -549,8 +620,10 @@ def test_ngc_variant_configs_and_bls_against_standins(translator_export, local, 
     # no onnxruntime backend here: same-named Python stand-ins run the same model.onnx
     assert python_standins(repo) == ["transformer-smoke-decoder", "transformer-smoke-encoder"]
     texts = _sources(translator_export, 4)
-    with Server.start(repo, http_port=0, grpc_port=0, metrics_port=0) as srv, \
-            Client(srv.info.grpc_url, "grpc", "transformer-smoke") as client:
+    with (
+        Server.start(repo, http_port=0, grpc_port=0, metrics_port=0) as srv,
+        Client(srv.info.grpc_url, "grpc", "transformer-smoke") as client,
+    ):
         for text in texts:
             assert client.translate([text]) == local["transformer-smoke"].translate([text])
         assert client.translate(texts, beam_size=1) == local["transformer-smoke"].translate(texts, beam_size=1)
@@ -559,9 +632,22 @@ def test_ngc_variant_configs_and_bls_against_standins(translator_export, local, 
 
 # ---------------------------------------------------------------------------------------------- CLIs, errors
 def _start_cli(repo: Path, ports: list[int]) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "serve.start", f"repo={repo}", f"http_port={ports[0]}",
-                             f"grpc_port={ports[1]}", f"metrics_port={ports[2]}"], cwd=REPO, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "serve.start",
+            f"repo={repo}",
+            f"http_port={ports[0]}",
+            f"grpc_port={ports[1]}",
+            f"metrics_port={ports[2]}",
+        ],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # blocks until ready (or the process fails)
     if "ready" not in line:
@@ -580,10 +666,17 @@ def test_start_stop_cli(translator_export, local, tmp_path) -> None:
         assert int((tmp_path / "one.serve" / "server.pid").read_text()) == info["pid"]
         # one model: the client finds it without --model (listing models is an admin API: the key file)
         assert info["admin_key_file"] == str(tmp_path / "one.serve" / "admin_key")
-        out = _cli("serve.client", "--url", f"127.0.0.1:{ports[0]}", "--admin-key-file", info["admin_key_file"],
-                   "Guten Morgen.")
+        out = _cli(
+            "serve.client",
+            "--url",
+            f"127.0.0.1:{ports[0]}",
+            "--admin-key-file",
+            info["admin_key_file"],
+            "Guten Morgen.",
+        )
         assert out.returncode == 0 and out.stdout.splitlines() == local["transformer-smoke"].translate(
-            ["Guten Morgen."]), out.stderr
+            ["Guten Morgen."]
+        ), out.stderr
         busy = _cli("serve.start", f"repo={tmp_path / 'other'}", f"http_port={ports[0]}")
         assert busy.returncode == 2 and "does not exist" in busy.stderr
         write_repository([translator_export], tmp_path / "other")
@@ -628,9 +721,20 @@ def test_model_load_failure_shows_tritons_reason(translator_export, tmp_path) ->
 
 def test_bench_smoke(translator_export, tmp_path) -> None:
     out = tmp_path / "bench"
-    proc = _cli("serve.bench", f"exports=[{translator_export}]", f"out={out}", "concurrency=[1,4]",
-                "client_batch=[2]", "repeats=2", "duration_s=1", "baseline_duration_s=0.5",
-                "no_batching_concurrency=[4]", "server.threads=1", "max_requests=200", timeout=300)
+    proc = _cli(
+        "serve.bench",
+        f"exports=[{translator_export}]",
+        f"out={out}",
+        "concurrency=[1,4]",
+        "client_batch=[2]",
+        "repeats=2",
+        "duration_s=1",
+        "baseline_duration_s=0.5",
+        "no_batching_concurrency=[4]",
+        "server.threads=1",
+        "max_requests=200",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "results.json").read_text())
     points = result["points"]

@@ -54,8 +54,13 @@ def test_resume_after_kill_gives_identical_weights(tmp_path, smoke_corpus) -> No
     assert 0 < killed_at < 24
     assert not (run_dir / "DONE").exists()
 
-    resumed = subprocess.run(_cli(smoke_overrides("transformer", smoke_corpus, interrupted_root)
-                                  + FAST + ["resume=latest"]), cwd=REPO, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        _cli(smoke_overrides("transformer", smoke_corpus, interrupted_root) + FAST + ["resume=latest"]),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert (run_dir / "DONE").exists()
     a, b = _weights(reference), _weights(run_dir)
@@ -68,7 +73,10 @@ def test_resume_after_kill_gives_identical_weights(tmp_path, smoke_corpus) -> No
 def test_sigterm_saves_and_resume_dir_continues(tmp_path, smoke_corpus) -> None:
     root = tmp_path / "runs"
     overrides = smoke_overrides("transformer", smoke_corpus, root) + [
-        "trainer.max_updates=200", "trainer.validate_every=1000", "evaluate_test=false"]
+        "trainer.max_updates=200",
+        "trainer.validate_every=1000",
+        "evaluate_test=false",
+    ]
     proc = subprocess.Popen(_cli(overrides), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not list(root.glob("*/*/metrics.csv")):
@@ -81,8 +89,9 @@ def test_sigterm_saves_and_resume_dir_continues(tmp_path, smoke_corpus) -> None:
     run_dir = _only_run(root)
     step = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["train_state"]["step"]
     assert 0 < step < 200
-    done = subprocess.run(_cli([f"resume={run_dir}", "trainer.max_updates=999"]), cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        _cli([f"resume={run_dir}", "trainer.max_updates=999"]), cwd=REPO, capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["updates"] == 200  # the run's own saved config wins over new overrides
@@ -90,11 +99,29 @@ def test_sigterm_saves_and_resume_dir_continues(tmp_path, smoke_corpus) -> None:
 
 def test_ddp_two_cpu_processes(tmp_path, smoke_corpus) -> None:
     overrides = smoke_overrides("transformer", smoke_corpus, tmp_path) + [
-        "trainer.max_updates=12", "trainer.validate_every=6", "evaluate_test=false", "device=cpu"]
+        "trainer.max_updates=12",
+        "trainer.validate_every=6",
+        "evaluate_test=false",
+        "device=cpu",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "-m", "zoo.train", *overrides], cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "zoo.train",
+            *overrides,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = _only_run(tmp_path)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -105,8 +132,12 @@ def test_ddp_two_cpu_processes(tmp_path, smoke_corpus) -> None:
 
 
 def test_bf16_autocast_path(tmp_path, smoke_corpus) -> None:
-    summary = train(compose_train(smoke_overrides("transformer", smoke_corpus, tmp_path) + [
-        "trainer.precision=bf16", "trainer.max_updates=10", "trainer.validate_every=5", "evaluate_test=false"]))
+    summary = train(
+        compose_train(
+            smoke_overrides("transformer", smoke_corpus, tmp_path)
+            + ["trainer.precision=bf16", "trainer.max_updates=10", "trainer.validate_every=5", "evaluate_test=false"]
+        )
+    )
     rows = (Path(summary["run_dir"]) / "metrics.csv").read_text().splitlines()[1:]
     losses = [float(r.split(",")[4]) for r in rows if r.split(",")[4]]
     assert losses and all(v == v and v < 20 for v in losses)  # finite, not NaN
@@ -114,28 +145,72 @@ def test_bf16_autocast_path(tmp_path, smoke_corpus) -> None:
 
 def test_paper_mt_experiment_runs_two_steps(tmp_path, smoke_corpus) -> None:
     """The GHT paper's MT setting, shrunk only where a CPU test must (dims, steps)."""
-    smoke = [o for o in smoke_overrides("transformer", smoke_corpus, tmp_path)
-             if not o.startswith(("trainer.lr=", "trainer.warmup_updates=", "trainer=", "size=", "model.d_model=",
-                                  "model.ffn_dim="))]
-    cfg = compose_train(smoke + [
-        "experiment=paper_mt", "model.d_model=32", "model.ffn_dim=64", "model.encoder_layers=1",
-        "model.decoder_layers=1", "trainer.max_updates=2", "trainer.validate_every=2", "trainer.precision=fp32",
-        "evaluate_test=false", "trainer.valid_quality_sentences=4"])
+    smoke = [
+        o
+        for o in smoke_overrides("transformer", smoke_corpus, tmp_path)
+        if not o.startswith(
+            ("trainer.lr=", "trainer.warmup_updates=", "trainer=", "size=", "model.d_model=", "model.ffn_dim=")
+        )
+    ]
+    cfg = compose_train(
+        smoke
+        + [
+            "experiment=paper_mt",
+            "model.d_model=32",
+            "model.ffn_dim=64",
+            "model.encoder_layers=1",
+            "model.decoder_layers=1",
+            "trainer.max_updates=2",
+            "trainer.validate_every=2",
+            "trainer.precision=fp32",
+            "evaluate_test=false",
+            "trainer.valid_quality_sentences=4",
+        ]
+    )
     assert cfg.trainer.warmup_updates == 4000 and cfg.model.dropout == 0.3 and cfg.trainer.lr == 5e-4
     summary = train(cfg)
     assert summary["updates"] == 2
 
 
 def test_summarizer_trains_and_evaluate_prints_rouge(tmp_path) -> None:
-    proc = subprocess.run(_cli([
-        "+model=transformer", "data=summ", "size=tiny", "trainer=smoke", "data.tokenizer=bpe",
-        "data.vocab_size=2000", "trainer.max_updates=30", "trainer.validate_every=30", f"runs_root={tmp_path}",
-        "evaluate_test=false"]), cwd=REPO, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        _cli(
+            [
+                "+model=transformer",
+                "data=summ",
+                "size=tiny",
+                "trainer=smoke",
+                "data.tokenizer=bpe",
+                "data.vocab_size=2000",
+                "trainer.max_updates=30",
+                "trainer.validate_every=30",
+                f"runs_root={tmp_path}",
+                "evaluate_test=false",
+            ]
+        ),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = _only_run(tmp_path)
     assert run_dir.parent.name == "transformer-summ"
-    ev = subprocess.run([sys.executable, "-m", "zoo.evaluate", f"checkpoint={run_dir}", "split=test", "limit=40",
-                         "generation.beam_size=2"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    ev = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zoo.evaluate",
+            f"checkpoint={run_dir}",
+            "split=test",
+            "limit=40",
+            "generation.beam_size=2",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert ev.returncode == 0, ev.stderr[-3000:]
     assert "rouge1" in ev.stdout and "rougeL" in ev.stdout
     metrics = json.loads((run_dir / "eval" / "test_metrics.json").read_text())
@@ -148,23 +223,44 @@ def test_translate_cli_and_python_api(smoke_run) -> None:
     run_dir = smoke_run("transformer")
     expected = zoo.load(str(run_dir)).translate(["Guten Morgen.", "Das ist ein Haus."], beam_size=2)
     assert len(expected) == 2 and all(isinstance(s, str) for s in expected)
-    proc = subprocess.run([sys.executable, "-m", "zoo.translate", "--checkpoint", str(run_dir), "--beam", "2",
-                           "Guten Morgen."], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo.translate", "--checkpoint", str(run_dir), "--beam", "2", "Guten Morgen."],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == expected[:1]
-    piped = subprocess.run([sys.executable, "-m", "zoo.translate", "-c", str(run_dir), "--beam", "2"], cwd=REPO,
-                           input="Guten Morgen.\nDas ist ein Haus.\n", capture_output=True, text=True, timeout=120)
+    piped = subprocess.run(
+        [sys.executable, "-m", "zoo.translate", "-c", str(run_dir), "--beam", "2"],
+        cwd=REPO,
+        input="Guten Morgen.\nDas ist ein Haus.\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert piped.stdout.splitlines() == expected
 
 
 def test_bad_checkpoint_is_a_clear_error(tmp_path) -> None:
     bogus = tmp_path / "broken.pt"
     bogus.write_bytes(b"not a checkpoint")
-    proc = subprocess.run([sys.executable, "-m", "zoo.translate", "-c", str(bogus), "Hallo"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo.translate", "-c", str(bogus), "Hallo"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "cannot read checkpoint" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "zoo.evaluate", f"checkpoint={tmp_path}/missing"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo.evaluate", f"checkpoint={tmp_path}/missing"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 
 
@@ -185,12 +281,23 @@ def test_checkpoint_average_is_kept_only_if_it_validates_at_least_as_well_as_bes
     payload = load_checkpoint(smoke_run("transformer") / "checkpoints" / "last.pt")
     model = model_from_checkpoint(payload)
     tok = Tokenizer.from_bytes(payload["tokenizer"])
-    valid = [Example(s, t, "heldout") for s, t in zip(payload["heldout"]["src"], payload["heldout"]["tgt"],
-                                                       strict=True)][:8]
+    valid = [
+        Example(s, t, "heldout") for s, t in zip(payload["heldout"]["src"], payload["heldout"]["tgt"], strict=True)
+    ][:8]
     pairs, _ = encode_examples(valid, tok, 64)
     tcfg = compose_train(["+model=transformer", "trainer=smoke", "trainer.valid_quality_sentences=8"]).trainer
-    trainer = Trainer(model, tok, pairs, valid, pairs, tcfg, tmp_path, {"tokenizer": payload["tokenizer"]},
-                      "translation", torch.device("cpu"))
+    trainer = Trainer(
+        model,
+        tok,
+        pairs,
+        valid,
+        pairs,
+        tcfg,
+        tmp_path,
+        {"tokenizer": payload["tokenizer"]},
+        "translation",
+        torch.device("cpu"),
+    )
     trainer.ckpt_dir.mkdir()
     for name in ("step_1.pt", "step_2.pt"):
         save_checkpoint(trainer.ckpt_dir / name, {"model": model.state_dict()})

@@ -31,8 +31,14 @@ class Translator:
         model = model_from_checkpoint(payload).to(device)
         return cls(model, Tokenizer.from_bytes(payload["tokenizer"]), payload)
 
-    def translate(self, texts: Sequence[str], beam_size: int = 5, len_penalty: float = 1.0,
-                  max_len_a: float = 1.2, max_len_b: int = 10) -> list[str]:
+    def translate(
+        self,
+        texts: Sequence[str],
+        beam_size: int = 5,
+        len_penalty: float = 1.0,
+        max_len_a: float = 1.2,
+        max_len_b: int = 10,
+    ) -> list[str]:
         if isinstance(texts, str):
             texts = [texts]
         search = SearchConfig(beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b)

@@ -71,8 +71,16 @@ def entry_candidates(size: str, entries: list[str] | None = None) -> tuple[int, 
                 cfg = compose(config_name="train", overrides=[f"+model={name}", f"size={size}"])
                 m = OmegaConf.to_container(cfg.model, resolve=True)
                 d_model = int(m["d_model"])
-                found.append(Candidate(name, m["attention"], int(m["num_heads"]), m.get("head_dim"),
-                                       dict(m.get("attention_options") or {}), float(m.get("attention_dropout", 0.0))))
+                found.append(
+                    Candidate(
+                        name,
+                        m["attention"],
+                        int(m["num_heads"]),
+                        m.get("head_dim"),
+                        dict(m.get("attention_options") or {}),
+                        float(m.get("attention_dropout", 0.0)),
+                    )
+                )
             except Exception as exc:  # a half-written entry must not stop the benchmark
                 found.append(Candidate(name, "?", 0, None, error=f"{type(exc).__name__}: {exc}"))
     if not d_model:
@@ -87,13 +95,17 @@ def all_candidates(size: str, entries: list[str] | None, baseline_heads: int) ->
     rows = [Candidate(BASELINE, "mha", baseline_heads, None), *found]
     if entries is None:
         used = {c.key for c in found}
-        rows += [Candidate(f"{key} (default options)", key, baseline_heads, None)
-                 for key in ATTENTION_REGISTRY if key not in used]
+        rows += [
+            Candidate(f"{key} (default options)", key, baseline_heads, None)
+            for key in ATTENTION_REGISTRY
+            if key not in used
+        ]
     return d_model, rows
 
 
-def make_inputs(batch: int, src_len: int, tgt_len: int, d_model: int, min_len_frac: float,
-                seed: int) -> dict[str, Tensor]:
+def make_inputs(
+    batch: int, src_len: int, tgt_len: int, d_model: int, min_len_frac: float, seed: int
+) -> dict[str, Tensor]:
     """Random source/target streams [B, L, D] and a source padding mask [B, S] (True = padding; lengths
     uniform in [min_len_frac·S, S], one full-length row, as a length-bucketed batch)."""
     g = torch.Generator().manual_seed(seed)
@@ -106,18 +118,17 @@ def make_inputs(batch: int, src_len: int, tgt_len: int, d_model: int, min_len_fr
     }
 
 
-def make_step(c: Candidate, d_model: int, modes: tuple[str, ...], data: dict[str, Tensor],
-              seed: int) -> tuple[Callable[[], None], int, int]:
+def make_step(
+    c: Candidate, d_model: int, modes: tuple[str, ...], data: dict[str, Tensor], seed: int
+) -> tuple[Callable[[], None], int, int]:
     """(one forward+backward step over `modes`, attention parameters per module, head_dim)."""
     torch.manual_seed(seed)
     modules: dict[str, Attention] = {
-        mode: build_attention(c.key, d_model, c.num_heads, head_dim=c.head_dim, dropout=c.dropout,
-                              **c.options).train()
+        mode: build_attention(c.key, d_model, c.num_heads, head_dim=c.head_dim, dropout=c.dropout, **c.options).train()
         for mode in modes
     }
     g = torch.Generator().manual_seed(seed + 1)
-    grads = {mode: torch.randn((data["src"] if mode == "self" else data["tgt"]).shape, generator=g)
-             for mode in modes}
+    grads = {mode: torch.randn((data["src"] if mode == "self" else data["tgt"]).shape, generator=g) for mode in modes}
 
     def run(mode: str, m: Attention) -> Tensor:
         if mode == "self":
@@ -164,8 +175,7 @@ def _run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     steps: dict[str, Callable[[], None]] = {}
     info: dict[str, dict[str, Any]] = {}
     for c in candidates:
-        row: dict[str, Any] = {"key": c.key, "num_heads": c.num_heads, "head_dim": c.head_dim,
-                               "options": c.options}
+        row: dict[str, Any] = {"key": c.key, "num_heads": c.num_heads, "head_dim": c.head_dim, "options": c.options}
         if c.error is None:
             try:
                 step, params, head_dim = make_step(c, d_model, modes, data, args.seed)
@@ -191,8 +201,11 @@ def _run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         ms = sorted(1000 * t for t in ts)
         median = statistics.median(ms)
         info[label].update(
-            median_ms=median, p10_ms=ms[int(0.1 * (len(ms) - 1))], p90_ms=ms[math.ceil(0.9 * (len(ms) - 1))],
-            ratio=median / (1000 * base), step_ms=ms,
+            median_ms=median,
+            p10_ms=ms[int(0.1 * (len(ms) - 1))],
+            p90_ms=ms[math.ceil(0.9 * (len(ms) - 1))],
+            ratio=median / (1000 * base),
+            step_ms=ms,
         )
         r = info[label]
         r["slow"] = r["ratio"] > args.flag_ratio
@@ -205,8 +218,11 @@ def _run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         r["slow_reason"] = slow_reason(r["ratio"], r["width_ratio"], args.flag_ratio)
     return {
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "d_model": d_model, "modes": list(modes), "threads": torch.get_num_threads(),
-        "torch_version": torch.__version__, "src_pad_fraction": float(data["src_pad"].float().mean()),
+        "d_model": d_model,
+        "modes": list(modes),
+        "threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "src_pad_fraction": float(data["src_pad"].float().mean()),
         "rows": info,
     }
 
@@ -238,8 +254,10 @@ def format_table(result: dict[str, Any]) -> str:
         flag = f"  SLOWER THAN {c['flag_ratio']:g}× mha" if r["slow"] else ""
         if r.get("slow_reason"):
             flag += f" (reason: {r['slow_reason']})"
-        lines.append(f"{label:<26}{r['key']:<10}{shape:>10}{r['params']:>10,}{r['median_ms']:>11.2f}"
-                     f"{r['p10_ms']:>8.2f}{r['p90_ms']:>8.2f}{r['ratio']:>8.2f}{flag}")
+        lines.append(
+            f"{label:<26}{r['key']:<10}{shape:>10}{r['params']:>10,}{r['median_ms']:>11.2f}"
+            f"{r['p10_ms']:>8.2f}{r['p90_ms']:>8.2f}{r['ratio']:>8.2f}{flag}"
+        )
     return "\n".join(lines)
 
 
@@ -247,8 +265,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line flags (argparse, like zoo.bench: numeric flags, no config tree of its own)."""
     p = argparse.ArgumentParser(prog="python -m zoo.attention_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--size", default="small", help="size preset of conf/size/ giving d_model")
-    p.add_argument("--entries", default="", help="comma-separated entries (default: every conf/model entry "
-                                                 "plus unused registry keys)")
+    p.add_argument(
+        "--entries",
+        default="",
+        help="comma-separated entries (default: every conf/model entry plus unused registry keys)",
+    )
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of self,causal,cross")
     p.add_argument("--baseline-heads", type=int, default=8)
     p.add_argument("--batch-sentences", type=int, default=64)

@@ -46,8 +46,9 @@ TARGET_RATIO = 1.25
 class TorchSeq2Seq(nn.Module):
     """`nn.Transformer` wrapped with the same embeddings, positions and tied output as ours."""
 
-    def __init__(self, vocab: int, d_model: int, layers: int, heads: int, ffn: int, dropout: float,
-                 max_positions: int = 1024) -> None:
+    def __init__(
+        self, vocab: int, d_model: int, layers: int, heads: int, ffn: int, dropout: float, max_positions: int = 1024
+    ) -> None:
         super().__init__()
         self.d_model = d_model
         self.dropout = dropout
@@ -57,7 +58,15 @@ class TorchSeq2Seq(nn.Module):
             nn.init.normal_(emb.weight, 0, d_model**-0.5)
             nn.init.zeros_(emb.weight[PAD])
         self.transformer = nn.Transformer(
-            d_model, heads, layers, layers, ffn, dropout, activation="relu", batch_first=True, norm_first=False,
+            d_model,
+            heads,
+            layers,
+            layers,
+            ffn,
+            dropout,
+            activation="relu",
+            batch_first=True,
+            norm_first=False,
         )
         # post-norm layers already end in a LayerNorm; nn.Transformer's extra final norms would be extra work
         self.transformer.encoder.norm = None
@@ -77,15 +86,19 @@ class TorchSeq2Seq(nn.Module):
         src_pad = src.eq(PAD)  # [B, S] True at padding
         t = tgt_in.shape[1]
         y = self.transformer(
-            self._embed(self.src_embed, src), self._embed(self.tgt_embed, tgt_in),
-            tgt_mask=self.causal[:t, :t], src_key_padding_mask=src_pad, memory_key_padding_mask=src_pad,
+            self._embed(self.src_embed, src),
+            self._embed(self.tgt_embed, tgt_in),
+            tgt_mask=self.causal[:t, :t],
+            src_key_padding_mask=src_pad,
+            memory_key_padding_mask=src_pad,
             tgt_is_causal=True,
         )  # [B, T, D]
         return y @ self.tgt_embed.weight.t()  # [B, T, V]
 
 
-def make_batch(sentences: int, src_len: int, tgt_len: int, vocab: int, min_len_frac: float,
-               seed: int) -> tuple[Tensor, Tensor, Tensor]:
+def make_batch(
+    sentences: int, src_len: int, tgt_len: int, vocab: int, min_len_frac: float, seed: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """(src [B, S], tgt_in [B, T], tgt_out [B, T]) with random tokens and end padding.
 
     Lengths are uniform in [min_len_frac·L, L] per sentence: what a length-bucketed batch looks
@@ -111,18 +124,25 @@ def make_batch(sentences: int, src_len: int, tgt_len: int, vocab: int, min_len_f
     return src, tgt_in, tgt_out
 
 
-def make_step(model: nn.Module, src: Tensor, tgt_in: Tensor, tgt_out: Tensor,
-              label_smoothing: float, lr: float = 5e-4) -> Callable[[], float]:
+def make_step(
+    model: nn.Module, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, label_smoothing: float, lr: float = 5e-4
+) -> Callable[[], float]:
     """A closure doing one full training step; returns the loss (a sync point on CPU anyway)."""
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-8)
     ntokens = int(tgt_out.ne(PAD).sum())
 
     def step() -> float:
         logits = model(src, tgt_in)  # [B, T, V]
-        loss = F.cross_entropy(
-            logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, label_smoothing=label_smoothing,
-            reduction="sum",
-        ) / ntokens
+        loss = (
+            F.cross_entropy(
+                logits.flatten(0, 1),
+                tgt_out.flatten(),
+                ignore_index=PAD,
+                label_smoothing=label_smoothing,
+                reduction="sum",
+            )
+            / ntokens
+        )
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -150,19 +170,33 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     cfg = ModelConfig(
-        vocab_size=args.vocab, d_model=args.d_model, encoder_layers=args.layers, decoder_layers=args.layers,
-        num_heads=args.heads, ffn_dim=args.ffn, dropout=args.dropout, attention_dropout=args.dropout,
-        activation_dropout=args.dropout, pre_norm=False, share_decoder_embeddings=True,
-        max_positions=max(args.src_len, args.tgt_len, 1024), pad_id=PAD, bos_id=BOS, eos_id=EOS,
+        vocab_size=args.vocab,
+        d_model=args.d_model,
+        encoder_layers=args.layers,
+        decoder_layers=args.layers,
+        num_heads=args.heads,
+        ffn_dim=args.ffn,
+        dropout=args.dropout,
+        attention_dropout=args.dropout,
+        activation_dropout=args.dropout,
+        pre_norm=False,
+        share_decoder_embeddings=True,
+        max_positions=max(args.src_len, args.tgt_len, 1024),
+        pad_id=PAD,
+        bos_id=BOS,
+        eos_id=EOS,
     )
     ours: Transformer = build_model(cfg).train()
     torch.manual_seed(args.seed)
     ref = TorchSeq2Seq(args.vocab, args.d_model, args.layers, args.heads, args.ffn, args.dropout).train()
-    src, tgt_in, tgt_out = make_batch(args.batch_sentences, args.src_len, args.tgt_len, args.vocab,
-                                      args.min_len_frac, args.seed)
+    src, tgt_in, tgt_out = make_batch(
+        args.batch_sentences, args.src_len, args.tgt_len, args.vocab, args.min_len_frac, args.seed
+    )
     tokens = int(tgt_out.ne(PAD).sum())
-    steps = {"ours": make_step(ours, src, tgt_in, tgt_out, args.label_smoothing),
-             "torch": make_step(ref, src, tgt_in, tgt_out, args.label_smoothing)}
+    steps = {
+        "ours": make_step(ours, src, tgt_in, tgt_out, args.label_smoothing),
+        "torch": make_step(ref, src, tgt_in, tgt_out, args.label_smoothing),
+    }
     times: dict[str, list[float]] = {name: [] for name in steps}
     for i in range(args.warmup + args.steps):
         for name, step in steps.items():  # interleaved: ours, torch, ours, torch, …
@@ -210,11 +244,14 @@ def format_table(result: dict[str, Any]) -> str:
     ]
     for name, label in (("ours", "ours (zoo.model)"), ("torch", "torch.nn.Transformer")):
         r = result[name]
-        lines.append(f"{label:<22}{r['params']:>12,}{r['median_ms']:>12.1f}{r['p10_ms']:>10.1f}"
-                     f"{r['p90_ms']:>10.1f}{r['tgt_tokens_per_s']:>12,.0f}")
+        lines.append(
+            f"{label:<22}{r['params']:>12,}{r['median_ms']:>12.1f}{r['p10_ms']:>10.1f}"
+            f"{r['p90_ms']:>10.1f}{r['tgt_tokens_per_s']:>12,.0f}"
+        )
     verdict = "meets" if result["meets_target"] else "MISSES"
-    lines.append(f"\nratio ours/torch (median step time): {result['ratio']:.3f}  "
-                 f"({verdict} target ≤ {result['target_ratio']})")
+    lines.append(
+        f"\nratio ours/torch (median step time): {result['ratio']:.3f}  ({verdict} target ≤ {result['target_ratio']})"
+    )
     return "\n".join(lines)
 
 

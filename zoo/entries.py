@@ -13,5 +13,7 @@ def list_entries() -> list[str]:
 
 def missing_model_message(command: str = "zoo.train") -> str:
     entries = "\n".join(f"  {e}" for e in list_entries())
-    return (f"no model entry chosen. Run `python -m {command} +model=<entry>` with one of:\n{entries}\n"
-            f"(e.g. python -m {command} +model=transformer)")
+    return (
+        f"no model entry chosen. Run `python -m {command} +model=<entry>` with one of:\n{entries}\n"
+        f"(e.g. python -m {command} +model=transformer)"
+    )

@@ -54,18 +54,35 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     if cfg.limit:
         examples = examples[: int(cfg.limit)]
     g = cfg.generation
-    search = SearchConfig(beam_size=g.beam_size, len_penalty=g.len_penalty, max_len_a=g.max_len_a,
-                          max_len_b=g.max_len_b)
+    search = SearchConfig(
+        beam_size=g.beam_size, len_penalty=g.len_penalty, max_len_a=g.max_len_a, max_len_b=g.max_len_b
+    )
     task = payload.get("task", "translation")
-    result = evaluate_examples(model, tokenizer, examples, task, search,
-                               remove_bpe=payload["data_config"].get("remove_bpe"), progress=sys.stderr.isatty(),
-                               max_tokens=g.max_tokens, max_sentences=g.max_sentences)
+    result = evaluate_examples(
+        model,
+        tokenizer,
+        examples,
+        task,
+        search,
+        remove_bpe=payload["data_config"].get("remove_bpe"),
+        progress=sys.stderr.isatty(),
+        max_tokens=g.max_tokens,
+        max_sentences=g.max_sentences,
+    )
     size = size_summary(model)
-    metrics = {"entry": payload.get("entry"), "checkpoint": payload["path"], "split": name, **result["metrics"],
-               "size": size}
+    metrics = {
+        "entry": payload.get("entry"),
+        "checkpoint": payload["path"],
+        "split": name,
+        **result["metrics"],
+        "size": size,
+    }
     ckpt_path = Path(payload["path"])
-    out = Path(cfg.out) if cfg.out else (ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints"
-                                         else ckpt_path.parent) / "eval"
+    out = (
+        Path(cfg.out)
+        if cfg.out
+        else (ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else ckpt_path.parent) / "eval"
+    )
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}_metrics.json").write_text(json.dumps(metrics, indent=2))
     (out / f"{name}_hypotheses.txt").write_text("\n".join(result["hypotheses"]) + "\n")
@@ -76,8 +93,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 def _print(m: dict[str, Any], task: str, out: Path) -> None:
     keys = ("bleu", "chrf", "tokenized_bleu") if task == "translation" else ("rouge1", "rouge2", "rougeL")
     line = " ".join(f"{k} {m[k]:.2f}" for k in keys if k in m)
-    print(f"[{m['entry']}] {m['split']}: {line} · {m['sentences']} sentences, beam {m['beam_size']}, "
-          f"{m['sentences_per_s']:.1f} sent/s")
+    print(
+        f"[{m['entry']}] {m['split']}: {line} · {m['sentences']} sentences, beam {m['beam_size']}, "
+        f"{m['sentences_per_s']:.1f} sent/s"
+    )
     for origin, sub in sorted(m.get("per_source", {}).items()):
         print(f"    {origin:>12}: " + " ".join(f"{k} {v:.2f}" for k, v in sub.items() if k != "n") + f" (n={sub['n']})")
     print(f"    {format_size_summary(m['size'])}")

@@ -35,9 +35,15 @@ def _batches(lengths: Sequence[int], max_tokens: int, max_sentences: int) -> lis
 
 
 @torch.inference_mode()
-def translate_texts(model: Transformer, tokenizer: Tokenizer, texts: Sequence[str],
-                    search: SearchConfig = SearchConfig(), max_tokens: int = 6000,
-                    max_sentences: int = 128, progress: bool = False) -> list[str]:
+def translate_texts(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    texts: Sequence[str],
+    search: SearchConfig = SearchConfig(),
+    max_tokens: int = 6000,
+    max_sentences: int = 128,
+    progress: bool = False,
+) -> list[str]:
     """Source strings → output strings, in input order. Inputs longer than the model's position
     limit are truncated (the generator also needs room for the output)."""
     model.eval()
@@ -60,9 +66,16 @@ def translate_texts(model: Transformer, tokenizer: Tokenizer, texts: Sequence[st
     return outputs
 
 
-def evaluate_examples(model: Transformer, tokenizer: Tokenizer, examples: Sequence[Example], task: str,
-                      search: SearchConfig = SearchConfig(), remove_bpe: str | None = None,
-                      progress: bool = False, **batching: Any) -> dict[str, Any]:
+def evaluate_examples(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    examples: Sequence[Example],
+    task: str,
+    search: SearchConfig = SearchConfig(),
+    remove_bpe: str | None = None,
+    progress: bool = False,
+    **batching: Any,
+) -> dict[str, Any]:
     """Metrics (+ per data source), hypotheses and decoding speed on `examples`."""
     start = time.perf_counter()
     hyps = translate_texts(model, tokenizer, [e.src for e in examples], search, progress=progress, **batching)

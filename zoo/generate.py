@@ -52,8 +52,9 @@ def _max_lengths(src: Tensor, pad_id: int, cfg: SearchConfig, limit: int) -> Ten
 
 
 @torch.inference_mode()
-def greedy_search(model: Transformer, src: Tensor, cfg: SearchConfig = SearchConfig(),
-                  use_cache: bool = True) -> list[list[int]]:
+def greedy_search(
+    model: Transformer, src: Tensor, cfg: SearchConfig = SearchConfig(), use_cache: bool = True
+) -> list[list[int]]:
     """Argmax decoding; returns token ids per source sentence (no bos/eos)."""
     mcfg = model.cfg
     memory, pad_mask = model.encode(src)
@@ -68,9 +69,7 @@ def greedy_search(model: Transformer, src: Tensor, cfg: SearchConfig = SearchCon
         if t < cfg.min_len:
             lprobs[:, mcfg.eos_id] = -torch.inf
         at_limit = max_len.le(t + 1)
-        lprobs[at_limit] = torch.where(
-            torch.arange(lprobs.shape[1], device=src.device) == mcfg.eos_id, 0.0, -torch.inf
-        )
+        lprobs[at_limit] = torch.where(torch.arange(lprobs.shape[1], device=src.device) == mcfg.eos_id, 0.0, -torch.inf)
         nxt = lprobs.argmax(-1).masked_fill(finished, mcfg.pad_id)
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)
         finished |= nxt.eq(mcfg.eos_id)
@@ -89,8 +88,9 @@ def _strip(ids: list[int], eos: int, pad: int) -> list[int]:
 
 
 @torch.inference_mode()
-def beam_search(model: Transformer, src: Tensor, cfg: SearchConfig = SearchConfig(),
-                use_cache: bool = True) -> list[list[int]]:
+def beam_search(
+    model: Transformer, src: Tensor, cfg: SearchConfig = SearchConfig(), use_cache: bool = True
+) -> list[list[int]]:
     """Batched beam search with length-normalised scores (score / length**len_penalty, length
     counting eos, as fairseq). A sentence stops when `beam_size` hypotheses have finished;
     finished sentences leave the batch, so their cache rows stop costing time."""

@@ -117,7 +117,11 @@ def paired_bootstrap(
     with _sacrebleu_seed(seed):
         test = PairedTest(
             [("baseline", list(sys_a)), ("system", list(sys_b))],
-            {"BLEU": metric}, ref_streams, test_type="bs", n_samples=n_samples, n_jobs=1,
+            {"BLEU": metric},
+            ref_streams,
+            test_type="bs",
+            n_samples=n_samples,
+            n_jobs=1,
         )
         signatures, scores = test()
     (name,) = signatures

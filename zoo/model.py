@@ -116,8 +116,12 @@ class _Sublayer(nn.Module):
 
 def _attention(cfg: ModelConfig, name: str) -> Attention:
     attn = build_attention(
-        cfg.attention, cfg.d_model, cfg.heads_of(name), head_dim=_head_dim(cfg),
-        dropout=cfg.attention_dropout, **cfg.attention_options,
+        cfg.attention,
+        cfg.d_model,
+        cfg.heads_of(name),
+        head_dim=_head_dim(cfg),
+        dropout=cfg.attention_dropout,
+        **cfg.attention_options,
     )
     if not cfg.heads_removed and name in cfg.head_plan:
         gate = torch.zeros(cfg.num_heads)
@@ -157,8 +161,9 @@ class DecoderLayer(nn.Module):
         self.cross_block = _Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
         self.ffn_block = _Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
 
-    def forward(self, x: Tensor, memory: Tensor, memory_pad_mask: Tensor,
-                state: dict[str, Cache] | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, memory: Tensor, memory_pad_mask: Tensor, state: dict[str, Cache] | None = None
+    ) -> Tensor:
         self_cache = state["self"] if state is not None else None
         cross_cache = state["cross"] if state is not None else None
         x = self.self_block(x, lambda h: self.self_attn(h, causal=True, cache=self_cache))
@@ -217,8 +222,14 @@ class Transformer(nn.Module):
             x = layer(x, pad_mask)
         return self.encoder.final_norm(x), pad_mask
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, memory_pad_mask: Tensor,
-               state: DecoderState | None = None, offset: int = 0) -> Tensor:
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        memory_pad_mask: Tensor,
+        state: DecoderState | None = None,
+        offset: int = 0,
+    ) -> Tensor:
         """tgt_in [B, T] -> logits [B, T, V]. With `state`, only the new tokens are fed and
         `offset` is the number of tokens already cached."""
         x = self._embed(self.tgt_embed, tgt_in, offset)

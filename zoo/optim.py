@@ -7,14 +7,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-def build_optimizer(model: nn.Module, lr: float, betas: tuple[float, float], eps: float,
-                    weight_decay: float) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module, lr: float, betas: tuple[float, float], eps: float, weight_decay: float
+) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
 
-def inverse_sqrt_schedule(optimizer: torch.optim.Optimizer, warmup_updates: int,
-                          warmup_init_lr: float = 1e-7) -> torch.optim.lr_scheduler.LambdaLR:
+def inverse_sqrt_schedule(
+    optimizer: torch.optim.Optimizer, warmup_updates: int, warmup_init_lr: float = 1e-7
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up to the peak lr over `warmup_updates`, then decay ∝ 1/√step (fairseq's
     inverse_sqrt). Expressed as a multiplier of the optimizer's peak lr."""
     peak = optimizer.param_groups[0]["lr"]

@@ -37,7 +37,8 @@ def find_resumable(root: str | Path, entry: str, data: str) -> Path | None:
     if not base.is_dir():
         return None
     candidates = [
-        d for d in base.iterdir()
+        d
+        for d in base.iterdir()
         if d.is_dir() and (d / "checkpoints" / "last.pt").is_file() and not (d / DONE_MARKER).exists()
     ]
     return max(candidates, key=lambda d: d.name) if candidates else None
@@ -68,16 +69,19 @@ def write_provenance(run_dir: Path, cfg: DictConfig) -> None:
     (run_dir / "machine.json").write_text(json.dumps(describe_machine(cfg.get("device")), indent=2) + "\n")
     repo = Path(__file__).resolve().parent.parent
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True,
-                               timeout=10).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         sha, dirty = "", ""
     (run_dir / "git_sha.txt").write_text(f"{sha or 'unknown'}{' (dirty)' if dirty else ''}\n")
     try:
-        freeze = subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True,
-                                timeout=60).stdout
+        freeze = subprocess.run(
+            [sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True, timeout=60
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         freeze = ""
     (run_dir / "pip_freeze.txt").write_text(freeze)

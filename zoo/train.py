@@ -42,8 +42,9 @@ def model_config_from(cfg: DictConfig, tokenizer: Tokenizer) -> ModelConfig:
     assert isinstance(fields, dict)
     fields.pop("name", None)
     fields.pop("ght", None)  # a training procedure, not architecture
-    fields.update(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id,
-                  eos_id=tokenizer.eos_id)
+    fields.update(
+        vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
+    )
     try:
         return ModelConfig.from_dict(fields)
     except (TypeError, ValueError) as exc:
@@ -59,15 +60,19 @@ def _effective_max_len(cfg: DictConfig) -> int:
     max_len = int(cfg.data.max_len)
     positions = int(cfg.model.max_positions)
     if positions < max_len:
-        log.warning("data.max_len=%d exceeds the model's max_positions=%d; training on pairs of at most %d tokens "
-                    "(raise model.max_positions to keep longer ones)", max_len, positions, positions)
+        log.warning(
+            "data.max_len=%d exceeds the model's max_positions=%d; training on pairs of at most %d tokens "
+            "(raise model.max_positions to keep longer ones)",
+            max_len,
+            positions,
+            positions,
+        )
     return min(max_len, positions)
 
 
 def search_config(cfg: DictConfig) -> SearchConfig:
     g = cfg.generation
-    return SearchConfig(beam_size=g.beam_size, len_penalty=g.len_penalty, max_len_a=g.max_len_a,
-                        max_len_b=g.max_len_b)
+    return SearchConfig(beam_size=g.beam_size, len_penalty=g.len_penalty, max_len_a=g.max_len_a, max_len_b=g.max_len_b)
 
 
 def _pick_device(name: str) -> torch.device:
@@ -128,16 +133,23 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     tok_path = run_dir / "tokenizer.model"
     if dist.is_main() and not tok_path.exists():
         texts = [e.src for e in splits.train] + [e.tgt for e in splits.train]
-        tokenizer = Tokenizer.train(texts, vocab_size=cfg.data.vocab_size, seed=tcfg.seed,
-                                    model_type=cfg.data.get("tokenizer", "unigram"))
+        tokenizer = Tokenizer.train(
+            texts, vocab_size=cfg.data.vocab_size, seed=tcfg.seed, model_type=cfg.data.get("tokenizer", "unigram")
+        )
         tok_path.write_bytes(tokenizer.model_bytes)
     dist.barrier()
     tokenizer = Tokenizer.from_bytes(tok_path.read_bytes())
     max_len = _effective_max_len(cfg)
     train_pairs, filtered = encode_examples(splits.train, tokenizer, max_len)
     valid_pairs, _ = encode_examples(splits.valid, tokenizer, max_len)
-    log.info("train pairs %d (filtered %d longer than %d tokens), valid %d, test %d", len(train_pairs), filtered,
-             max_len, len(valid_pairs), len(splits.test))
+    log.info(
+        "train pairs %d (filtered %d longer than %d tokens), valid %d, test %d",
+        len(train_pairs),
+        filtered,
+        max_len,
+        len(valid_pairs),
+        len(splits.test),
+    )
 
     # -- model
     model_cfg = model_config_from(cfg, tokenizer)
@@ -152,22 +164,41 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "tokenizer": tokenizer.model_bytes,
         "data_config": data_cfg,
         "data_stats": splits.stats,
-        "heldout": {"src": [e.src for e in splits.test[:HELDOUT_SENTENCES]],
-                    "tgt": [e.tgt for e in splits.test[:HELDOUT_SENTENCES]]},
+        "heldout": {
+            "src": [e.src for e in splits.test[:HELDOUT_SENTENCES]],
+            "tgt": [e.tgt for e in splits.test[:HELDOUT_SENTENCES]],
+        },
         "size": size,
     }
     if cfg.get("init_from") and not resuming:
         _init_weights(model, cfg.init_from)
     procedure = _procedure(cfg, started_from_weights=bool(cfg.get("init_from")))
-    trainer = Trainer(model, tokenizer, train_pairs, splits.valid, valid_pairs, tcfg, run_dir, payload,
-                      cfg.data.task, device, procedure=procedure)
+    trainer = Trainer(
+        model,
+        tokenizer,
+        train_pairs,
+        splits.valid,
+        valid_pairs,
+        tcfg,
+        run_dir,
+        payload,
+        cfg.data.task,
+        device,
+        procedure=procedure,
+    )
     if resuming:
         trainer.load_resume(run_dir / "checkpoints" / "last.pt")
     state = trainer.fit()
     trainer.average()
-    summary: dict[str, Any] = {"run_dir": str(run_dir), "entry": cfg.model.name, "data": cfg.data.name,
-                               "updates": state.step, "train_minutes": round(state.elapsed_s / 60, 2),
-                               "stop_reason": state.stop_reason, "size": size}
+    summary: dict[str, Any] = {
+        "run_dir": str(run_dir),
+        "entry": cfg.model.name,
+        "data": cfg.data.name,
+        "updates": state.step,
+        "train_minutes": round(state.elapsed_s / 60, 2),
+        "stop_reason": state.stop_reason,
+        "size": size,
+    }
     if model.cfg.head_plan:
         summary["head_plan"] = model.cfg.head_plan
         summary["pruned_size"] = _report_pruned(model, cfg.model.name)
@@ -175,9 +206,17 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         ckpt = resolve_checkpoint(run_dir)
         best = model_from_checkpoint(load_checkpoint(ckpt)).to(device)
         g = cfg.generation
-        result = evaluate_examples(best, tokenizer, splits.test, cfg.data.task, search_config(cfg),
-                                   remove_bpe=cfg.data.get("remove_bpe"), progress=tcfg.progress,
-                                   max_tokens=g.max_tokens, max_sentences=g.max_sentences)
+        result = evaluate_examples(
+            best,
+            tokenizer,
+            splits.test,
+            cfg.data.task,
+            search_config(cfg),
+            remove_bpe=cfg.data.get("remove_bpe"),
+            progress=tcfg.progress,
+            max_tokens=g.max_tokens,
+            max_sentences=g.max_sentences,
+        )
         metrics = {**result["metrics"], "checkpoint": ckpt.name}
         (run_dir / "test_hypotheses.txt").write_text("\n".join(result["hypotheses"]) + "\n")
         (run_dir / "test_metrics.json").write_text(json.dumps(metrics, indent=2))
@@ -232,8 +271,10 @@ def _format_test_line(entry: str, task: str, m: dict[str, Any]) -> str:
             head += f" (tokenized BLEU {m['tokenized_bleu']:.2f})"
     else:
         head = f"test ROUGE-1 {m['rouge1']:.2f} ROUGE-2 {m['rouge2']:.2f} ROUGE-L {m['rougeL']:.2f}"
-    return f"[{entry}] {head} · {m['sentences']} sentences, beam {m['beam_size']}, " \
-           f"{m['sentences_per_s']:.1f} sent/s ({m['checkpoint']})"
+    return (
+        f"[{entry}] {head} · {m['sentences']} sentences, beam {m['beam_size']}, "
+        f"{m['sentences_per_s']:.1f} sent/s ({m['checkpoint']})"
+    )
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")

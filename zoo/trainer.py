@@ -35,7 +35,6 @@ from zoo.plots import plot_learning_curve
 log = logging.getLogger("zoo.train")
 
 
-
 class Procedure:
     """What happens around plain updates: auxiliary losses, stage changes, frozen parameters.
 
@@ -71,8 +70,20 @@ class Procedure:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from `state_dict()` output."""
 
-CSV_FIELDS = ["step", "epoch", "elapsed_s", "lr", "train_loss", "train_nll", "tokens_per_s",
-              "valid_loss", "valid_nll", "valid_ppl", "valid_quality"]
+
+CSV_FIELDS = [
+    "step",
+    "epoch",
+    "elapsed_s",
+    "lr",
+    "train_loss",
+    "train_nll",
+    "tokens_per_s",
+    "valid_loss",
+    "valid_nll",
+    "valid_ppl",
+    "valid_quality",
+]
 
 
 @dataclass
@@ -155,16 +166,22 @@ class Trainer:
         self.task = task
         self.device = device
         self.procedure = procedure or Procedure()
-        self.rank, self.world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
-            if torch.distributed.is_initialized() else (0, 1)
+        self.rank, self.world = (
+            (torch.distributed.get_rank(), torch.distributed.get_world_size())
+            if torch.distributed.is_initialized()
+            else (0, 1)
+        )
         self.model: nn.Module = model
         if self.world > 1:
             self.model = nn.parallel.DistributedDataParallel(model)
         self.optimizer = build_optimizer(model, cfg.lr, tuple(cfg.betas), cfg.adam_eps, cfg.weight_decay)
         self.scheduler = inverse_sqrt_schedule(self.optimizer, cfg.warmup_updates, cfg.warmup_init_lr)
         self.sampler = TokenBatchSampler(
-            [len(s) for s, _ in train_pairs], [len(t) for _, t in train_pairs],
-            max_tokens=cfg.max_tokens, shuffle=True, seed=cfg.seed,
+            [len(s) for s, _ in train_pairs],
+            [len(t) for _, t in train_pairs],
+            max_tokens=cfg.max_tokens,
+            shuffle=True,
+            seed=cfg.seed,
         )
         self.state = TrainState()
         self.search = SearchConfig(beam_size=1, max_len_a=cfg.valid_max_len_a, max_len_b=cfg.valid_max_len_b)
@@ -181,8 +198,13 @@ class Trainer:
         torch.set_rng_state(payload["rng"]["torch"])
         self.procedure.load_state_dict(payload.get("procedure", {}))
         self._truncate_metrics(self.state.step)
-        log.info("resumed %s at update %d (epoch %d, batch %d)", path, self.state.step, self.state.epoch,
-                 self.state.batch_in_epoch)
+        log.info(
+            "resumed %s at update %d (epoch %d, batch %d)",
+            path,
+            self.state.step,
+            self.state.epoch,
+            self.state.batch_in_epoch,
+        )
 
     def _truncate_metrics(self, step: int) -> None:
         """Drop metric rows written after the checkpoint we resume from (they will be redone)."""
@@ -197,21 +219,28 @@ class Trainer:
 
     def model_payload(self, weights: dict[str, Tensor] | None = None) -> dict[str, Any]:
         """What a model checkpoint holds (weights, config, tokenizer, step): for best.pt and stage checkpoints."""
-        return {**self.payload, "model": weights if weights is not None else self.bare.state_dict(),
-                "model_config": self.bare.cfg.to_dict(), "step": self.state.step}
+        return {
+            **self.payload,
+            "model": weights if weights is not None else self.bare.state_dict(),
+            "model_config": self.bare.cfg.to_dict(),
+            "step": self.state.step,
+        }
 
     def save_last(self) -> None:
         """Write last.pt: everything `resume=` needs (optimizer, scheduler, RNG, the procedure's stage)."""
         if not dist.is_main():
             return
-        save_checkpoint(self.ckpt_dir / "last.pt", {
-            **self.model_payload(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "train_state": asdict(self.state),
-            "rng": {"torch": torch.get_rng_state()},
-            "procedure": self.procedure.state_dict(),
-        })
+        save_checkpoint(
+            self.ckpt_dir / "last.pt",
+            {
+                **self.model_payload(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "train_state": asdict(self.state),
+                "rng": {"torch": torch.get_rng_state()},
+                "procedure": self.procedure.state_dict(),
+            },
+        )
 
     # ------------------------------------------------------------------ one update
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -254,8 +283,12 @@ class Trainer:
         self.scheduler.step()
         self.procedure.after_optimizer_step(self)
         total_loss, total_nll, total_tokens = dist.all_reduce_sum([total_loss, total_nll, total_tokens])
-        return {"loss": total_loss / max(total_tokens, 1), "nll": total_nll / max(total_tokens, 1),
-                "tokens": total_tokens, **aux_logs}
+        return {
+            "loss": total_loss / max(total_tokens, 1),
+            "nll": total_nll / max(total_tokens, 1),
+            "tokens": total_tokens,
+            **aux_logs,
+        }
 
     # ------------------------------------------------------------------ validation
     @torch.no_grad()
@@ -323,9 +356,15 @@ class Trainer:
         if dist.is_main() and not csv_path.exists():
             with csv_path.open("w", newline="") as f:
                 csv.DictWriter(f, CSV_FIELDS).writeheader()
-        bar = tqdm(total=cfg.max_updates, initial=self.state.step, desc="train", unit="upd",
-                   disable=not dist.is_main() or not cfg.progress, dynamic_ncols=True,
-                   mininterval=1.0 if sys.stderr.isatty() else 30.0)
+        bar = tqdm(
+            total=cfg.max_updates,
+            initial=self.state.step,
+            desc="train",
+            unit="upd",
+            disable=not dist.is_main() or not cfg.progress,
+            dynamic_ncols=True,
+            mininterval=1.0 if sys.stderr.isatty() else 30.0,
+        )
         self.procedure.on_start(self)
         window: list[dict[str, float]] = []
         window_start = time.perf_counter()
@@ -348,13 +387,19 @@ class Trainer:
                     bar.update(1)
                     if self.state.step % cfg.log_every == 0 or self.state.step == 1:
                         rate = sum(s["tokens"] for s in window) / max(time.perf_counter() - window_start, 1e-9)
-                        bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}",
-                                        tok_s=f"{rate:.0f}")
-                        self._log_row(csv_path, {
-                            "train_loss": sum(s["loss"] for s in window) / len(window),
-                            "train_nll": sum(s["nll"] for s in window) / len(window),
-                            "tokens_per_s": rate,
-                        })
+                        bar.set_postfix(
+                            loss=f"{stats['loss']:.3f}",
+                            lr=f"{self.scheduler.get_last_lr()[0]:.2e}",
+                            tok_s=f"{rate:.0f}",
+                        )
+                        self._log_row(
+                            csv_path,
+                            {
+                                "train_loss": sum(s["loss"] for s in window) / len(window),
+                                "train_nll": sum(s["nll"] for s in window) / len(window),
+                                "tokens_per_s": rate,
+                            },
+                        )
                         window, window_start = [], time.perf_counter()
                     self._after_update(csv_path, stop.requested)
                     last_tick = time.perf_counter()  # validation time is not training time
@@ -391,11 +436,15 @@ class Trainer:
                 improved = self._improved(result)
                 self._checkpoint_after_validation(improved)
                 self._log_row(csv_path, result)
-                log.info("update %d: valid loss %.3f ppl %.2f quality %s%s", st.step, result["valid_loss"],
-                         result["valid_ppl"], f"{result.get('valid_quality', float('nan')):.2f}",
-                         " (best)" if improved else "")
-                plot_learning_curve(csv_path, self.run_dir / "learning_curve.png",
-                                    "valid_quality")
+                log.info(
+                    "update %d: valid loss %.3f ppl %.2f quality %s%s",
+                    st.step,
+                    result["valid_loss"],
+                    result["valid_ppl"],
+                    f"{result.get('valid_quality', float('nan')):.2f}",
+                    " (best)" if improved else "",
+                )
+                plot_learning_curve(csv_path, self.run_dir / "learning_curve.png", "valid_quality")
                 if cfg.patience and st.bad_validations >= cfg.patience:
                     reason = reason or f"early stopping: no improvement in {cfg.patience} validations"
             reason = dist.broadcast_object(reason)
@@ -410,8 +459,12 @@ class Trainer:
     def _log_row(self, csv_path: Path, values: dict[str, float]) -> None:
         if not dist.is_main():
             return
-        row = {"step": self.state.step, "epoch": self.state.epoch, "elapsed_s": round(self.state.elapsed_s, 1),
-               "lr": self.scheduler.get_last_lr()[0]}
+        row = {
+            "step": self.state.step,
+            "epoch": self.state.epoch,
+            "elapsed_s": round(self.state.elapsed_s, 1),
+            "lr": self.scheduler.get_last_lr()[0],
+        }
         row.update({k: v for k, v in values.items() if k in CSV_FIELDS})
         with csv_path.open("a", newline="") as f:
             csv.DictWriter(f, CSV_FIELDS).writerow(row)
@@ -434,8 +487,12 @@ class Trainer:
             self.bare.load_state_dict(current)
             self.bare.train()
             if score < self.state.best:
-                log.info("averaging %d checkpoints scored %.3f on validation, below best.pt's %.3f: keeping best.pt",
-                         len(paths), score, self.state.best)
+                log.info(
+                    "averaging %d checkpoints scored %.3f on validation, below best.pt's %.3f: keeping best.pt",
+                    len(paths),
+                    score,
+                    self.state.best,
+                )
                 return None
         out = self.ckpt_dir / "avg.pt"
         save_checkpoint(out, {**self.model_payload(averaged), "averaged": [p.name for p in paths]})

@@ -27,8 +27,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     texts = args.text or [line.rstrip("\n") for line in sys.stdin]
-    for out in translator.translate(texts, beam_size=args.beam, len_penalty=args.len_penalty,
-                                    max_len_a=args.max_len_a, max_len_b=args.max_len_b):
+    for out in translator.translate(
+        texts, beam_size=args.beam, len_penalty=args.len_penalty, max_len_a=args.max_len_a, max_len_b=args.max_len_b
+    ):
         print(out)
     return 0
 

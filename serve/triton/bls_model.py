@@ -40,8 +40,9 @@ def _call(model: str, inputs: dict[str, Any], outputs: list[str]) -> dict[str, A
     """One BLS request → {output name: pb_utils.Tensor}; a failed composing model is raised with its message."""
     tensors = [v if isinstance(v, pb_utils.Tensor) else pb_utils.Tensor(k, v) for k, v in inputs.items()]
     kwargs = {"preferred_memory": _cpu()} if _cpu() is not None else {}
-    response = pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs, inputs=tensors,
-                                         **kwargs).exec()
+    response = pb_utils.InferenceRequest(
+        model_name=model, requested_output_names=outputs, inputs=tensors, **kwargs
+    ).exec()
     if response.has_error():
         raise RuntimeError(f"{model}: {response.error().message()}")
     return {t.name(): t for t in response.output_tensors()}
@@ -61,8 +62,9 @@ class BlsStepper(export_runtime._Stepper):
         self.m = model
         self.sentence = rows
         self.cross = {n: np.ascontiguousarray(encoded[n][rows]) for n in [*model.cross_names, "memory_pad_mask"]}
-        self.state = {spec["name"]: np.zeros(model.cache_shape(spec, len(rows)), spec["dtype"])
-                      for spec in model.self_specs}
+        self.state = {
+            spec["name"]: np.zeros(model.cache_shape(spec, len(rows)), spec["dtype"]) for spec in model.self_specs
+        }
         self.order = np.arange(len(rows), dtype=np.int64)
 
     def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -88,8 +90,9 @@ class BlsModel(export_runtime.ExportedModel):
         self.directory = Path(directory)
         self.manifest = m = json.loads((self.directory / export_runtime.MANIFEST).read_text(encoding="utf-8"))
         vocab = m["vocab"]
-        self.pad_id, self.unk_id, self.bos_id, self.eos_id = (vocab[k] for k in ("pad_id", "unk_id", "bos_id",
-                                                                               "eos_id"))
+        self.pad_id, self.unk_id, self.bos_id, self.eos_id = (
+            vocab[k] for k in ("pad_id", "unk_id", "bos_id", "eos_id")
+        )
         self.vocab_size = vocab["size"]
         self.max_positions = m["max_positions"]
         self.name = m["name"]
@@ -98,8 +101,9 @@ class BlsModel(export_runtime.ExportedModel):
         self.next_names = [export_runtime._NEXT + n for n in self.self_names]
         self.cross_names = [c["name"] for c in m["caches"] if c["kind"] == "cross"]
         gen = m.get("generation", {})
-        self.search = export_runtime.Search(**{k: gen[k] for k in export_runtime.Search.__dataclass_fields__
-                                               if k in gen})
+        self.search = export_runtime.Search(
+            **{k: gen[k] for k in export_runtime.Search.__dataclass_fields__ if k in gen}
+        )
         self.max_tokens = gen.get("max_tokens", 6000)
         self.max_sentences = gen.get("max_sentences", 128)
         self.encoder_model, self.decoder_model = encoder_model, decoder_model
@@ -113,8 +117,7 @@ class BlsModel(export_runtime.ExportedModel):
         out = _call(self.encoder_model, {"src_tokens": np.ascontiguousarray(src, dtype=np.int64)}, names)
         return {n: out[n].as_numpy() for n in names}
 
-    def stepper(self, encoded: dict[str, np.ndarray], rows: np.ndarray | None = None,
-                full: bool = False) -> BlsStepper:
+    def stepper(self, encoded: dict[str, np.ndarray], rows: np.ndarray | None = None, full: bool = False) -> BlsStepper:
         if full:
             raise NotImplementedError("full logits are a verification feature of the local runtime")
         if rows is None:
@@ -126,5 +129,6 @@ class TritonPythonModel(TextModel):
     """The public text model of the NGC variant."""
 
     def load(self, directory: str, params: dict[str, str], args: dict[str, str]) -> Any:
-        return BlsModel(directory, params["encoder_model"], params["decoder_model"],
-                        json.loads(params["decoder_inputs"]))
+        return BlsModel(
+            directory, params["encoder_model"], params["decoder_model"], json.loads(params["decoder_inputs"])
+        )

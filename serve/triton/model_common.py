@@ -38,8 +38,18 @@ INPUT = "TEXT"
 OUTPUT = "OUTPUT"
 TRUNCATED = "TRUNCATED"
 # request-level parameters that Triton or its clients use themselves (not search settings): ignored here
-RESERVED = frozenset({"binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
-                      "headers", "triton_enable_empty_final_response"})
+RESERVED = frozenset(
+    {
+        "binary_data_output",
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "priority",
+        "timeout",
+        "headers",
+        "triton_enable_empty_final_response",
+    }
+)
 # Budgets in decoder row-steps (rows × beam × max output tokens). The defaults keep one request of the CPU
 # preset's model (d_model 256, 3+3 layers) to a few seconds on one core: measured in serve/README.md.
 DEFAULT_MAX_REQUEST_COST = 10_000
@@ -82,8 +92,9 @@ def decode_texts(array: np.ndarray) -> list[str]:
         try:
             texts.append(bytes(item).decode("utf-8"))
         except UnicodeDecodeError as exc:
-            raise RequestError(f"{INPUT} row {row} is not valid UTF-8 ({exc.reason} at byte {exc.start}); "
-                               "send UTF-8 encoded text") from None
+            raise RequestError(
+                f"{INPUT} row {row} is not valid UTF-8 ({exc.reason} at byte {exc.start}); send UTF-8 encoded text"
+            ) from None
     return texts
 
 
@@ -95,8 +106,9 @@ def _error(exc: Exception) -> Any:
 class _Request:
     """One request, parsed and priced: its sources as token ids, truncation flags, search and cost."""
 
-    def __init__(self, index: int, encoded: list[list[int] | None], truncated: list[bool], search: Any,
-                 cost: int) -> None:
+    def __init__(
+        self, index: int, encoded: list[list[int] | None], truncated: list[bool], search: Any, cost: int
+    ) -> None:
         self.index, self.encoded, self.truncated, self.search, self.cost = index, encoded, truncated, search, cost
 
 
@@ -117,8 +129,9 @@ class TextModel:
         # before tokenising (the cut part would be truncated away anyway)
         self.max_chars = self.limit * MAX_PIECE_CHARS + MAX_PIECE_CHARS
         self.max_request_cost = int(params.get("max_request_cost", DEFAULT_MAX_REQUEST_COST))
-        self.max_execute_cost = max(int(params.get("max_execute_cost", DEFAULT_MAX_EXECUTE_COST)),
-                                    self.max_request_cost)
+        self.max_execute_cost = max(
+            int(params.get("max_execute_cost", DEFAULT_MAX_EXECUTE_COST)), self.max_request_cost
+        )
         self.logger = pb_utils.Logger
 
     def _price(self, index: int, request: Any) -> _Request:
@@ -144,7 +157,8 @@ class TextModel:
             raise RequestError(
                 f"request cost {cost} (rows × beam_size × maximum output tokens) exceeds this model's budget "
                 f"max_request_cost={self.max_request_cost}; send fewer rows per request, a smaller beam_size or "
-                "smaller max_len_a/max_len_b")
+                "smaller max_len_a/max_len_b"
+            )
         return _Request(index, encoded, truncated, search, cost)
 
     def execute(self, requests: list[Any]) -> list[Any]:
@@ -158,9 +172,12 @@ class TextModel:
         spent, admitted = 0, []
         for req in sorted(priced, key=lambda r: (r.cost, r.index)):  # cheapest first: small requests never wait
             if admitted and spent + req.cost > self.max_execute_cost:
-                responses[req.index] = _error(Busy(
-                    f"the server's per-batch budget max_execute_cost={self.max_execute_cost} is taken by other "
-                    "requests gathered with this one; retry"))
+                responses[req.index] = _error(
+                    Busy(
+                        f"the server's per-batch budget max_execute_cost={self.max_execute_cost} is taken by other "
+                        "requests gathered with this one; retry"
+                    )
+                )
                 continue
             spent += req.cost
             admitted.append(req)
@@ -173,14 +190,18 @@ class TextModel:
             except Exception as exc:  # the whole group failed: answer each of its requests with the reason
                 for req in items:
                     responses[req.index] = pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError(f"generation failed: {type(exc).__name__}: {exc}"))
+                        error=pb_utils.TritonError(f"generation failed: {type(exc).__name__}: {exc}")
+                    )
                 continue
             for req, out in zip(items, outputs, strict=True):
-                responses[req.index] = pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor(OUTPUT, np.array([s.encode("utf-8") for s in out], dtype=np.object_)
-                                    .reshape(-1, 1)),
-                    pb_utils.Tensor(TRUNCATED, np.array(req.truncated, dtype=bool).reshape(-1, 1)),
-                ])
+                responses[req.index] = pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor(
+                            OUTPUT, np.array([s.encode("utf-8") for s in out], dtype=np.object_).reshape(-1, 1)
+                        ),
+                        pb_utils.Tensor(TRUNCATED, np.array(req.truncated, dtype=bool).reshape(-1, 1)),
+                    ]
+                )
         return responses
 
     def _generate(self, items: list[_Request], search: Any) -> list[list[str]]:
@@ -188,8 +209,9 @@ class TextModel:
         flat = [(k, j, ids) for k, req in enumerate(items) for j, ids in enumerate(req.encoded) if ids is not None]
         results = [[""] * len(req.encoded) for req in items]
         if flat:
-            for (k, j, _), out in zip(flat, self.model.translate_encoded([ids for _, _, ids in flat], search),
-                                      strict=True):
+            for (k, j, _), out in zip(
+                flat, self.model.translate_encoded([ids for _, _, ids in flat], search), strict=True
+            ):
                 results[k][j] = out
             cut = sum(t for req in items for t in req.truncated)
             if cut:

@@ -23,8 +23,7 @@ class TritonPythonModel:
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         here = os.path.dirname(os.path.abspath(__file__))
-        self.session = ort.InferenceSession(os.path.join(here, onnx_file), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(os.path.join(here, onnx_file), options, providers=["CPUExecutionProvider"])
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.outputs = [o.name for o in self.session.get_outputs()]
 
@@ -40,8 +39,11 @@ class TritonPythonModel:
                     feeds[name] = tensor.as_numpy()
                 names = list(request.requested_output_names()) or self.outputs
                 values = self.session.run(names, feeds)
-                responses.append(pb_utils.InferenceResponse(
-                    output_tensors=[pb_utils.Tensor(n, v) for n, v in zip(names, values, strict=True)]))
+                responses.append(
+                    pb_utils.InferenceResponse(
+                        output_tensors=[pb_utils.Tensor(n, v) for n, v in zip(names, values, strict=True)]
+                    )
+                )
             except Exception as exc:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
         return responses

@@ -23,9 +23,12 @@ class TritonPythonModel(TextModel):
     """The export runtime's ORT sessions (CPU, or CUDA with provider=cuda) in this model instance."""
 
     def load(self, directory: str, params: dict[str, str], args: dict[str, str]) -> Any:
-        model = export_runtime.load(directory, threads=int(params.get("threads", "0")) or None,
-                                    optimization=params.get("optimization") or None,
-                                    check_files=params.get("check_files", "true") == "true")
+        model = export_runtime.load(
+            directory,
+            threads=int(params.get("threads", "0")) or None,
+            optimization=params.get("optimization") or None,
+            check_files=params.get("check_files", "true") == "true",
+        )
         if params.get("provider", "cpu") == "cuda":
             self._use_cuda(model, int(args.get("model_instance_device_id", "0")))
         return model
@@ -34,10 +37,11 @@ class TritonPythonModel(TextModel):
     def _use_cuda(model: Any, device: int) -> None:
         """Swap the runtime's CPU sessions for CUDA ones (the runtime itself is CPU-only by design)."""
         if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise RuntimeError("provider=cuda but this onnxruntime has no CUDAExecutionProvider; "
-                               "install onnxruntime-gpu in the server's Python environment")
+            raise RuntimeError(
+                "provider=cuda but this onnxruntime has no CUDAExecutionProvider; "
+                "install onnxruntime-gpu in the server's Python environment"
+            )
         providers = [("CUDAExecutionProvider", {"device_id": device}), "CPUExecutionProvider"]
         graphs = model.manifest["graphs"]
         for attr in ("encoder", "decoder"):
-            setattr(model, attr, ort.InferenceSession(str(model.directory / graphs[attr]["file"]),
-                                                      providers=providers))
+            setattr(model, attr, ort.InferenceSession(str(model.directory / graphs[attr]["file"]), providers=providers))

@@ -99,10 +99,16 @@ def plot_score_ranks(reports: Sequence[dict[str, Any]], path: Path, title: str) 
             xs = [b["mean_n"] for b in s["buckets"]]
             top_n = max(top_n, *xs)
             # distinct markers, shrinking with i, keep coinciding lines (e.g. all at d_p) visible
-            style = {"color": colors[i % len(colors)], "marker": MARKERS[i % len(MARKERS)],
-                     "markersize": max(7 - i, 3), "linewidth": max(2.4 - 0.4 * i, 1.0), "alpha": 0.85}
-            ax_rank.plot(xs, [b["mean_rank"] for b in s["buckets"]], **style,
-                         label=f"{rep['label']} (d_p={s['head_dim']})")
+            style = {
+                "color": colors[i % len(colors)],
+                "marker": MARKERS[i % len(MARKERS)],
+                "markersize": max(7 - i, 3),
+                "linewidth": max(2.4 - 0.4 * i, 1.0),
+                "alpha": 0.85,
+            }
+            ax_rank.plot(
+                xs, [b["mean_rank"] for b in s["buckets"]], **style, label=f"{rep['label']} (d_p={s['head_dim']})"
+            )
             ax_full.plot(xs, [b["at_bound_fraction"] for b in s["buckets"]], **style)
         ax_rank.plot([0, top_n], [0, top_n], color="grey", linestyle="--", linewidth=1, label="y = n")
         for j, dp in enumerate(sorted({r["by_kind"][kind]["head_dim"] for r in reports if kind in r["by_kind"]})):
@@ -158,16 +164,18 @@ def sentence_maps(model: Transformer, src: Tensor, tgt_in: Tensor, module: str) 
         m.captured.clear()
 
 
-def plot_sentence_maps(maps: dict[str, Tensor], q_tokens: Sequence[str], k_tokens: Sequence[str], path: Path,
-                       title: str, per_row: int = 8) -> None:
+def plot_sentence_maps(
+    maps: dict[str, Tensor], q_tokens: Sequence[str], k_tokens: Sequence[str], path: Path, title: str, per_row: int = 8
+) -> None:
     """Grid of maps [H, n_q, n_k]: one block of rows per map kind (Mixhead: unmixed, then mixed), up to
     `per_row` heads per row; one colour scale per block (diverging where a mixed map has negative weights)."""
     heads = next(iter(maps.values())).shape[0]
     cols = min(heads, per_row)
     block = math.ceil(heads / cols)
     rows = block * len(maps)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.1 * cols + 1.0, 2.2 * rows + 0.8), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(2.1 * cols + 1.0, 2.2 * rows + 0.8), squeeze=False, layout="constrained"
+    )
     names = {"A_unmixed": "unmixed", "A": "mixed" if "A_unmixed" in maps else "A"}
     ticks = len(q_tokens) <= MAX_TICK_TOKENS and len(k_tokens) <= MAX_TICK_TOKENS
     for b, (name, stack) in enumerate(maps.items()):

@@ -22,8 +22,11 @@ from torch import Tensor
 
 from zoo.model import Transformer
 
-KINDS = {("encoder", "self_attn"): "encoder self-attention", ("decoder", "self_attn"): "decoder self-attention",
-         ("decoder", "cross_attn"): "decoder cross-attention"}
+KINDS = {
+    ("encoder", "self_attn"): "encoder self-attention",
+    ("decoder", "self_attn"): "decoder self-attention",
+    ("decoder", "cross_attn"): "decoder cross-attention",
+}
 
 
 # ---------------------------------------------------------------------- pure functions
@@ -41,8 +44,7 @@ def cumulative_singular_values(sv: Tensor) -> Tensor:
     """[..., r] descending singular values -> [..., r] normalised cumulative sums (last entry 1;
     an all-zero matrix gives all ones)."""
     total = sv.sum(dim=-1, keepdim=True)
-    return torch.where(total > 0, sv.cumsum(dim=-1) / total.clamp_min(torch.finfo(sv.dtype).tiny),
-                       torch.ones_like(sv))
+    return torch.where(total > 0, sv.cumsum(dim=-1) / total.clamp_min(torch.finfo(sv.dtype).tiny), torch.ones_like(sv))
 
 
 def resample_curve(curve: Tensor, grid: int) -> Tensor:
@@ -113,8 +115,9 @@ def module_lengths(name: str, src_lens: Tensor, tgt_lens: Tensor) -> tuple[Tenso
 
 
 # ---------------------------------------------------------------------- running a model
-def collect_maps(model: Transformer, batches: Iterable[tuple[Tensor, Tensor]], map_name: str = "A",
-                 pad_id: int = 0) -> dict[str, list[Tensor]]:
+def collect_maps(
+    model: Transformer, batches: Iterable[tuple[Tensor, Tensor]], map_name: str = "A", pad_id: int = 0
+) -> dict[str, list[Tensor]]:
     """Teacher-forced forward passes over (src [B, S], tgt_in [B, T]) batches; per attention module,
     the cropped [H, n_q, n_k] maps of every sentence. `map_name` "A" is the map that weights the
     values; a mechanism-specific name (Mixhead's "A_unmixed") falls back to "A" where a module does

@@ -75,8 +75,9 @@ def _examples(cfg: DictConfig, payload: dict[str, Any]) -> list[Example]:
     raise DataError(f"split={cfg.split!r}: use heldout, test or valid")
 
 
-def _pairs_and_batches(cfg: DictConfig, payload: dict[str, Any], model: Transformer,
-                       tok: Tokenizer) -> tuple[list[tuple[list[int], list[int]]], Batches]:
+def _pairs_and_batches(
+    cfg: DictConfig, payload: dict[str, Any], model: Transformer, tok: Tokenizer
+) -> tuple[list[tuple[list[int], list[int]]], Batches]:
     examples = _examples(cfg, payload)
     if cfg.sentences:
         examples = examples[: int(cfg.sentences)]
@@ -92,8 +93,9 @@ def _pairs_and_batches(cfg: DictConfig, payload: dict[str, Any], model: Transfor
 
 
 # ---------------------------------------------------------------------- one checkpoint
-def analyze_maps(cfg: DictConfig, payload: dict[str, Any], model: Transformer, batches: Batches,
-                 sentences: int, pad_id: int) -> dict[str, Any]:
+def analyze_maps(
+    cfg: DictConfig, payload: dict[str, Any], model: Transformer, batches: Batches, sentences: int, pad_id: int
+) -> dict[str, Any]:
     """Post-softmax map ranks and singular-value curves of every module (zoo.analyze.maps)."""
     maps = collect_maps(model, batches, cfg.map, pad_id)
     modules: dict[str, Any] = {}
@@ -103,19 +105,38 @@ def analyze_maps(cfg: DictConfig, payload: dict[str, Any], model: Transformer, b
             skipped.append(name)
             continue
         kind, layer = module_kind(name)
-        modules[name] = {"kind": kind, "layer": layer, "heads": int(stacks[0].shape[0]),
-                         **summarise_maps(stacks, float(cfg.threshold), int(cfg.grid))}
+        modules[name] = {
+            "kind": kind,
+            "layer": layer,
+            "heads": int(stacks[0].shape[0]),
+            **summarise_maps(stacks, float(cfg.threshold), int(cfg.grid)),
+        }
     return {
-        "entry": payload.get("entry"), "checkpoint": payload["path"], "split": cfg.split, "sentences": sentences,
-        "map": cfg.map, "threshold": float(cfg.threshold), "dtype": cfg.dtype, "attention": model.cfg.attention,
-        "num_heads": model.cfg.num_heads, "head_dim": model.attention_modules()[next(iter(maps))].head_dim,
+        "entry": payload.get("entry"),
+        "checkpoint": payload["path"],
+        "split": cfg.split,
+        "sentences": sentences,
+        "map": cfg.map,
+        "threshold": float(cfg.threshold),
+        "dtype": cfg.dtype,
+        "attention": model.cfg.attention,
+        "num_heads": model.cfg.num_heads,
+        "head_dim": model.attention_modules()[next(iter(maps))].head_dim,
         "curve_x": torch.linspace(0, 1, int(cfg.grid) + 1, dtype=torch.float64).tolist(),
-        "modules": modules, "skipped": skipped,
+        "modules": modules,
+        "skipped": skipped,
     }
 
 
-def analyze_scores(cfg: DictConfig, label: str, payload: dict[str, Any], model: Transformer, batches: Batches,
-                   sentences: int, pad_id: int) -> dict[str, Any]:
+def analyze_scores(
+    cfg: DictConfig,
+    label: str,
+    payload: dict[str, Any],
+    model: Transformer,
+    batches: Batches,
+    sentences: int,
+    pad_id: int,
+) -> dict[str, Any]:
     """Numerical ranks of the pre-softmax QKᵀ of every head against n (zoo.analyze.scores)."""
     attn = model.attention_modules()
     head_dims = {name: m.head_dim for name, m in attn.items()}
@@ -125,9 +146,17 @@ def analyze_scores(cfg: DictConfig, label: str, payload: dict[str, Any], model: 
     modules, by_kind = score_rank_report(stacks, head_dims, float(cfg.qk_tol), int(cfg.qk_bucket), min_len)
     reasons = sorted(set(skipped.values()))
     return {
-        "label": label, "entry": payload.get("entry"), "checkpoint": payload["path"],
-        "attention": model.cfg.attention, "num_heads": model.cfg.num_heads, "head_dim": head_dim,
-        "sentences": sentences, "min_len": min_len, "by_kind": by_kind, "modules": modules, "skipped": skipped,
+        "label": label,
+        "entry": payload.get("entry"),
+        "checkpoint": payload["path"],
+        "attention": model.cfg.attention,
+        "num_heads": model.cfg.num_heads,
+        "head_dim": head_dim,
+        "sentences": sentences,
+        "min_len": min_len,
+        "by_kind": by_kind,
+        "modules": modules,
+        "skipped": skipped,
         "skipped_reason": "; ".join(reasons) if reasons else None,
     }
 
@@ -138,17 +167,27 @@ def figure_choice(cfg: DictConfig, model: Transformer, sentences: int) -> tuple[
         return None
     index = int(cfg.figure_sentence)
     if not 0 <= index < sentences:
-        raise AnalyzeError(f"figure_sentence={index}: the analysed split has {sentences} sentence pairs "
-                           f"(0…{sentences - 1})")
+        raise AnalyzeError(
+            f"figure_sentence={index}: the analysed split has {sentences} sentence pairs (0…{sentences - 1})"
+        )
     module = cfg.figure_module or default_figure_module(model)
     if module not in model.attention_modules():
-        raise AnalyzeError(f"figure_module={module!r}: not an attention module; "
-                           f"modules: {', '.join(model.attention_modules())}")
+        raise AnalyzeError(
+            f"figure_module={module!r}: not an attention module; modules: {', '.join(model.attention_modules())}"
+        )
     return index, module
 
 
-def write_sentence_figure(cfg: DictConfig, label: str, model: Transformer, tok: Tokenizer,
-                          pair: tuple[list[int], list[int]], index: int, module: str, out: Path) -> Path:
+def write_sentence_figure(
+    cfg: DictConfig,
+    label: str,
+    model: Transformer,
+    tok: Tokenizer,
+    pair: tuple[list[int], list[int]],
+    index: int,
+    module: str,
+    out: Path,
+) -> Path:
     """PNG grid of every head's post-softmax map of `module` for one sentence `pair` (number `index`)."""
     batch = collate([pair], tok.pad_id, tok.bos_id, tok.eos_id)  # one pair: no padding
     src, tgt_in = batch.src.to(cfg.device), batch.tgt_in.to(cfg.device)  # [1, S], [1, T]
@@ -160,8 +199,10 @@ def write_sentence_figure(cfg: DictConfig, label: str, model: Transformer, tok: 
     q_tok = src_tok if module.startswith("encoder") else tgt_tok
     k_tok = tgt_tok if module.startswith("decoder") and module.endswith("self_attn") else src_tok
     text = tok.decode(pair[0])
-    title = (f"{label} · {module} · sentence {index} ({cfg.split}, {len(src_tok)} source tokens)\n"
-             f"{text[:100]}{'…' if len(text) > 100 else ''}")
+    title = (
+        f"{label} · {module} · sentence {index} ({cfg.split}, {len(src_tok)} source tokens)\n"
+        f"{text[:100]}{'…' if len(text) > 100 else ''}"
+    )
     path = out / f"attention_maps_s{index}_{module}.png"
     plot_sentence_maps(maps, q_tok, k_tok, path, title)
     return path
@@ -227,12 +268,19 @@ def analyze(cfg: DictConfig) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
         tol = float(cfg.qk_tol)
         summary = {
-            "score": SCORE_DEFINITION, "tol": tol, "rank_rule": "numerical rank = #{σ_i > tol·σ_max}",
-            "dtype": cfg.dtype, "split": cfg.split, "bucket_width": int(cfg.qk_bucket), "checkpoints": reports,
+            "score": SCORE_DEFINITION,
+            "tol": tol,
+            "rank_rule": "numerical rank = #{σ_i > tol·σ_max}",
+            "dtype": cfg.dtype,
+            "split": cfg.split,
+            "bucket_width": int(cfg.qk_bucket),
+            "checkpoints": reports,
         }
         (out / "qk_rank.json").write_text(json.dumps(summary, indent=1))
-        title = (f"pre-softmax QKᵀ numerical rank (σ > {tol:g}·σ_max, {cfg.dtype}) vs sentence length · "
-                 f"{cfg.split}, buckets of {int(cfg.qk_bucket)}")
+        title = (
+            f"pre-softmax QKᵀ numerical rank (σ > {tol:g}·σ_max, {cfg.dtype}) vs sentence length · "
+            f"{cfg.split}, buckets of {int(cfg.qk_bucket)}"
+        )
         plot_score_ranks(reports, out / "qk_rank.png", title)
         print(f"QKᵀ rank overlay of {len(reports)} checkpoint(s): {out / 'qk_rank.png'}, {out / 'qk_rank.json'}")
     return {"out": str(out), "checkpoints": results}
@@ -241,12 +289,16 @@ def analyze(cfg: DictConfig) -> dict[str, Any]:
 # ---------------------------------------------------------------------- tables
 def format_table(result: dict[str, Any]) -> str:
     """Per module: matrices, mean rank / mean size, full-rank fraction, curve area."""
-    lines = [f"[{result['entry']}] attention-map ranks ({result['map']}, σ > {result['threshold']:g}, "
-             f"{result['sentences']} sentences from {result['split']}, {result['dtype']})",
-             f"    {'module':<30}{'maps':>6}{'mean rank':>11}{'mean size':>11}{'full rank':>11}{'σ-curve area':>14}"]
+    lines = [
+        f"[{result['entry']}] attention-map ranks ({result['map']}, σ > {result['threshold']:g}, "
+        f"{result['sentences']} sentences from {result['split']}, {result['dtype']})",
+        f"    {'module':<30}{'maps':>6}{'mean rank':>11}{'mean size':>11}{'full rank':>11}{'σ-curve area':>14}",
+    ]
     for name, m in result["modules"].items():
-        lines.append(f"    {name:<30}{m['matrices']:>6}{m['mean_rank']:>11.2f}{m['mean_size']:>11.2f}"
-                     f"{m['full_rank_fraction']:>10.0%} {m['curve_area']:>13.3f}")
+        lines.append(
+            f"    {name:<30}{m['matrices']:>6}{m['mean_rank']:>11.2f}{m['mean_size']:>11.2f}"
+            f"{m['full_rank_fraction']:>10.0%} {m['curve_area']:>13.3f}"
+        )
     if result["skipped"]:
         lines.append(f"    no attention map captured for: {', '.join(result['skipped'])}")
     return "\n".join(lines)
@@ -255,16 +307,23 @@ def format_table(result: dict[str, Any]) -> str:
 def format_score_table(report: dict[str, Any], tol: float, dtype: str) -> str:
     """Per module (MGK: per key component): matrices, mean n, mean rank, fraction at min(n, d_p), all
     sentences and those with n ≥ min_len."""
-    lines = [f"[{report['label']}] pre-softmax QKᵀ numerical rank (σ > {tol:g}·σ_max, {dtype}); d_p = "
-             f"{report['head_dim']}, long: n ≥ {report['min_len']}",
-             f"    {'module':<34}{'mats':>6}{'mean n':>8}{'rank':>7}{'at bound':>10}"
-             f"{'long mats':>11}{'rank':>7}{'at bound':>10}"]
+    lines = [
+        f"[{report['label']}] pre-softmax QKᵀ numerical rank (σ > {tol:g}·σ_max, {dtype}); d_p = "
+        f"{report['head_dim']}, long: n ≥ {report['min_len']}",
+        f"    {'module':<34}{'mats':>6}{'mean n':>8}{'rank':>7}{'at bound':>10}"
+        f"{'long mats':>11}{'rank':>7}{'at bound':>10}",
+    ]
     for name, m in report["modules"].items():
         long = m["long"]
-        tail = (f"{long['matrices']:>11}{long['mean_rank']:>7.2f}{long['at_bound_fraction']:>10.0%}"
-                if long["matrices"] else f"{0:>11}{'–':>7}{'–':>10}")
-        lines.append(f"    {name:<34}{m['matrices']:>6}{m['mean_n']:>8.1f}{m['mean_rank']:>7.2f}"
-                     f"{m['at_bound_fraction']:>10.0%}{tail}")
+        tail = (
+            f"{long['matrices']:>11}{long['mean_rank']:>7.2f}{long['at_bound_fraction']:>10.0%}"
+            if long["matrices"]
+            else f"{0:>11}{'–':>7}{'–':>10}"
+        )
+        lines.append(
+            f"    {name:<34}{m['matrices']:>6}{m['mean_n']:>8.1f}{m['mean_rank']:>7.2f}"
+            f"{m['at_bound_fraction']:>10.0%}{tail}"
+        )
     for name, reason in report["skipped"].items():
         lines.append(f"    {name:<34}skipped: {reason}")
     return "\n".join(lines)

@@ -40,12 +40,16 @@ from zoo.attention.linear import MixtureOfLinearKeys
 from zoo.attention.mgk import MixtureOfGaussianKeys
 from zoo.model import Transformer
 
-SCORE_DEFINITION = ("S_h = Q_h K_hᵀ per head: the unscaled product of the projected per-head queries and keys "
-                    "(biases included) as `attend` receives them, before the softmax and before any causal mask; "
-                    "Mixhead: before mixing; MGK: one product per key component r (q k_rᵀ); cropped to real tokens; "
-                    "n = min(n_q, n_k); bound = min(n, d_p)")
-LINEAR_SKIP = ("linear attention: no softmax score matrix (the kernel φ(q)·φ̃(k) is normalised directly; "
-               "its map is in the post-softmax analysis)")
+SCORE_DEFINITION = (
+    "S_h = Q_h K_hᵀ per head: the unscaled product of the projected per-head queries and keys "
+    "(biases included) as `attend` receives them, before the softmax and before any causal mask; "
+    "Mixhead: before mixing; MGK: one product per key component r (q k_rᵀ); cropped to real tokens; "
+    "n = min(n_q, n_k); bound = min(n, d_p)"
+)
+LINEAR_SKIP = (
+    "linear attention: no softmax score matrix (the kernel φ(q)·φ̃(k) is normalised directly; "
+    "its map is in the post-softmax analysis)"
+)
 
 
 # ---------------------------------------------------------------------- pure functions
@@ -89,20 +93,25 @@ def bucket_ranks(ns: Sequence[int], ranks: Sequence[int], bounds: Sequence[int],
     groups: dict[tuple[int, int], list[int]] = {}
     for i, n in enumerate(ns):
         groups.setdefault(length_bucket(n, width), []).append(i)
-    return [{"lo": lo, "hi": hi, **rank_stats([ns[i] for i in idx], [ranks[i] for i in idx], [bounds[i] for i in idx])}
-            for (lo, hi), idx in sorted(groups.items())]
+    return [
+        {"lo": lo, "hi": hi, **rank_stats([ns[i] for i in idx], [ranks[i] for i in idx], [bounds[i] for i in idx])}
+        for (lo, hi), idx in sorted(groups.items())
+    ]
 
 
-def summarise_score_ranks(ns: Sequence[int], ranks: Sequence[int], head_dim: int, width: int,
-                          min_len: int) -> dict[str, Any]:
+def summarise_score_ranks(
+    ns: Sequence[int], ranks: Sequence[int], head_dim: int, width: int, min_len: int
+) -> dict[str, Any]:
     """Flat lists of per-matrix lengths n and ranks (one per sentence × head) of heads of size
     `head_dim` -> overall stats, stats over the sentences with n ≥ `min_len` ("long") and per bucket."""
     bounds = [min(n, head_dim) for n in ns]
     long = [i for i, n in enumerate(ns) if n >= min_len]
     return {
         **rank_stats(ns, ranks, bounds),
-        "long": {"min_len": min_len, **rank_stats([ns[i] for i in long], [ranks[i] for i in long],
-                                                  [bounds[i] for i in long])},
+        "long": {
+            "min_len": min_len,
+            **rank_stats([ns[i] for i in long], [ranks[i] for i in long], [bounds[i] for i in long]),
+        },
         "buckets": bucket_ranks(ns, ranks, bounds, width),
     }
 
@@ -114,8 +123,7 @@ def score_stack_ranks(stacks: Sequence[Tensor], tol: float) -> tuple[list[int], 
     return ns, [numerical_ranks(s, tol).tolist() for s in stacks]
 
 
-def summarise_module(stacks: Sequence[Tensor], head_dim: int, tol: float, width: int,
-                     min_len: int) -> dict[str, Any]:
+def summarise_module(stacks: Sequence[Tensor], head_dim: int, tol: float, width: int, min_len: int) -> dict[str, Any]:
     """Everything the report keeps about one module (or MGK component): per sentence n and per-head
     ranks, per head the mean rank and at-bound fraction over the long sentences, and the summary."""
     ns, ranks = score_stack_ranks(stacks, tol)
@@ -126,10 +134,14 @@ def summarise_module(stacks: Sequence[Tensor], head_dim: int, tol: float, width:
         per_head.append(rank_stats([n for n, _ in long], [r for _, r in long], [min(n, head_dim) for n, _ in long]))
     flat_n = [n for n, r in zip(ns, ranks, strict=True) for _ in r]
     flat_r = [x for r in ranks for x in r]
-    return {"heads": heads, "head_dim": head_dim, "n": ns, "ranks": ranks,
-            "long_per_head": [{k: p.get(k) for k in ("matrices", "mean_rank", "at_bound_fraction")}
-                              for p in per_head],
-            **summarise_score_ranks(flat_n, flat_r, head_dim, width, min_len)}
+    return {
+        "heads": heads,
+        "head_dim": head_dim,
+        "n": ns,
+        "ranks": ranks,
+        "long_per_head": [{k: p.get(k) for k in ("matrices", "mean_rank", "at_bound_fraction")} for p in per_head],
+        **summarise_score_ranks(flat_n, flat_r, head_dim, width, min_len),
+    }
 
 
 def module_label(name: str) -> tuple[str, str | None]:
@@ -162,8 +174,9 @@ def _recording_attend(module: Attention, sink: dict[str, Tensor], keys: Sequence
     return attend
 
 
-def collect_scores(model: Transformer, batches: Iterable[tuple[Tensor, Tensor]],
-                   pad_id: int = 0) -> tuple[dict[str, list[Tensor]], dict[str, str]]:
+def collect_scores(
+    model: Transformer, batches: Iterable[tuple[Tensor, Tensor]], pad_id: int = 0
+) -> tuple[dict[str, list[Tensor]], dict[str, str]]:
     """Teacher-forced forward passes over (src [B, S], tgt_in [B, T]) batches. Returns (per module —
     per key component "name[k<r>]" for MGK — the cropped [H, n_q, n_k] score products q kᵀ of every
     sentence; {module: reason} for the modules skipped). Every module's `attend` is shadowed on the
@@ -206,8 +219,9 @@ def collect_scores(model: Transformer, batches: Iterable[tuple[Tensor, Tensor]],
     return out, skipped
 
 
-def score_rank_report(stacks: dict[str, list[Tensor]], head_dims: dict[str, int], tol: float, width: int,
-                      min_len: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def score_rank_report(
+    stacks: dict[str, list[Tensor]], head_dims: dict[str, int], tol: float, width: int, min_len: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(per module/component summaries, per attention kind summaries pooled over layers and components)
     of `collect_scores`'s stacks; `head_dims` maps module names (without component) to head sizes."""
     modules: dict[str, Any] = {}
@@ -218,8 +232,12 @@ def score_rank_report(stacks: dict[str, list[Tensor]], head_dims: dict[str, int]
         base, comp = module_label(label)
         kind, layer = module_kind(base)
         dh = head_dims[base]
-        entry = {"kind": kind, "layer": layer, "component": comp,
-                 **summarise_module(module_stacks, dh, tol, width, min_len)}
+        entry = {
+            "kind": kind,
+            "layer": layer,
+            "component": comp,
+            **summarise_module(module_stacks, dh, tol, width, min_len),
+        }
         modules[label] = entry
         ns, rs, dims = pooled.setdefault(kind, ([], [], set()))
         ns += [n for n, r in zip(entry["n"], entry["ranks"], strict=True) for _ in r]

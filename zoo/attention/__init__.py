@@ -20,8 +20,9 @@ ATTENTION_REGISTRY: dict[str, type[Attention]] = {
 }
 
 
-def build_attention(key: str, d_model: int, num_heads: int, head_dim: int | None = None,
-                    dropout: float = 0.0, **options: Any) -> Attention:
+def build_attention(
+    key: str, d_model: int, num_heads: int, head_dim: int | None = None, dropout: float = 0.0, **options: Any
+) -> Attention:
     """Instantiate the mechanism registered under `key`."""
     try:
         cls = ATTENTION_REGISTRY[key]

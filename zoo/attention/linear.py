@@ -60,8 +60,16 @@ class MixtureOfLinearKeys(MixtureKeyAttention):
         chunk_size: int = 64,
         eps: float = 1e-6,
     ) -> None:
-        super().__init__(d_model, num_heads, head_dim=head_dim, dropout=dropout, bias=bias,
-                         num_components=num_components, shared_key=shared_key, prior="learned")
+        super().__init__(
+            d_model,
+            num_heads,
+            head_dim=head_dim,
+            dropout=dropout,
+            bias=bias,
+            num_components=num_components,
+            shared_key=shared_key,
+            prior="learned",
+        )
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.chunk_size = chunk_size
@@ -126,8 +134,9 @@ class MixtureOfLinearKeys(MixtureKeyAttention):
                 out = self.attend(q, cache, None, False)
         if self.capture:
             complete = kv is not None and not (memory is None and had_prefix)
-            self._capture_linear(q, kv if complete else None, out,
-                                 causal=memory is None and (causal or cache is not None))
+            self._capture_linear(
+                q, kv if complete else None, out, causal=memory is None and (causal or cache is not None)
+            )
         out = out * self.head_gate.to(out.dtype)[None, :, None, None]
         return self.out_proj(self._merge(out))
 
@@ -154,8 +163,9 @@ class MixtureOfLinearKeys(MixtureKeyAttention):
         den = fq @ z.transpose(-1, -2)  # [B, H, T, dh] @ [B, H, dh, 1] -> [B, H, T, 1]
         return num / (den + self.eps)
 
-    def _causal(self, fq: Tensor, fk: Tensor, v: Tensor,
-                state: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+    def _causal(
+        self, fq: Tensor, fk: Tensor, v: Tensor, state: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Causal linear attention of T new positions after an optional prefix `state`:
         h_i = φ(q_i)ᵀ (KV_prefix + Σ_{j≤i} φ̃_j v_jᵀ) / φ(q_i)ᵀ (z_prefix + Σ_{j≤i} φ̃_j).
         Chunks of `chunk_size` positions: the running sums carry everything before a chunk, the
@@ -223,8 +233,17 @@ class LinearAttention(MixtureOfLinearKeys):
         chunk_size: int = 64,
         eps: float = 1e-6,
     ) -> None:
-        super().__init__(d_model, num_heads, head_dim=head_dim, dropout=dropout, bias=bias,
-                         num_components=1, shared_key=False, chunk_size=chunk_size, eps=eps)
+        super().__init__(
+            d_model,
+            num_heads,
+            head_dim=head_dim,
+            dropout=dropout,
+            bias=bias,
+            num_components=1,
+            shared_key=False,
+            chunk_size=chunk_size,
+            eps=eps,
+        )
 
 
 def _mask_keys(fk: Tensor, mask: Tensor | None) -> Tensor:

@@ -57,8 +57,16 @@ class MixtureOfGaussianKeys(MixtureKeyAttention):
         if e_step not in E_STEPS:
             raise ValueError(f"e_step must be one of {E_STEPS}, got {e_step!r}")
         prior = {"learned": "learned", "soft": "em", "hard": "none"}[e_step]
-        super().__init__(d_model, num_heads, head_dim=head_dim, dropout=dropout, bias=bias,
-                         num_components=num_components, shared_key=shared_key, prior=prior)
+        super().__init__(
+            d_model,
+            num_heads,
+            head_dim=head_dim,
+            dropout=dropout,
+            bias=bias,
+            num_components=num_components,
+            shared_key=shared_key,
+            prior=prior,
+        )
         self.e_step = e_step
         self.sigma2 = math.sqrt(self.head_dim) if sigma2 is None else float(sigma2)
         if not self.sigma2 > 0:
@@ -80,7 +88,7 @@ class MixtureOfGaussianKeys(MixtureKeyAttention):
         padding mask; the decoder's padded target positions are included there.)"""
         self._query_padding = None
         if memory is None and key_padding_mask is not None:
-            self._query_padding = key_padding_mask[:, -x.shape[1]:]  # [B, T] True at padding
+            self._query_padding = key_padding_mask[:, -x.shape[1] :]  # [B, T] True at padding
         try:
             return super().forward(x, memory, key_padding_mask=key_padding_mask, causal=causal, cache=cache)
         finally:
@@ -147,4 +155,3 @@ class MixtureOfGaussianKeys(MixtureKeyAttention):
         (zoo.flops conventions); sMGK's shifts are adds, so it costs as MGK minus one projection."""
         core = 2 * (self.num_components + 1) * self.num_heads * q_len * kv_len * self.head_dim
         return projection_flops(self, q_len, kv_len) + core
-

@@ -31,4 +31,3 @@ class MultiHeadAttention(Attention):
         attn = scores.softmax(dim=-1)
         self.captured["A"] = attn
         return F.dropout(attn, p, self.training) @ v
-

@@ -71,8 +71,10 @@ class MixheadAttention(Attention):
         super().__init__(d_model, num_heads, head_dim=head_dim, dropout=dropout, bias=bias)
         variant = str(variant).lower()
         if variant not in VARIANTS:
-            raise ValueError(f"mixhead variant must be one of {VARIANTS} (a = position-independent, "
-                             f"b = position-wise, avg = fixed uniform averaging, the paper's Avghead), got {variant!r}")
+            raise ValueError(
+                f"mixhead variant must be one of {VARIANTS} (a = position-independent, "
+                f"b = position-wise, avg = fixed uniform averaging, the paper's Avghead), got {variant!r}"
+            )
         if not ortho_lambda >= 0:
             raise ValueError(f"mixhead ortho_lambda must be >= 0, got {ortho_lambda}")
         self.variant = variant

@@ -12,7 +12,7 @@ MODULE_KINDS = {"encoder_self": ("src", "src"), "decoder_self": ("tgt", "tgt"), 
 
 
 def module_kind(name: str) -> str:
-    """"encoder.layers.0.self_attn" → "encoder_self", "decoder.layers.1.cross_attn" → "decoder_cross"."""
+    """ "encoder.layers.0.self_attn" → "encoder_self", "decoder.layers.1.cross_attn" → "decoder_cross"."""
     side = name.split(".")[0]
     kind = "cross" if name.endswith("cross_attn") else "self"
     return f"{side}_{kind}"

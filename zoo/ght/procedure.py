@@ -34,9 +34,11 @@ class Stage(str, Enum):
     """GHT-PS's stages in order; the value is what `last.pt` stores (a plain string, so checkpoints written
     before this enum existed resume unchanged)."""
 
-    GCT = "gct"            # group-constrained training
-    VOTE = "vote"          # Voting-to-Stay (one pass, then the plan is applied)
+    GCT = "gct"  # group-constrained training
+    VOTE = "vote"  # Voting-to-Stay (one pass, then the plan is applied)
     FINETUNE = "finetune"  # task loss only, non-kept heads gated off and frozen
+
+
 FEATURE_MAPS = ("V", "A", "O")
 
 
@@ -81,10 +83,15 @@ class GHTOptions:
         if opts.feature_map not in FEATURE_MAPS:
             raise ValueError(f"model.ght.feature_map={opts.feature_map!r}: use V, A or O")
         opts.vote_maps = list(opts.vote_maps)
-        if not opts.vote_maps or set(opts.vote_maps) - set(FEATURE_MAPS) or len(set(opts.vote_maps)) < len(
-                opts.vote_maps):
-            raise ValueError(f"model.ght.vote_maps={opts.vote_maps}: a non-empty list of distinct maps among "
-                             "V, A, O (the paper votes with [V, A, O])")
+        if (
+            not opts.vote_maps
+            or set(opts.vote_maps) - set(FEATURE_MAPS)
+            or len(set(opts.vote_maps)) < len(opts.vote_maps)
+        ):
+            raise ValueError(
+                f"model.ght.vote_maps={opts.vote_maps}: a non-empty list of distinct maps among "
+                "V, A, O (the paper votes with [V, A, O])"
+            )
         if opts.selection in RENAMED:
             raise ValueError(f"model.ght.selection={opts.selection!r} is renamed: use {RENAMED[opts.selection]}")
         if opts.selection not in SELECTIONS:
@@ -99,8 +106,9 @@ class GHTOptions:
         if opts.init_stage not in {stage.value for stage in Stage}:
             raise ValueError(f"model.ght.init_stage={opts.init_stage!r}: use one of {[stage.value for stage in Stage]}")
         if opts.loss_normalization not in LOSS_NORMALIZATIONS:
-            raise ValueError(f"model.ght.loss_normalization={opts.loss_normalization!r}: use one of "
-                             f"{list(LOSS_NORMALIZATIONS)}")
+            raise ValueError(
+                f"model.ght.loss_normalization={opts.loss_normalization!r}: use one of {list(LOSS_NORMALIZATIONS)}"
+            )
         return opts
 
 
@@ -122,8 +130,9 @@ class GHTProcedure(Procedure):
     # ------------------------------------------------------------------ wiring
     def bind(self, trainer: Trainer) -> None:
         self.trainer = trainer
-        self.modules = {n: m for n, m in trainer.bare.attention_modules().items()
-                        if module_kind(n) in self.options.modules}
+        self.modules = {
+            n: m for n, m in trainer.bare.attention_modules().items() if module_kind(n) in self.options.modules
+        }
         self._set_capture(self.stage == Stage.GCT)
 
     def _set_capture(self, on: bool, maps: tuple[str, ...] | None = None) -> None:
@@ -158,8 +167,9 @@ class GHTProcedure(Procedure):
         for name, p in points.items():
             if name not in self.labels or self.step % self.options.kmeans_every == 0:
                 self.labels[name] = self._cluster(p, self.labels.get(name)).labels.tolist()
-            loss, hom, div = group_constraint_loss(p.float(), torch.tensor(self.labels[name]), self.options.groups,
-                                                   alpha, beta)
+            loss, hom, div = group_constraint_loss(
+                p.float(), torch.tensor(self.labels[name]), self.options.groups, alpha, beta
+            )
             losses.append(loss)
             homs.append(float(hom))
             divs.append(float(div))
@@ -173,8 +183,11 @@ class GHTProcedure(Procedure):
             total = per_module.sum() / max(batch.ntokens, 1)
         else:
             total = per_module.mean()
-        return total, {"gc_loss": logged, "gc_homogeneity": sum(homs) / len(homs),
-                       "gc_diversity": sum(divs) / len(divs)}
+        return total, {
+            "gc_loss": logged,
+            "gc_homogeneity": sum(homs) / len(homs),
+            "gc_diversity": sum(divs) / len(divs),
+        }
 
     # ------------------------------------------------------------------ stages
     def on_start(self, trainer: Trainer) -> None:
@@ -251,17 +264,30 @@ class GHTProcedure(Procedure):
                 stable = False
             self.probe_labels[name], self.probe_centres[name] = labels, res.centres
             report["modules"][name] = {
-                "groups": labels, "intra_cos": round(float(hom), 4), "inter_cos": round(float(div), 4),
-                "silhouette": round(silhouette(p, res.labels), 4), "dunn": round(dunn_index(p, res.labels), 4),
+                "groups": labels,
+                "intra_cos": round(float(hom), 4),
+                "inter_cos": round(float(div), 4),
+                "silhouette": round(silhouette(p, res.labels), 4),
+                "dunn": round(dunn_index(p, res.labels), 4),
             }
         shift = max(shifts) if shifts else float("inf")
         self.converged_checks = self.converged_checks + 1 if stable and shift < self.options.shift_threshold else 0
-        means = {k: sum(m[k] for m in report["modules"].values()) / max(len(points), 1)
-                 for k in ("intra_cos", "inter_cos", "silhouette", "dunn")}
+        means = {
+            k: sum(m[k] for m in report["modules"].values()) / max(len(points), 1)
+            for k in ("intra_cos", "inter_cos", "silhouette", "dunn")
+        }
         report.update(centre_shift=shift, converged_checks=self.converged_checks, mean=means)
-        log.info("GHT probe @%d: intra cos %.3f inter cos %.3f silhouette %.3f dunn %.3f shift %.3g (%d/%d)",
-                 self.step, means["intra_cos"], means["inter_cos"], means["silhouette"], means["dunn"], shift,
-                 self.converged_checks, self.options.patience)
+        log.info(
+            "GHT probe @%d: intra cos %.3f inter cos %.3f silhouette %.3f dunn %.3f shift %.3g (%d/%d)",
+            self.step,
+            means["intra_cos"],
+            means["inter_cos"],
+            means["silhouette"],
+            means["dunn"],
+            shift,
+            self.converged_checks,
+            self.options.patience,
+        )
         if dist.is_main():
             out = trainer.run_dir / "ght"
             out.mkdir(exist_ok=True)
@@ -278,8 +304,7 @@ class GHTProcedure(Procedure):
         if dist.is_main():
             save_checkpoint(trainer.ckpt_dir / "gct_end.pt", trainer.model_payload())
         tok = trainer.tokenizer
-        batches = trainer.sampler.batches(10_000 + trainer.state.epoch, rank=trainer.rank,
-                                          world_size=trainer.world)
+        batches = trainer.sampler.batches(10_000 + trainer.state.epoch, rank=trainer.rank, world_size=trainer.world)
         if self.options.vote_batches:
             batches = batches[: self.options.vote_batches]
         votes = {name: [0] * m.num_heads for name, m in self.modules.items()}
@@ -310,8 +335,10 @@ class GHTProcedure(Procedure):
             offset += h
         self.votes = votes
         o = self.options
-        self.plan = {n: select_heads(votes[n], self.probe_labels[n], o.groups, o.selection, o.seed + i)
-                     for i, n in enumerate(names)}  # a seed per module: random ablations differ across modules
+        self.plan = {
+            n: select_heads(votes[n], self.probe_labels[n], o.groups, o.selection, o.seed + i)
+            for i, n in enumerate(names)
+        }  # a seed per module: random ablations differ across modules
         self._apply_plan(model)
         self.stage = Stage.FINETUNE
         trainer.restart_selection()
@@ -350,18 +377,33 @@ class GHTProcedure(Procedure):
     def _write_report(self, trainer: Trainer, n_batches: int) -> None:
         out = trainer.run_dir / "ght"
         out.mkdir(exist_ok=True)
-        report = {"step": self.step, "selection": self.options.selection, "groups": self.options.groups,
-                  "vote_maps": self.options.vote_maps, "voting_batches": n_batches,
-                  "voting_seconds": self.voting_seconds,
-                  "trigger": self.trigger, "final_groups": self.probe_labels, "votes": self.votes, "plan": self.plan}
+        report = {
+            "step": self.step,
+            "selection": self.options.selection,
+            "groups": self.options.groups,
+            "vote_maps": self.options.vote_maps,
+            "voting_batches": n_batches,
+            "voting_seconds": self.voting_seconds,
+            "trigger": self.trigger,
+            "final_groups": self.probe_labels,
+            "votes": self.votes,
+            "plan": self.plan,
+        }
         (out / "votes.json").write_text(json.dumps(report, indent=2))
         plot_votes(self.votes, self.plan, str(out / "votes.png"))
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage.value, "labels": self.labels, "probe_labels": self.probe_labels,
-                "probe_centres": self.probe_centres, "converged_checks": self.converged_checks,
-                "plan": self.plan, "votes": self.votes, "step": self.step}
+        return {
+            "stage": self.stage.value,
+            "labels": self.labels,
+            "probe_labels": self.probe_labels,
+            "probe_centres": self.probe_centres,
+            "converged_checks": self.converged_checks,
+            "plan": self.plan,
+            "votes": self.votes,
+            "step": self.step,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:

@@ -41,16 +41,20 @@ def report(cfg: DictConfig) -> Path | None:
         if cfg.dry_run:
             return None
     else:
-        runs = {(e, s): d for e in suite.entries for s in suite.seeds
-                if (d := finished_run(report_dir, e, s)) is not None}
+        runs = {
+            (e, s): d for e in suite.entries for s in suite.seeds if (d := finished_run(report_dir, e, s)) is not None
+        }
     if "speed" in stages:
         run_speed(report_dir, results_dir, suite, runs)
     if "render" not in stages:
         return None
     published = publish(suite, results_dir, bootstrap_samples=cfg.bootstrap_samples, readme=cfg.readme)
     print(published.report, flush=True)
-    print(f"[report] wrote {results_dir / 'REPORT.md'}{' and the README block' if cfg.readme else ''} "
-          f"({(time.perf_counter() - start) / 60:.1f} min this invocation)", flush=True)
+    print(
+        f"[report] wrote {results_dir / 'REPORT.md'}{' and the README block' if cfg.readme else ''} "
+        f"({(time.perf_counter() - start) / 60:.1f} min this invocation)",
+        flush=True,
+    )
     return results_dir / "REPORT.md"
 
 

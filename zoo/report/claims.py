@@ -49,23 +49,36 @@ def verdict(expect: str, rows: Sequence[Mapping[str, Any]], seeds_expected: int)
 Bootstrap = Callable[[str, int, str], "dict[str, Any] | None"]
 
 
-def collect_claims(suite: Suite, entries: Mapping[str, Mapping[str, Any]], seeds: Sequence[int],
-                   bootstrap: Bootstrap) -> list[dict[str, Any]]:
+def collect_claims(
+    suite: Suite, entries: Mapping[str, Mapping[str, Any]], seeds: Sequence[int], bootstrap: Bootstrap
+) -> list[dict[str, Any]]:
     """One row per claim: the claim, both sides' quality and size, per-seed Δ and the verdict.
     `entries` is the collected per-entry data; `bootstrap(system, seed, baseline)` the paired bootstrap."""
     return [_claim_row(c, entries, seeds, bootstrap, len(suite.seeds)) for c in suite.claims]
 
 
-def _claim_row(claim: Claim, entries: Mapping[str, Mapping[str, Any]], seeds: Sequence[int], bootstrap: Bootstrap,
-               seeds_expected: int) -> dict[str, Any]:
+def _claim_row(
+    claim: Claim,
+    entries: Mapping[str, Mapping[str, Any]],
+    seeds: Sequence[int],
+    bootstrap: Bootstrap,
+    seeds_expected: int,
+) -> dict[str, Any]:
     system, baseline = entries.get(claim.system), entries.get(claim.baseline)
     rows = [b for seed in seeds if (b := bootstrap(claim.system, seed, claim.baseline)) is not None]
     size = {side: (e["size"] if e else None) for side, e in (("system", system), ("baseline", baseline))}
-    return {"paper": claim.paper, "claim": claim.claim, "design": claim.design, "system": claim.system,
-            "baseline": claim.baseline, "expect": claim.expect,
-            "quality": {side: (e["quality"] if e else None) for side, e in (("system", system),
-                                                                            ("baseline", baseline))},
-            "size": size, "bootstrap": rows, "verdict": verdict(claim.expect, rows, seeds_expected)}
+    return {
+        "paper": claim.paper,
+        "claim": claim.claim,
+        "design": claim.design,
+        "system": claim.system,
+        "baseline": claim.baseline,
+        "expect": claim.expect,
+        "quality": {side: (e["quality"] if e else None) for side, e in (("system", system), ("baseline", baseline))},
+        "size": size,
+        "bootstrap": rows,
+        "verdict": verdict(claim.expect, rows, seeds_expected),
+    }
 
 
 __all__ = ["DISAGREE", "FAILS", "HOLDS", "NO_DIFFERENCE", "collect_claims", "verdict"]

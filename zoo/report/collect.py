@@ -28,8 +28,11 @@ def compactness(record: Mapping[str, Any]) -> dict[str, Any] | None:
     probes = (record.get("ght") or {}).get("probes") or []
     if not probes:
         return None
-    return {"before": {"step": probes[0]["step"], **probes[0]["mean"]},
-            "after": {"step": probes[-1]["step"], **probes[-1]["mean"]}, "probes": len(probes)}
+    return {
+        "before": {"step": probes[0]["step"], **probes[0]["mean"]},
+        "after": {"step": probes[-1]["step"], **probes[-1]["mean"]},
+        "probes": len(probes),
+    }
 
 
 def run_summary(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -45,15 +48,19 @@ def run_summary(record: Mapping[str, Any]) -> dict[str, Any]:
         "test": record["test"],
         "compactness": compactness(record),
         "votes": {"votes": voting["votes"], "plan": voting["plan"]} if voting else None,
-        "voting": {k: voting.get(k) for k in ("step", "trigger", "voting_batches", "vote_maps", "voting_seconds",
-                                              "selection")} if voting else None,
+        "voting": {
+            k: voting.get(k) for k in ("step", "trigger", "voting_batches", "vote_maps", "voting_seconds", "selection")
+        }
+        if voting
+        else None,
         "learning_curve": record.get("learning_curve") or [],
         "git_sha": record["git_sha"],
     }
 
 
-def _bootstrap(suite: Suite, records: Records, refs: References, entry: str, seed: int,
-               samples: int, baseline: str | None = None) -> dict[str, Any] | None:
+def _bootstrap(
+    suite: Suite, records: Records, refs: References, entry: str, seed: int, samples: int, baseline: str | None = None
+) -> dict[str, Any] | None:
     """Paired bootstrap of `entry` against a baseline (default: the suite's) trained with the same seed
     (translation: BLEU), recomputed from the two records' stored hypotheses."""
     baseline = baseline or suite.baseline
@@ -63,9 +70,14 @@ def _bootstrap(suite: Suite, records: Records, refs: References, entry: str, see
     if base is None or system is None:
         return None
     result = paired_bootstrap(base["hypotheses"], system["hypotheses"], refs.texts, n_samples=samples)
-    return {"seed": seed, "baseline_bleu": result["baseline"]["bleu"], "bleu": result["system"]["bleu"],
-            "delta": round(result["system"]["bleu"] - result["baseline"]["bleu"], 2),
-            "p_value": result["p_value"], "significant": result["significant"]}
+    return {
+        "seed": seed,
+        "baseline_bleu": result["baseline"]["bleu"],
+        "bleu": result["system"]["bleu"],
+        "delta": round(result["system"]["bleu"] - result["baseline"]["bleu"], 2),
+        "p_value": result["p_value"],
+        "significant": result["significant"],
+    }
 
 
 def _per_source_mean(runs: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
@@ -83,11 +95,13 @@ def machine_summary(records: Records) -> dict[str, Any]:
     """The machine line of a table: the class every record shares, and what the records say about it."""
     machines = [r["machine"] for r in records.values()]
     counts = Counter(f"{m.get('cpu_model')} ({m.get('cores')} cores)" for m in machines)
-    return {"class": machines[0].get("class") if machines else None,
-            "accelerator": machines[0].get("accelerator") if machines else None,
-            "cpus": dict(sorted(counts.items())),
-            "torch_threads": sorted({m.get("torch_threads") for m in machines if m.get("torch_threads")}),
-            "torch": sorted({m.get("torch") for m in machines if m.get("torch")})}
+    return {
+        "class": machines[0].get("class") if machines else None,
+        "accelerator": machines[0].get("accelerator") if machines else None,
+        "cpus": dict(sorted(counts.items())),
+        "torch_threads": sorted({m.get("torch_threads") for m in machines if m.get("torch_threads")}),
+        "torch": sorted({m.get("torch") for m in machines if m.get("torch")}),
+    }
 
 
 def ordered_entries(suite: Suite, records: Records) -> list[str]:
@@ -107,34 +121,62 @@ def collect(suite: Suite, refs: References, records: Records, bootstrap_samples:
         speed_record = next((records[(entry, s)]["speed"] for s in seeds if records[(entry, s)].get("speed")), None)
         entries[entry] = {
             "seeds": runs,
-            "config": {k: records[(entry, seeds[0])]["config"]["model"].get(k)
-                       for k in ("attention", "num_heads", "head_dim", "d_model", "attention_options")},
+            "config": {
+                k: records[(entry, seeds[0])]["config"]["model"].get(k)
+                for k in ("attention", "num_heads", "head_dim", "d_model", "attention_options")
+            },
             "quality": {m: mean_std([r["test"].get(m) for r in runs.values()]) for m in suite.metrics},
             "per_source": _per_source_mean(runs),
             "size": first["pruned_size"] or first["size"],
             "size_before_pruning": first["size"] if first["pruned_size"] else None,
             "train_minutes": mean_std([r["train_minutes"] for r in runs.values()]),
             "updates": mean_std([r["updates"] for r in runs.values()]),
-            "bootstrap": [b for seed in seeds
-                          if (b := _bootstrap(suite, records, refs, entry, seed, bootstrap_samples)) is not None],
+            "bootstrap": [
+                b
+                for seed in seeds
+                if (b := _bootstrap(suite, records, refs, entry, seed, bootstrap_samples)) is not None
+            ],
             "speed": (speed_record or {}).get("points") or {},
             "speed_settings": (speed_record or {}).get("settings") or [],
             "triton": (speed_record or {}).get("triton"),
         }
-    missing = [f"{e} (seed{'s' if len(left) > 1 else ''} {', '.join(map(str, left))})" for e in suite.entries
-               if (left := [s for s in suite.seeds if (e, s) not in records])]
-    claims = collect_claims(suite, entries, sorted({s for _, s in records}),
-                            lambda system, seed, baseline: _bootstrap(suite, records, refs, system, seed,
-                                                                      bootstrap_samples, baseline))
+    missing = [
+        f"{e} (seed{'s' if len(left) > 1 else ''} {', '.join(map(str, left))})"
+        for e in suite.entries
+        if (left := [s for s in suite.seeds if (e, s) not in records])
+    ]
+    claims = collect_claims(
+        suite,
+        entries,
+        sorted({s for _, s in records}),
+        lambda system, seed, baseline: _bootstrap(suite, records, refs, system, seed, bootstrap_samples, baseline),
+    )
     shared = sorted({rec["shared_from"].split("/")[0] for rec in records.values() if rec.get("shared_from")})
-    shared_runs = {origin: [f"{e} seed {s}" for (e, s), rec in sorted(records.items())
-                            if str(rec.get("shared_from", "")).startswith(origin + "/")] for origin in shared}
-    return {"suite": suite.name, "task": suite.task, "data": suite.data, "baseline": suite.baseline,
-            "seeds": sorted({s for _, s in records}), "metrics": list(suite.metrics), "budget": list(suite.overrides),
-            "triton_settings": suite.triton, "speed_threads": suite.speed_threads,
-            "machine": machine_summary(records), "references": {"sha256": refs.sha256, "segments": len(refs.texts)},
-            "missing": missing, "entries": entries, "shared": shared_runs,
-            "claims": claims}
+    shared_runs = {
+        origin: [
+            f"{e} seed {s}"
+            for (e, s), rec in sorted(records.items())
+            if str(rec.get("shared_from", "")).startswith(origin + "/")
+        ]
+        for origin in shared
+    }
+    return {
+        "suite": suite.name,
+        "task": suite.task,
+        "data": suite.data,
+        "baseline": suite.baseline,
+        "seeds": sorted({s for _, s in records}),
+        "metrics": list(suite.metrics),
+        "budget": list(suite.overrides),
+        "triton_settings": suite.triton,
+        "speed_threads": suite.speed_threads,
+        "machine": machine_summary(records),
+        "references": {"sha256": refs.sha256, "segments": len(refs.texts)},
+        "missing": missing,
+        "entries": entries,
+        "shared": shared_runs,
+        "claims": claims,
+    }
 
 
 __all__ = ["collect", "compactness", "machine_summary", "mean_std", "ordered_entries", "run_summary"]

@@ -28,8 +28,9 @@ def speed_texts(report_dir: Path, suite: Suite, run_dir: Path) -> Path:
     if not path.is_file():
         test = build_splits(OmegaConf.load(run_dir / "config.yaml").data).test
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(e.src.replace("\n", " ") + "\n" for e in test[: suite.speed_sentences]),
-                        encoding="utf-8")
+        path.write_text(
+            "".join(e.src.replace("\n", " ") + "\n" for e in test[: suite.speed_sentences]), encoding="utf-8"
+        )
     return path
 
 
@@ -50,9 +51,27 @@ def export_entry(report_dir: Path, entry: str, checkpoint: Path, threads: int | 
 
 
 def _time_engine(engine: str, model: Path, texts: Path, setting, threads: int | None, out: Path) -> None:
-    cmd = [sys.executable, "-m", "zoo.report.speed", "--engine", engine, "--model", str(model),
-           "--texts", str(texts), "--batch", str(setting.batch), "--beam-size", str(setting.beam_size),
-           "--max-len-a", str(setting.max_len_a), "--max-len-b", str(setting.max_len_b), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "zoo.report.speed",
+        "--engine",
+        engine,
+        "--model",
+        str(model),
+        "--texts",
+        str(texts),
+        "--batch",
+        str(setting.batch),
+        "--beam-size",
+        str(setting.beam_size),
+        "--max-len-a",
+        str(setting.max_len_a),
+        "--max-len-b",
+        str(setting.max_len_b),
+        "--out",
+        str(out),
+    ]
     if threads:
         cmd += ["--threads", str(threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -69,10 +88,19 @@ def run_triton(report_dir: Path, suite: Suite, exports: Mapping[str, Path], text
     if not cfg.get("enabled") or not exports or (out / "results.json").is_file():
         return
     entries = list(exports)
-    cmd = [sys.executable, "-m", "serve.bench", "exports=[" + ",".join(str(exports[e]) for e in entries) + "]",
-           f"sentences={texts}", f"protocols=[{cfg.get('protocol', 'grpc')}]",
-           f"concurrency=[{int(cfg.get('concurrency', 16))}]", "no_batching_concurrency=[]", "baseline=false",
-           f"duration_s={cfg.get('duration_s', 20)}", f"out={out}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "serve.bench",
+        "exports=[" + ",".join(str(exports[e]) for e in entries) + "]",
+        f"sentences={texts}",
+        f"protocols=[{cfg.get('protocol', 'grpc')}]",
+        f"concurrency=[{int(cfg.get('concurrency', 16))}]",
+        "no_batching_concurrency=[]",
+        "baseline=false",
+        f"duration_s={cfg.get('duration_s', 20)}",
+        f"out={out}",
+    ]
     threads = cfg.get("threads") or suite.speed_threads
     if threads:
         cmd.append(f"server.threads={threads}")
@@ -93,11 +121,17 @@ def run_speed(report_dir: Path, results_dir: Path, suite: Suite, runs: Mapping[t
     entries. Speed needs the run's checkpoint, so it is measured where the run directory is."""
     if not suite.speed_enabled or not suite.speed_settings:
         return
-    absent = [e for e in suite.entries if (e, suite.speed_seed) not in runs
-              and record_path(results_dir, e, suite.speed_seed).is_file()]
+    absent = [
+        e
+        for e in suite.entries
+        if (e, suite.speed_seed) not in runs and record_path(results_dir, e, suite.speed_seed).is_file()
+    ]
     if absent:
-        log.warning("no run directory (checkpoint) on this machine for %s seed %d: their speed cannot be measured "
-                    "here", ", ".join(absent), suite.speed_seed)
+        log.warning(
+            "no run directory (checkpoint) on this machine for %s seed %d: their speed cannot be measured here",
+            ", ".join(absent),
+            suite.speed_seed,
+        )
     exports: dict[str, Path] = {}
     texts: Path | None = None
     for entry in suite.entries:
@@ -153,9 +187,15 @@ def read_triton(report_dir: Path) -> dict[str, Any]:
     for entry, model in zip(entries, results["models"], strict=True):
         p = by_model.get(model)
         if p is not None:
-            served[entry] = {"model": model, "protocol": p["protocol"], "concurrency": p["concurrency"],
-                             "sentences_per_s": p["sentences_per_s"], "effective_batch": p["effective_batch"],
-                             "p95_ms": p["latency_ms"].get("p95"), "errors": p["errors"]}
+            served[entry] = {
+                "model": model,
+                "protocol": p["protocol"],
+                "concurrency": p["concurrency"],
+                "sentences_per_s": p["sentences_per_s"],
+                "effective_batch": p["effective_batch"],
+                "p95_ms": p["latency_ms"].get("p95"),
+                "errors": p["errors"],
+            }
     return served
 
 
@@ -167,9 +207,17 @@ def _store_speed(report_dir: Path, results_dir: Path, suite: Suite, entries: lis
         points = read_speed(report_dir, entry)
         if not path.is_file() or not points:
             continue
-        add_speed(path, {"settings": [s.__dict__ for s in suite.speed_settings], "threads": suite.speed_threads,
-                         "points": points, "triton": triton.get(entry) or triton.get("*"),
-                         "triton_settings": suite.triton, "machine": describe_machine()})
+        add_speed(
+            path,
+            {
+                "settings": [s.__dict__ for s in suite.speed_settings],
+                "threads": suite.speed_threads,
+                "points": points,
+                "triton": triton.get(entry) or triton.get("*"),
+                "triton_settings": suite.triton,
+                "machine": describe_machine(),
+            },
+        )
 
 
 __all__ = ["export_entry", "read_speed", "read_triton", "run_speed", "run_triton", "speed_texts"]

@@ -17,7 +17,7 @@ from zoo.report.suite import Suite
 @dataclass(frozen=True)
 class Published:
     data: dict[str, Any]
-    report: str        # REPORT.md's text
+    report: str  # REPORT.md's text
     readme_block: str  # the README block's text
 
 
@@ -37,14 +37,22 @@ def render_command(suite: Suite, results_dir: Path, readme: bool = False) -> str
     return f"python -m zoo.report +suite={suite.name} stages=[render]{extra}{' readme=true' if readme else ''}"
 
 
-def publish(suite: Suite, results_dir: Path, bootstrap_samples: int = 1000, write: bool = True,
-            readme: bool = False, readme_path: Path = README) -> Published:
+def publish(
+    suite: Suite,
+    results_dir: Path,
+    bootstrap_samples: int = 1000,
+    write: bool = True,
+    readme: bool = False,
+    readme_path: Path = README,
+) -> Published:
     """Collect the suite's records and render them; `write` puts REPORT.md, report.json and plots into the
     results dir, `readme` rewrites README.md's block named after the results dir (`results:quick`, or
     `results:quick-gpu-h200` for a GPU record set of the same suite)."""
     refs, records = load_records(results_dir, suite)
-    data = {**collect(suite, refs, records, bootstrap_samples=bootstrap_samples),
-            "results_dir": display_dir(results_dir)}
+    data = {
+        **collect(suite, refs, records, bootstrap_samples=bootstrap_samples),
+        "results_dir": display_dir(results_dir),
+    }
     command = render_command(suite, results_dir)
     block = readme_block(data, render_command(suite, results_dir, readme=True))
     if write:

@@ -29,8 +29,10 @@ def readme_suites(text: str) -> list[str]:
 def read_block(text: str, suite: str) -> str:
     match = _pattern(suite).search(text)
     if match is None:
-        raise ReadmeError(f"README.md has no block <!-- results:{suite} --> … <!-- /results:{suite} -->; add the two "
-                          "marker lines where the table belongs, then rerun with readme=true")
+        raise ReadmeError(
+            f"README.md has no block <!-- results:{suite} --> … <!-- /results:{suite} -->; add the two "
+            "marker lines where the table belongs, then rerun with readme=true"
+        )
     return match.group(2)
 
 

@@ -34,8 +34,22 @@ from zoo.report.suite import Suite
 RECORD_FORMAT = 1
 REFERENCES_FILE = "references.json.gz"
 RECORD_NAME = re.compile(r"^(?P<entry>[A-Za-z0-9_]+)-seed(?P<seed>\d+)\.json\.gz$")
-REQUIRED_KEYS = ("record_format", "suite", "entry", "seed", "budget", "config", "git_sha", "machine", "updates",
-                 "train_minutes", "size", "test", "hypotheses", "references_sha256")
+REQUIRED_KEYS = (
+    "record_format",
+    "suite",
+    "entry",
+    "seed",
+    "budget",
+    "config",
+    "git_sha",
+    "machine",
+    "updates",
+    "train_minutes",
+    "size",
+    "test",
+    "hypotheses",
+    "references_sha256",
+)
 # The parts of a suite that define "the same budget": records made under other values are another experiment.
 BUDGET_KEYS = ("task", "data", "size", "trainer", "experiment", "overrides")
 
@@ -62,8 +76,14 @@ def references_sha256(texts: tuple[str, ...] | list[str]) -> str:
 
 
 def budget_of(suite: Suite) -> dict[str, Any]:
-    return {"task": suite.task, "data": suite.data, "size": suite.size, "trainer": suite.trainer,
-            "experiment": suite.experiment, "overrides": list(suite.overrides)}
+    return {
+        "task": suite.task,
+        "data": suite.data,
+        "size": suite.size,
+        "trainer": suite.trainer,
+        "experiment": suite.experiment,
+        "overrides": list(suite.overrides),
+    }
 
 
 def record_path(results_dir: Path, entry: str, seed: int) -> Path:
@@ -95,9 +115,11 @@ def read_json_gz(path: Path) -> Any:
         with gzip.open(path, "rb") as f:
             return json.loads(f.read().decode("utf-8"))
     except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RecordError(f"{path}: not a readable results file ({type(exc).__name__}: {exc}); it is corrupt or "
-                          f"truncated — restore it with `git checkout -- {path}`, or delete it and rerun the "
-                          "suite's zoo.report command to measure it again") from exc
+        raise RecordError(
+            f"{path}: not a readable results file ({type(exc).__name__}: {exc}); it is corrupt or "
+            f"truncated — restore it with `git checkout -- {path}`, or delete it and rerun the "
+            "suite's zoo.report command to measure it again"
+        ) from exc
 
 
 # ---------------------------------------------------------------------------------------------- references
@@ -112,18 +134,23 @@ def references_from_run(run_dir: Path) -> References:
 def load_references(results_dir: Path, suite: Suite) -> References:
     path = results_dir / REFERENCES_FILE
     if not path.is_file():
-        raise RecordError(f"{path} is missing: the records of suite {suite.name!r} cannot be scored without it; "
-                          f"restore it with `git checkout -- {path}`")
+        raise RecordError(
+            f"{path} is missing: the records of suite {suite.name!r} cannot be scored without it; "
+            f"restore it with `git checkout -- {path}`"
+        )
     raw = read_json_gz(path)
     if not isinstance(raw, dict) or not {"suite", "references", "sources", "sha256"} <= raw.keys():
         raise RecordError(f"{path}: not a references file (needs suite, references, sources, sha256)")
     if raw["suite"] != suite.name:
-        raise RecordError(f"{path}: references of suite {raw['suite']!r}, not {suite.name!r}; "
-                          f"move it to results/{raw['suite']}/")
+        raise RecordError(
+            f"{path}: references of suite {raw['suite']!r}, not {suite.name!r}; move it to results/{raw['suite']}/"
+        )
     refs = References(tuple(raw["references"]), tuple(raw["sources"]))
     if len(refs.texts) != len(refs.sources) or refs.sha256 != raw["sha256"]:
-        raise RecordError(f"{path}: its references do not match its own sha256/source labels (edited by hand?); "
-                          f"restore it with `git checkout -- {path}`")
+        raise RecordError(
+            f"{path}: its references do not match its own sha256/source labels (edited by hand?); "
+            f"restore it with `git checkout -- {path}`"
+        )
     return refs
 
 
@@ -137,10 +164,19 @@ def store_references(results_dir: Path, suite: Suite, refs: References) -> Path:
                 f"{path}: the stored test references (sha256 {stored.sha256[:12]}…, {len(stored.texts)} segments) "
                 f"differ from this run's ({refs.sha256[:12]}…, {len(refs.texts)} segments): the test split changed, "
                 "so its records cannot share a table with the stored ones; use another results_dir, or delete "
-                f"{path.parent} to start the suite's records afresh")
+                f"{path.parent} to start the suite's records afresh"
+            )
         return path
-    return write_json_gz(path, {"record_format": RECORD_FORMAT, "suite": suite.name, "sha256": refs.sha256,
-                                "references": list(refs.texts), "sources": list(refs.sources)})
+    return write_json_gz(
+        path,
+        {
+            "record_format": RECORD_FORMAT,
+            "suite": suite.name,
+            "sha256": refs.sha256,
+            "references": list(refs.texts),
+            "sources": list(refs.sources),
+        },
+    )
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -158,9 +194,16 @@ def _learning_curve(run_dir: Path) -> list[dict[str, float | int | None]]:
         return float(value) if value not in (None, "") else None
 
     with path.open(newline="") as f:
-        return [{"step": int(r["step"]), "train_loss": num(r.get("train_loss")), "valid_loss": num(r.get("valid_loss")),
-                 "valid_quality": num(r.get("valid_quality"))}
-                for r in csv.DictReader(f) if r.get("valid_quality") not in (None, "")]
+        return [
+            {
+                "step": int(r["step"]),
+                "train_loss": num(r.get("train_loss")),
+                "valid_loss": num(r.get("valid_loss")),
+                "valid_quality": num(r.get("valid_quality")),
+            }
+            for r in csv.DictReader(f)
+            if r.get("valid_quality") not in (None, "")
+        ]
 
 
 def _ght(run_dir: Path) -> dict[str, Any] | None:
@@ -178,15 +221,19 @@ def record_from_run(run_dir: Path, suite: Suite, entry: str, seed: int, refs: Re
     summary = _read_json(run_dir / "summary.json")
     hyps_path = run_dir / "test_hypotheses.txt"
     if summary is None or not summary.get("test") or not hyps_path.is_file():
-        raise RecordError(f"{run_dir}: no summary.json with test scores or no test_hypotheses.txt; a suite run "
-                          "must train with evaluate_test=true (the default)")
+        raise RecordError(
+            f"{run_dir}: no summary.json with test scores or no test_hypotheses.txt; a suite run "
+            "must train with evaluate_test=true (the default)"
+        )
     hypotheses = hyps_path.read_text(encoding="utf-8").split("\n")[:-1]
     if len(hypotheses) != len(refs.texts):
         raise RecordError(f"{run_dir}: {len(hypotheses)} test hypotheses for {len(refs.texts)} references")
     config = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
     assert isinstance(config, dict)
-    machine = _read_json(run_dir / "machine.json") or {**describe_machine(config.get("device")),
-                                                        "note": "described when the record was written"}
+    machine = _read_json(run_dir / "machine.json") or {
+        **describe_machine(config.get("device")),
+        "note": "described when the record was written",
+    }
     sha = (run_dir / "git_sha.txt").read_text().strip() if (run_dir / "git_sha.txt").is_file() else "unknown"
     return {
         "record_format": RECORD_FORMAT,
@@ -229,29 +276,39 @@ def read_record(path: Path, suite: Suite, refs: References) -> dict[str, Any]:
     if not isinstance(rec, dict):
         raise RecordError(f"{path}: not a record (a JSON object is expected); delete it and rerun the suite")
     if rec.get("record_format") != RECORD_FORMAT:
-        raise RecordError(f"{path}: record_format {rec.get('record_format')!r}, this code reads {RECORD_FORMAT}; "
-                          "check out the code that wrote it, or rerun the suite to write it again")
+        raise RecordError(
+            f"{path}: record_format {rec.get('record_format')!r}, this code reads {RECORD_FORMAT}; "
+            "check out the code that wrote it, or rerun the suite to write it again"
+        )
     missing = [k for k in REQUIRED_KEYS if k not in rec]
     if missing:
-        raise RecordError(f"{path}: record lacks {', '.join(missing)} (truncated or hand-made); delete it and "
-                          "rerun the suite's zoo.report command to measure it again")
+        raise RecordError(
+            f"{path}: record lacks {', '.join(missing)} (truncated or hand-made); delete it and "
+            "rerun the suite's zoo.report command to measure it again"
+        )
     if rec["suite"] != suite.name:
-        raise RecordError(f"{path}: a record of suite {rec['suite']!r}, not {suite.name!r}; move it to "
-                          f"results/{rec['suite']}/")
+        raise RecordError(
+            f"{path}: a record of suite {rec['suite']!r}, not {suite.name!r}; move it to results/{rec['suite']}/"
+        )
     if (rec["entry"], int(rec["seed"])) != (match["entry"], int(match["seed"])):
-        raise RecordError(f"{path}: holds {rec['entry']} seed {rec['seed']}; rename it to "
-                          f"{rec['entry']}-seed{rec['seed']}.json.gz")
+        raise RecordError(
+            f"{path}: holds {rec['entry']} seed {rec['seed']}; rename it to {rec['entry']}-seed{rec['seed']}.json.gz"
+        )
     budget = budget_of(suite)
     changed = [k for k in BUDGET_KEYS if rec["budget"].get(k) != budget[k]]
     if changed:
         diff = "; ".join(f"{k}: record {rec['budget'].get(k)!r}, suite {budget[k]!r}" for k in changed)
-        raise RecordError(f"{path}: measured under another budget than suite {suite.name!r} ({diff}); keep such "
-                          "records in their own results_dir, or delete it to retrain under the suite's budget")
+        raise RecordError(
+            f"{path}: measured under another budget than suite {suite.name!r} ({diff}); keep such "
+            "records in their own results_dir, or delete it to retrain under the suite's budget"
+        )
     if rec["references_sha256"] != refs.sha256 or len(rec["hypotheses"]) != len(refs.texts):
-        raise RecordError(f"{path}: its hypotheses align with references sha256 {rec['references_sha256'][:12]}… "
-                          f"({len(rec['hypotheses'])} segments), the suite's {REFERENCES_FILE} has "
-                          f"{refs.sha256[:12]}… ({len(refs.texts)}); the test split changed — delete the record to "
-                          "retrain it, or restore the matching references")
+        raise RecordError(
+            f"{path}: its hypotheses align with references sha256 {rec['references_sha256'][:12]}… "
+            f"({len(rec['hypotheses'])} segments), the suite's {REFERENCES_FILE} has "
+            f"{refs.sha256[:12]}… ({len(refs.texts)}); the test split changed — delete the record to "
+            "retrain it, or restore the matching references"
+        )
     return rec
 
 
@@ -263,8 +320,9 @@ def load_records(results_dir: Path, suite: Suite) -> tuple[References, dict[tupl
     """Every record of the suite's results dir, validated; one machine class for all of them."""
     files = record_files(results_dir)
     if not files:
-        raise RecordError(f"{results_dir} holds no records; train the suite first: "
-                          f"python -m zoo.report +suite={suite.name}")
+        raise RecordError(
+            f"{results_dir} holds no records; train the suite first: python -m zoo.report +suite={suite.name}"
+        )
     refs = load_references(results_dir, suite)
     records: dict[tuple[str, int], dict[str, Any]] = {}
     first: tuple[Path, str] | None = None
@@ -274,9 +332,11 @@ def load_records(results_dir: Path, suite: Suite) -> tuple[References, dict[tupl
         if first is None:
             first = (path, machine_class)
         elif machine_class != first[1]:
-            raise RecordError(f"{path}: measured on {machine_class}, but {first[0].name} on {first[1]}; records "
-                              "from different machine classes are never mixed in one table — move it to its own "
-                              f"results_dir (e.g. results/{suite.name}-gpu/)")
+            raise RecordError(
+                f"{path}: measured on {machine_class}, but {first[0].name} on {first[1]}; records "
+                "from different machine classes are never mixed in one table — move it to its own "
+                f"results_dir (e.g. results/{suite.name}-gpu/)"
+            )
         records[(rec["entry"], int(rec["seed"]))] = rec
     return refs, records
 
@@ -302,10 +362,15 @@ def shared_record(results_dir: Path, suite: Suite, entry: str, seed: int) -> Pat
             refs = json.loads(gzip.open(candidate.parent / REFERENCES_FILE).read())
         except (RecordError, OSError, ValueError):
             continue  # an unreadable sibling is its own suite's problem, reported when that suite renders
-        if (isinstance(rec, dict) and rec.get("record_format") == RECORD_FORMAT
-                and rec.get("budget") == budget and rec.get("entry") == entry and rec.get("seed") == seed
-                and rec.get("references_sha256") == refs.get("sha256")
-                and (machine_class is None or rec.get("machine", {}).get("class") == machine_class)):
+        if (
+            isinstance(rec, dict)
+            and rec.get("record_format") == RECORD_FORMAT
+            and rec.get("budget") == budget
+            and rec.get("entry") == entry
+            and rec.get("seed") == seed
+            and rec.get("references_sha256") == refs.get("sha256")
+            and (machine_class is None or rec.get("machine", {}).get("class") == machine_class)
+        ):
             return candidate
     return None
 

@@ -64,7 +64,7 @@ def _peak(speed: dict[str, Any], engine: str) -> str:
 
 
 def _heads(rec: dict[str, Any]) -> str:
-    """"mha 8 × 32": the mechanism, its heads and head size, read from the record's model config (and, for a
+    """ "mha 8 × 32": the mechanism, its heads and head size, read from the record's model config (and, for a
     pruned entry, how many heads voting kept per module)."""
     c = rec["config"]
     head_dim = c.get("head_dim") or (c["d_model"] // c["num_heads"] if c.get("d_model") else None)
@@ -87,19 +87,25 @@ def machine_line(data: dict[str, Any]) -> str:
     where = f"accelerator {m['accelerator']}" if m.get("accelerator") else "CPU only"
     cpus = ", ".join(f"{name} × {n} records" if len(m["cpus"]) > 1 else name for name, n in m["cpus"].items())
     threads = "/".join(str(t) for t in m["torch_threads"]) or "?"
-    return (f"Machine class `{m['class']}` ({where}): {cpus}; {threads} torch thread(s) per run; "
-            f"torch {', '.join(m['torch'])}.")
+    return (
+        f"Machine class `{m['class']}` ({where}): {cpus}; {threads} torch thread(s) per run; "
+        f"torch {', '.join(m['torch'])}."
+    )
 
 
 def _budget_line(data: dict[str, Any]) -> str:
     overrides = " ".join(data["budget"]) or "the presets' defaults"
-    return (f"Budget: `{overrides}`; seeds {data['seeds']}; `data={data['data']}` test split "
-            f"({data['references']['segments']} segments, references sha256 `{data['references']['sha256'][:12]}`).")
+    return (
+        f"Budget: `{overrides}`; seeds {data['seeds']}; `data={data['data']}` test split "
+        f"({data['references']['segments']} segments, references sha256 `{data['references']['sha256'][:12]}`)."
+    )
 
 
 def _missing_line(data: dict[str, Any]) -> list[str]:
-    shared = [f"Shared with suite `{origin}` (the same runs: same budget and test references): {', '.join(runs)}."
-              for origin, runs in data.get("shared", {}).items()]
+    shared = [
+        f"Shared with suite `{origin}` (the same runs: same budget and test references): {', '.join(runs)}."
+        for origin, runs in data.get("shared", {}).items()
+    ]
     lines = [*shared, ""] if shared else []
     if not data["missing"]:
         return lines
@@ -110,16 +116,23 @@ def markdown(data: dict[str, Any], command: str) -> str:
     metrics = data["metrics"]
     settings = speed_settings(data)
     notes: list[str] = []
-    lines = [f"# Zoo report: suite `{data['suite']}`", "",
-             f"Task: {data['task']} on `data={data['data']}`; baseline `{data['baseline']}`. "
-             f"Rendered from the results records by `{command}`.", "",
-             machine_line(data), _budget_line(data), "",
-             "Quality is mean ± std over seeds of the test split (detokenized sacreBLEU / chrF, or ROUGE F1). "
-             "Δ is the paired-bootstrap difference against the baseline trained with the same seed, one per seed "
-             "(`*` = p < 0.05), recomputed from the records' hypotheses. Parameters and FLOPs (forward, source "
-             "length 30) are of the model as served (pruned for GHT-PS). Speed: sentences/s decoding the first "
-             "test sentences with the stated beam and batch, each engine in its own process; peak memory is that "
-             "process's maximum RSS.", ""]
+    lines = [
+        f"# Zoo report: suite `{data['suite']}`",
+        "",
+        f"Task: {data['task']} on `data={data['data']}`; baseline `{data['baseline']}`. "
+        f"Rendered from the results records by `{command}`.",
+        "",
+        machine_line(data),
+        _budget_line(data),
+        "",
+        "Quality is mean ± std over seeds of the test split (detokenized sacreBLEU / chrF, or ROUGE F1). "
+        "Δ is the paired-bootstrap difference against the baseline trained with the same seed, one per seed "
+        "(`*` = p < 0.05), recomputed from the records' hypotheses. Parameters and FLOPs (forward, source "
+        "length 30) are of the model as served (pruned for GHT-PS). Speed: sentences/s decoding the first "
+        "test sentences with the stated beam and batch, each engine in its own process; peak memory is that "
+        "process's maximum RSS.",
+        "",
+    ]
     lines += _missing_line(data)
     speed_cols = [(s["name"], e) for s in settings for e in ("torch", "ort")]
     header = ["entry", "heads", *(LABELS[m] for m in metrics)]
@@ -139,22 +152,37 @@ def markdown(data: dict[str, Any], command: str) -> str:
         row += [format_count(size["params_excl_emb"]), format_count(size["params"]), format_flops(size["flops"])]
         row += [_speed_cell(rec["speed"], f"{name}/{e}", notes, entry) for name, e in speed_cols]
         if settings:
-            row += [_triton_cell(rec.get("triton"), notes, entry), _peak(rec["speed"], "torch"),
-                    _peak(rec["speed"], "ort")]
+            row += [
+                _triton_cell(rec.get("triton"), notes, entry),
+                _peak(rec["speed"], "torch"),
+                _peak(rec["speed"], "ort"),
+            ]
         row += [_pm(rec["train_minutes"], 1), _pm(rec["updates"], 0)]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     if settings:
-        lines += ["Speed settings: " + "; ".join(
-            f"`{s['name']}` = beam {s['beam_size']}, batch {s['batch']}, max length {s['max_len_a']}·src + "
-            f"{s['max_len_b']}" for s in settings) + ".", ""]
+        lines += [
+            "Speed settings: "
+            + "; ".join(
+                f"`{s['name']}` = beam {s['beam_size']}, batch {s['batch']}, max length {s['max_len_a']}·src + "
+                f"{s['max_len_b']}"
+                for s in settings
+            )
+            + ".",
+            "",
+        ]
     else:
         lines += ["Speed is not in these records (the speed stage needs the runs' checkpoints).", ""]
     lines += claims_section(data)
     lines += _per_source_section(data)
     lines += _ght_section(data)
-    lines += ["## Plots", "", "![quality vs parameters](quality_vs_params.png)",
-              "![learning curves](learning_curves.png)", ""]
+    lines += [
+        "## Plots",
+        "",
+        "![quality vs parameters](quality_vs_params.png)",
+        "![learning curves](learning_curves.png)",
+        "",
+    ]
     if settings:
         lines.insert(-1, "![quality vs speed](quality_vs_speed.png)")
     if notes:
@@ -165,9 +193,15 @@ def markdown(data: dict[str, Any], command: str) -> str:
 def readme_block(data: dict[str, Any], command: str) -> str:
     """The README's table of a suite: the headline columns of REPORT.md with the machine and budget lines."""
     metrics = data["metrics"]
-    lines = [machine_line(data), "", _budget_line(data), "",
-             f"Rendered by `{command}` from the records in `{data['results_dir']}/` (its REPORT.md adds per-source "
-             "scores, GHT probes and plots).", ""]
+    lines = [
+        machine_line(data),
+        "",
+        _budget_line(data),
+        "",
+        f"Rendered by `{command}` from the records in `{data['results_dir']}/` (its REPORT.md adds per-source "
+        "scores, GHT probes and plots).",
+        "",
+    ]
     lines += _missing_line(data)
     header = ["entry", "heads", *(LABELS[m] for m in metrics)]
     if data["task"] == "translation":
@@ -178,8 +212,11 @@ def readme_block(data: dict[str, Any], command: str) -> str:
         row = [f"`{entry}`", _heads(rec), *(_pm(rec["quality"].get(m)) for m in metrics)]
         if data["task"] == "translation":
             row.append(_bootstrap_cell(rec["bootstrap"]))
-        row += [format_count(rec["size"]["params_excl_emb"]), format_flops(rec["size"]["flops"]),
-                _pm(rec["train_minutes"], 1)]
+        row += [
+            format_count(rec["size"]["params_excl_emb"]),
+            format_flops(rec["size"]["flops"]),
+            _pm(rec["train_minutes"], 1),
+        ]
         lines.append("| " + " | ".join(row) + " |")
     claims = claims_section(data, heading=False)
     return "\n".join(lines + ([""] + claims[:-1] if claims else [])) + "\n"
@@ -191,8 +228,10 @@ def _size_cell(sizes: dict[str, Any]) -> str:
         return "—"
     params = system["params_excl_emb"] / baseline["params_excl_emb"] - 1
     flops = system["flops"] / baseline["flops"]
-    return (f"{format_count(system['params_excl_emb'])} vs {format_count(baseline['params_excl_emb'])} "
-            f"({params:+.1%}); FLOPs ×{flops:.2f}")
+    return (
+        f"{format_count(system['params_excl_emb'])} vs {format_count(baseline['params_excl_emb'])} "
+        f"({params:+.1%}); FLOPs ×{flops:.2f}"
+    )
 
 
 def claims_section(data: dict[str, Any], heading: bool = True) -> list[str]:
@@ -202,16 +241,23 @@ def claims_section(data: dict[str, Any], heading: bool = True) -> list[str]:
         return []
     metric = LABELS[data["metrics"][0]]
     lines = ["## The papers' claims", ""] if heading else []
-    lines += ["Verdicts follow from the per-seed paired bootstrap (p < 0.05) by the rule in `zoo/report/claims.py`; "
-              "params are non-embedding, FLOPs at source length 30.", "",
-              f"| paper | claim | design | system vs baseline | {metric} system / baseline | Δ {metric} (per seed) | "
-              "verdict |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "Verdicts follow from the per-seed paired bootstrap (p < 0.05) by the rule in `zoo/report/claims.py`; "
+        "params are non-embedding, FLOPs at source length 30.",
+        "",
+        f"| paper | claim | design | system vs baseline | {metric} system / baseline | Δ {metric} (per seed) | "
+        "verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for c in claims:
-        quality = " / ".join(_pm((q or {}).get(data["metrics"][0])) for q in (c["quality"]["system"],
-                                                                            c["quality"]["baseline"]))
-        lines.append(f"| {c['paper']} | {c['claim']} | {c['design']}; {_size_cell(c['size'])} | "
-                     f"`{c['system']}` vs `{c['baseline']}` | {quality} | {_bootstrap_cell(c['bootstrap'])} | "
-                     f"**{c['verdict']}** |")
+        quality = " / ".join(
+            _pm((q or {}).get(data["metrics"][0])) for q in (c["quality"]["system"], c["quality"]["baseline"])
+        )
+        lines.append(
+            f"| {c['paper']} | {c['claim']} | {c['design']}; {_size_cell(c['size'])} | "
+            f"`{c['system']}` vs `{c['baseline']}` | {quality} | {_bootstrap_cell(c['bootstrap'])} | "
+            f"**{c['verdict']}** |"
+        )
     return [*lines, ""]
 
 
@@ -221,11 +267,18 @@ def _per_source_section(data: dict[str, Any]) -> list[str]:
         return []
     origins = sorted({o for ps in per_source.values() for o in ps})
     key = data["metrics"][0]
-    lines = [f"## {LABELS[key]} per data source (mean over seeds)", "",
-             "| entry | " + " | ".join(origins) + " |", "|" + "---|" * (len(origins) + 1)]
+    lines = [
+        f"## {LABELS[key]} per data source (mean over seeds)",
+        "",
+        "| entry | " + " | ".join(origins) + " |",
+        "|" + "---|" * (len(origins) + 1),
+    ]
     for entry, ps in per_source.items():
-        lines.append(f"| `{entry}` | " + " | ".join(
-            f"{ps[o][key]:.2f}" if o in ps and key in ps[o] else "—" for o in origins) + " |")
+        lines.append(
+            f"| `{entry}` | "
+            + " | ".join(f"{ps[o][key]:.2f}" if o in ps and key in ps[o] else "—" for o in origins)
+            + " |"
+        )
     return [*lines, ""]
 
 
@@ -241,25 +294,36 @@ def _ght_section(data: dict[str, Any]) -> list[str]:
             comp = run.get("compactness")
             if comp:
                 b, a = comp["before"], comp["after"]
-                lines += ["", "| probe | update | intra-group cos | inter-group cos | silhouette | Dunn |",
-                          "|---|---|---|---|---|---|"]
+                lines += [
+                    "",
+                    "| probe | update | intra-group cos | inter-group cos | silhouette | Dunn |",
+                    "|---|---|---|---|---|---|",
+                ]
                 first = "before GCT" if b["step"] == 0 else "first probe of GCT"
                 for label, p in ((first, b), ("end of GCT", a)):
-                    lines.append(f"| {label} | {p['step']} | {p['intra_cos']:.3f} | {p['inter_cos']:.3f} | "
-                                 f"{p['silhouette']:.3f} | {p['dunn']:.3f} |")
+                    lines.append(
+                        f"| {label} | {p['step']} | {p['intra_cos']:.3f} | {p['inter_cos']:.3f} | "
+                        f"{p['silhouette']:.3f} | {p['dunn']:.3f} |"
+                    )
             voting = run.get("voting")
             if voting and voting.get("step") is not None:
                 maps = "/".join(voting.get("vote_maps") or []) or "?"
                 seconds = voting.get("voting_seconds")
                 trigger = voting.get("trigger") or "trigger not recorded"
-                lines += ["", f"Voting-to-Stay at update {voting['step']} ({trigger}): "
-                          f"{voting.get('voting_batches')} batches × maps {maps}"
-                          + (f" in {seconds / 60:.1f} min" if seconds else "")
-                          + f", selection `{voting.get('selection')}`."]
+                lines += [
+                    "",
+                    f"Voting-to-Stay at update {voting['step']} ({trigger}): "
+                    f"{voting.get('voting_batches')} batches × maps {maps}"
+                    + (f" in {seconds / 60:.1f} min" if seconds else "")
+                    + f", selection `{voting.get('selection')}`.",
+                ]
             plan = run.get("head_plan")
             if plan:
-                lines += ["", "Kept heads per module: " + ", ".join(
-                    f"`{name.replace('.layers.', '.')}` {kept}" for name, kept in plan.items())]
+                lines += [
+                    "",
+                    "Kept heads per module: "
+                    + ", ".join(f"`{name.replace('.layers.', '.')}` {kept}" for name, kept in plan.items()),
+                ]
             if run.get("votes"):
                 lines += ["", f"![votes {entry} seed {seed}](votes-{entry}-seed{seed}.png)"]
             lines.append("")
@@ -272,8 +336,7 @@ def _save(fig: Any, out: Path) -> None:
     plt.close(fig)
 
 
-def _plot_scatter(data: dict[str, Any], out: Path, x_of: Callable[[dict[str, Any]], float | None],
-                  xlabel: str) -> None:
+def _plot_scatter(data: dict[str, Any], out: Path, x_of: Callable[[dict[str, Any]], float | None], xlabel: str) -> None:
     key = data["metrics"][0] if data["task"] == "translation" else "rougeL"
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for entry, rec in data["entries"].items():
@@ -294,8 +357,12 @@ def _plot_learning_curves(data: dict[str, Any], out: Path) -> None:
         first = next(iter(rec["seeds"].values()))
         points = [p for p in first["learning_curve"] if p.get("valid_quality") is not None]
         if points:
-            ax.plot([p["step"] for p in points], [p["valid_quality"] for p in points], marker=".",
-                    label=f"{entry} (seed {next(iter(rec['seeds']))})")
+            ax.plot(
+                [p["step"] for p in points],
+                [p["valid_quality"] for p in points],
+                marker=".",
+                label=f"{entry} (seed {next(iter(rec['seeds']))})",
+            )
     ax.set_xlabel("update")
     ax.set_ylabel("validation quality (greedy BLEU / ROUGE-L)")
     ax.grid(alpha=0.3)
@@ -312,14 +379,21 @@ def render(out_dir: Path, data: dict[str, Any], command: str) -> Path:
     """Write REPORT.md, report.json and the plots into `out_dir`; returns the REPORT.md path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").write_text(json.dumps(data, indent=2) + "\n")
-    _plot_scatter(data, out_dir / "quality_vs_params.png", lambda r: r["size"]["params_excl_emb"] / 1e6,
-                  "parameters excl. embeddings (M)")
+    _plot_scatter(
+        data,
+        out_dir / "quality_vs_params.png",
+        lambda r: r["size"]["params_excl_emb"] / 1e6,
+        "parameters excl. embeddings (M)",
+    )
     settings = speed_settings(data)
     if settings:
         first = settings[0]["name"]
-        _plot_scatter(data, out_dir / "quality_vs_speed.png",
-                      lambda r: _fastest(r, "ort", first) or _fastest(r, "torch", first),
-                      f"sentences/s ({first}; ORT where exported, else PyTorch)")
+        _plot_scatter(
+            data,
+            out_dir / "quality_vs_speed.png",
+            lambda r: _fastest(r, "ort", first) or _fastest(r, "torch", first),
+            f"sentences/s ({first}; ORT where exported, else PyTorch)",
+        )
     _plot_learning_curves(data, out_dir / "learning_curves.png")
     for entry, rec in data["entries"].items():
         for seed, run in rec["seeds"].items():

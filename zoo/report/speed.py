@@ -64,15 +64,19 @@ def _ort_engine(export_dir: str, threads: int | None, search: dict[str, Any]) ->
 def measure(run: Generator, encoded: list[list[int]], batch: int) -> dict[str, Any]:
     """Decode every sentence once (length-sorted batches) after one untimed warm-up batch."""
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
-    batches = [[encoded[i] for i in order[j:j + batch]] for j in range(0, len(order), batch)]
+    batches = [[encoded[i] for i in order[j : j + batch]] for j in range(0, len(order), batch)]
     run(batches[0])
     start = time.perf_counter()
     out_tokens = 0
     for b in batches:
         out_tokens += sum(len(h) + 1 for h in run(b))  # + eos
     seconds = time.perf_counter() - start
-    return {"sentences": len(encoded), "seconds": round(seconds, 3),
-            "sentences_per_s": round(len(encoded) / seconds, 2), "output_tokens": out_tokens}
+    return {
+        "sentences": len(encoded),
+        "seconds": round(seconds, 3),
+        "sentences_per_s": round(len(encoded) / seconds, 2),
+        "output_tokens": out_tokens,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -93,9 +97,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     search = {"beam_size": args.beam_size, "max_len_a": args.max_len_a, "max_len_b": args.max_len_b}
     make = _torch_engine if args.engine == "torch" else _ort_engine
     run, encode = make(args.model, args.threads, search)
-    record = {"engine": args.engine, "batch": args.batch, "threads": args.threads, **search,
-              **measure(run, encode(texts), args.batch),
-              "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    record = {
+        "engine": args.engine,
+        "batch": args.batch,
+        "threads": args.threads,
+        **search,
+        **measure(run, encode(texts), args.batch),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
     line = json.dumps(record)
     print(line, flush=True)
     if args.out:

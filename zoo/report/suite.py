@@ -51,10 +51,10 @@ class Claim:
 
     paper: str
     claim: str
-    design: str       # equal parameters / equal FLOPs / equal budget, in words
+    design: str  # equal parameters / equal FLOPs / equal budget, in words
     system: str
     baseline: str
-    expect: str       # one of EXPECTATIONS
+    expect: str  # one of EXPECTATIONS
 
 
 @dataclass(frozen=True)
@@ -135,21 +135,38 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
     claims = _claims(raw.get("claims") or [], known, raw["entries"])
     speed = raw.get("speed") or {}
     settings = tuple(
-        SpeedSetting(name=str(s["name"]), beam_size=int(s["beam_size"]), batch=int(s["batch"]),
-                     max_len_a=float(s.get("max_len_a", 1.2)), max_len_b=int(s.get("max_len_b", 10)))
-        for s in speed.get("settings", []))
+        SpeedSetting(
+            name=str(s["name"]),
+            beam_size=int(s["beam_size"]),
+            batch=int(s["batch"]),
+            max_len_a=float(s.get("max_len_a", 1.2)),
+            max_len_b=int(s.get("max_len_b", 10)),
+        )
+        for s in speed.get("settings", [])
+    )
     speed_seed = int(speed.get("seed", seeds[0]))
     if speed.get("enabled", True) and speed_seed not in seeds:
         raise SuiteError(f"suite.speed.seed={speed_seed} is not one of suite.seeds={list(seeds)}")
     return Suite(
-        name=str(raw["name"]), task=str(raw["task"]), data=str(raw["data"]), size=raw.get("size"),
-        trainer=raw.get("trainer"), experiment=raw.get("experiment"), seeds=seeds, baseline=str(raw["baseline"]),
-        entries=tuple(raw["entries"]), overrides=tuple(raw.get("overrides") or ()),
-        speed_enabled=bool(speed.get("enabled", True)), speed_seed=speed_seed,
-        speed_sentences=int(speed.get("sentences", 512)), speed_threads=speed.get("threads"),
-        speed_export=bool(speed.get("export", True)), speed_settings=settings,
+        name=str(raw["name"]),
+        task=str(raw["task"]),
+        data=str(raw["data"]),
+        size=raw.get("size"),
+        trainer=raw.get("trainer"),
+        experiment=raw.get("experiment"),
+        seeds=seeds,
+        baseline=str(raw["baseline"]),
+        entries=tuple(raw["entries"]),
+        overrides=tuple(raw.get("overrides") or ()),
+        speed_enabled=bool(speed.get("enabled", True)),
+        speed_seed=speed_seed,
+        speed_sentences=int(speed.get("sentences", 512)),
+        speed_threads=speed.get("threads"),
+        speed_export=bool(speed.get("export", True)),
+        speed_settings=settings,
         triton=dict(speed.get("triton") or {}),  # type: ignore[arg-type]
-        variants={n: v for n, v in variants.items() if n in raw["entries"]}, claims=claims,
+        variants={n: v for n, v in variants.items() if n in raw["entries"]},
+        claims=claims,
     )
 
 
@@ -157,16 +174,22 @@ def _variants(raw: dict[str, Any], entries_on_file: list[str]) -> dict[str, Vari
     out: dict[str, Variant] = {}
     for name, spec in raw.items():
         if not VARIANT_NAME.match(str(name)) or name in entries_on_file:
-            raise SuiteError(f"suite.variants.{name}: a variant needs a new name of letters, digits and _ "
-                             "(it names run dirs and records), not an existing entry's")
+            raise SuiteError(
+                f"suite.variants.{name}: a variant needs a new name of letters, digits and _ "
+                "(it names run dirs and records), not an existing entry's"
+            )
         if not isinstance(spec, dict) or spec.get("entry") not in entries_on_file:
-            raise SuiteError(f"suite.variants.{name}: expected {{entry: <an entry of conf/model/>, overrides: "
-                             f"[model.key=value, ...]}}, got {spec!r}")
+            raise SuiteError(
+                f"suite.variants.{name}: expected {{entry: <an entry of conf/model/>, overrides: "
+                f"[model.key=value, ...]}}, got {spec!r}"
+            )
         overrides = tuple(str(o) for o in spec.get("overrides") or ())
         bad = [o for o in overrides if not o.startswith("model.") or "=" not in o or o.startswith("model.name=")]
         if bad:
-            raise SuiteError(f"suite.variants.{name}: overrides {bad} — a variant changes model.<key>=<value> only "
-                             "(its name is the variant's)")
+            raise SuiteError(
+                f"suite.variants.{name}: overrides {bad} — a variant changes model.<key>=<value> only "
+                "(its name is the variant's)"
+            )
         out[str(name)] = Variant(str(name), str(spec["entry"]), overrides)
     return out
 

@@ -35,22 +35,27 @@ def _runs_of(report_dir: Path, entry: str, seed: int) -> list[Path]:
     """Run dirs of `entry` under the seed's root, whatever the data is named (`data.name=iwslt14`
     renames the run dirs), confirmed by the entry name in each run's saved config."""
     root = seed_root(report_dir, seed)
-    dirs = [d for base in root.glob(f"{entry}-*") if base.is_dir() for d in base.iterdir()
-            if (d / "config.yaml").is_file()]
+    dirs = [
+        d for base in root.glob(f"{entry}-*") if base.is_dir() for d in base.iterdir() if (d / "config.yaml").is_file()
+    ]
     return sorted((d for d in dirs if OmegaConf.load(d / "config.yaml").model.name == entry), key=lambda d: d.name)
 
 
 def finished_run(report_dir: Path, entry: str, seed: int) -> Path | None:
     """Newest run of (entry, seed) with a DONE marker and a summary, or None."""
-    done = [d for d in _runs_of(report_dir, entry, seed)
-            if (d / DONE_MARKER).is_file() and (d / "summary.json").is_file()]
+    done = [
+        d for d in _runs_of(report_dir, entry, seed) if (d / DONE_MARKER).is_file() and (d / "summary.json").is_file()
+    ]
     return done[-1] if done else None
 
 
 def unfinished_run(report_dir: Path, entry: str, seed: int) -> Path | None:
     """Newest interrupted run of (entry, seed): it has checkpoints/last.pt and no DONE marker."""
-    left = [d for d in _runs_of(report_dir, entry, seed)
-            if (d / "checkpoints" / "last.pt").is_file() and not (d / DONE_MARKER).exists()]
+    left = [
+        d
+        for d in _runs_of(report_dir, entry, seed)
+        if (d / "checkpoints" / "last.pt").is_file() and not (d / DONE_MARKER).exists()
+    ]
     return left[-1] if left else None
 
 
@@ -62,21 +67,28 @@ def train_command(report_dir: Path, suite: Suite, entry: str, seed: int) -> list
     return cmd
 
 
-def run_training(report_dir: Path, results_dir: Path, suite: Suite,
-                 dry_run: bool = False) -> dict[tuple[str, int], Path]:
+def run_training(
+    report_dir: Path, results_dir: Path, suite: Suite, dry_run: bool = False
+) -> dict[tuple[str, int], Path]:
     """Train every (entry, seed) of the suite that has no results record yet and write its record as soon
     as it finishes (a finished run directory without a record is recorded, not retrained; a sibling suite's
     record of the same run under the same budget is shared, not retrained). Returns the
     run directories present on this machine, which the speed stage needs for its checkpoints."""
     todo = missing_records(results_dir, suite)
     total = len(suite.entries) * len(suite.seeds)
-    print(f"[report] suite {suite.name}: {total} runs, {total - len(todo)} recorded in {results_dir}, "
-          f"{len(todo)} to {'list' if dry_run else 'train'}", flush=True)
+    print(
+        f"[report] suite {suite.name}: {total} runs, {total - len(todo)} recorded in {results_dir}, "
+        f"{len(todo)} to {'list' if dry_run else 'train'}",
+        flush=True,
+    )
     for n, (entry, seed) in enumerate(todo, 1):
         shared = shared_record(results_dir, suite, entry, seed)
         if shared is not None:
-            print(f"[report {n}/{len(todo)}] {entry} seed {seed}: the same run is recorded in {shared} (same budget "
-                  f"and test references){'' if dry_run else '; shared, not retrained'}", flush=True)
+            print(
+                f"[report {n}/{len(todo)}] {entry} seed {seed}: the same run is recorded in {shared} (same budget "
+                f"and test references){'' if dry_run else '; shared, not retrained'}",
+                flush=True,
+            )
             if not dry_run:
                 adopt_shared_record(shared, results_dir, suite)
             continue
@@ -92,8 +104,7 @@ def run_training(report_dir: Path, results_dir: Path, suite: Suite,
             done = _train(report_dir, suite, entry, seed)
         path = write_record_from_run(results_dir, suite, entry, seed, done)
         print(f"[report] recorded {entry} seed {seed}: {path}", flush=True)
-    return {(e, s): d for e in suite.entries for s in suite.seeds
-            if (d := finished_run(report_dir, e, s)) is not None}
+    return {(e, s): d for e in suite.entries for s in suite.seeds if (d := finished_run(report_dir, e, s)) is not None}
 
 
 def _train(report_dir: Path, suite: Suite, entry: str, seed: int) -> Path:
@@ -104,10 +115,13 @@ def _train(report_dir: Path, suite: Suite, entry: str, seed: int) -> Path:
         raise TrainingFailed(
             f"zoo.train for {entry} seed {seed} exited with {proc.returncode}; see its train.log under "
             f"{seed_root(report_dir, seed)}/{entry}-*/. Fix the cause and rerun the same "
-            "zoo.report command: recorded runs are skipped and this one resumes.")
+            "zoo.report command: recorded runs are skipped and this one resumes."
+        )
     finished = finished_run(report_dir, entry, seed)
     if finished is None:
-        raise TrainingFailed(f"zoo.train for {entry} seed {seed} exited 0 but left no finished run (DONE + "
-                             "summary.json); was it stopped by a signal? Rerun to resume it.")
+        raise TrainingFailed(
+            f"zoo.train for {entry} seed {seed} exited 0 but left no finished run (DONE + "
+            "summary.json); was it stopped by a signal? Rerun to resume it."
+        )
     log.info("%s seed %d trained in %.1f min", entry, seed, (time.perf_counter() - start) / 60)
     return finished
