@@ -35,10 +35,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from export.graph import ExportError
 from export.pruning import prune
-from export.runtime import ExportedModel, Search, load
+from export.runtime import ExportedModel, ExportRuntimeError, Search, load
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import build_splits
+from zoo.errors import one_line_errors
 from zoo.flops import model_flops
 from zoo.generate import SearchConfig, generate
 from zoo.metrics import paired_bootstrap
@@ -233,7 +235,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     payload = load_checkpoint(args.checkpoint)
     runtime = load(args.export, threads=args.threads, spinning=args.ort_spinning)
     if args.pruned_export and runtime.manifest.get("heads_removed") and runtime.manifest.get("head_plan"):
-        raise SystemExit(
+        raise ExportError(
             "--export must be the unpruned model (exported with remove_heads=false) when --pruned-export is given"
         )
     # torch runs the very model the export holds: heads removed if the export removed them, else gated
@@ -382,7 +384,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--paper-batch", type=int, default=256, help="batch of the paper's speed setting (beam 5, len 10)")
     ap.add_argument("--bleu-sentences", type=int, default=None, help="test sentences for the int8 BLEU check")
     ap.add_argument("--json", help="write the full report here")
-    run(ap.parse_args(argv))
+    with one_line_errors(ExportRuntimeError):
+        run(ap.parse_args(argv))
 
 
 if __name__ == "__main__":

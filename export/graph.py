@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from zoo.errors import ZooError
 from zoo.model import Transformer
 
 ENCODER_INPUTS = ("src_tokens",)
@@ -57,7 +58,7 @@ NEXT = "next."  # prefix of the updated self-attention state outputs (ONNX names
 BATCH, PREV_BATCH, SRC_LEN, STEPS = "batch", "prev_batch", "src_len", "steps"
 
 
-class ExportError(Exception):
+class ExportError(ZooError):
     """An export that cannot be done or did not verify; the message says why and what to do."""
 
 

@@ -52,7 +52,11 @@ _NEXT = "next."  # decoder output name prefix of an updated self-attention state
 _BANNED = 3  # tokens the search may ban from a row (pad, bos, eos): fetch this many extra best tokens
 
 
-class ExportedModelError(Exception):
+class ExportRuntimeError(Exception):
+    """The torch-free runtime's own error base (it imports nothing of zoo): a bad export dir or a bad request."""
+
+
+class ExportedModelError(ExportRuntimeError):
     """An export directory that cannot be loaded (missing, corrupt or from a newer exporter)."""
 
 
@@ -237,7 +241,7 @@ SEARCH_LIMITS: dict[str, tuple[int | float, int | float]] = {
 _INTEGER_SETTINGS = frozenset({"beam_size", "max_len_b", "min_len"})
 
 
-class SearchError(ValueError):
+class SearchError(ExportRuntimeError, ValueError):
     """A search setting that is not a finite number within SEARCH_LIMITS; the message names the allowed range."""
 
 

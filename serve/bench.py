@@ -16,7 +16,6 @@ import datetime as dt
 import json
 import os
 import platform
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -29,10 +28,13 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 import export
+from export.runtime import ExportRuntimeError
 from serve.client import Client, ClientError
-from serve.model_config import ModelSettings, RepositoryError, read_manifest
+from serve.errors import ServeError
+from serve.model_config import ModelSettings, read_manifest
 from serve.repository import write_python_model
-from serve.server import Server, ServerError
+from serve.server import Server
+from zoo.errors import one_line_errors
 
 NO_BATCHING = "-nodb"
 
@@ -69,7 +71,7 @@ def load_sentences(export_dir: Path, path: str | None) -> list[str]:
         manifest = read_manifest(export_dir)
         lines = json.loads((export_dir / manifest["heldout"]).read_text(encoding="utf-8"))["src"]
     if not lines:
-        raise SystemExit(f"error: no source sentences for {export_dir} (give sentences=<file>)")
+        raise ServeError(f"no source sentences for {export_dir} (give sentences=<file>)")
     return lines
 
 
@@ -398,13 +400,8 @@ def _machine() -> dict[str, Any]:
 def main() -> None:
     @hydra.main(config_path="../conf", config_name="bench", version_base="1.3")
     def run(cfg: DictConfig) -> None:
-        try:
+        with one_line_errors(ServeError, ExportRuntimeError):
             bench(cfg)
-        except Exception as exc:
-            if isinstance(exc, (RepositoryError, ServerError, ClientError)):
-                print(f"error: {exc}", file=sys.stderr)
-                sys.exit(2)
-            raise
 
     run()
 

@@ -23,14 +23,16 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from serve.errors import ServeError
 from serve.server import ADMIN_HEADER, GRPC_ADMIN_HEADER
+from zoo.errors import one_line_errors
 
 INPUT, OUTPUT, TRUNCATED = "TEXT", "OUTPUT", "TRUNCATED"
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 SEARCH_PARAMETERS = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len")
 
 
-class ClientError(Exception):
+class ClientError(ServeError):
     """A request the server refused or could not answer; the message is Triton's (or the model's) reason."""
 
 
@@ -206,12 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("text", nargs="*", help="source texts; stdin lines when none are given")
     args = parser.parse_args(argv)
     texts = args.text or [line.rstrip("\n") for line in sys.stdin]
-    try:
-        headers = {ADMIN_HEADER: Path(args.admin_key_file).read_text().strip()} if args.admin_key_file else None
-    except OSError as exc:
-        print(f"error: cannot read --admin-key-file {args.admin_key_file}: {exc}", file=sys.stderr)
-        return 2
-    try:
+    with one_line_errors(ServeError):
+        try:
+            headers = {ADMIN_HEADER: Path(args.admin_key_file).read_text().strip()} if args.admin_key_file else None
+        except OSError as exc:
+            raise ClientError(f"cannot read --admin-key-file {args.admin_key_file}: {exc}") from exc
         outputs = translate(
             texts,
             url=args.url,
@@ -225,9 +226,6 @@ def main(argv: list[str] | None = None) -> int:
             max_len_b=args.max_len_b,
             min_len=args.min_len,
         )
-    except ClientError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     for out in outputs:
         print(out)
     return 0

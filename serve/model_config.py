@@ -21,6 +21,7 @@ from tritonclient.grpc import model_config_pb2
 
 from export import runtime as export_runtime
 from export.staging import StagedDirectory, staged_directory
+from serve.errors import ServeError
 
 HERE = Path(__file__).resolve().parent
 TRITON_MODELS = HERE / "triton"
@@ -30,7 +31,7 @@ INPUT, OUTPUT, TRUNCATED = "TEXT", "OUTPUT", "TRUNCATED"
 KINDS = ("KIND_CPU", "KIND_GPU", "KIND_AUTO")
 
 
-class RepositoryError(Exception):
+class RepositoryError(ServeError):
     """A repository that cannot be written (bad export dir, name clash, invalid settings)."""
 
 

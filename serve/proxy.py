@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from serve.errors import ServeError
+
 PROXY_DIR = "nginx"  # inside the server's state dir: config, pid, logs (body buffers: see _buffer_dir)
 BUFFERS_PREFIX = "zoo-nginx-"
 # KServe v2 paths a translation client needs; anything else is refused by the proxy itself
@@ -34,7 +36,7 @@ ALLOWED_PATHS = (
 )
 
 
-class ProxyError(RuntimeError):
+class ProxyError(ServeError, RuntimeError):
     """nginx could not be found, fetched or started; the message names the cause and the fix."""
 
 

@@ -20,7 +20,6 @@ malformed config fails here with the field named instead of at server start. Wha
 from __future__ import annotations
 
 import shutil
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from export import runtime as export_runtime
+from export.runtime import ExportRuntimeError
+from serve.errors import ServeError
 
 # The shared model-directory pieces live in serve.model_config (serve.ngc needs them too); the public ones are
 # re-exported here for callers of serve.repository.
@@ -54,6 +55,7 @@ from serve.model_config import (
     text_io_text,
 )
 from serve.ngc import write_ngc_model
+from zoo.errors import one_line_errors
 
 __all__ = [
     "COMMON_FILE",
@@ -134,14 +136,11 @@ def _as_list(value: Any) -> list[str]:
 def main() -> None:
     @hydra.main(config_path="../conf", config_name="serve", version_base="1.3")
     def run(cfg: DictConfig) -> None:
-        try:
+        with one_line_errors(ServeError, ExportRuntimeError):
             settings = ModelSettings.from_mapping(OmegaConf.to_container(cfg.triton, resolve=True))  # type: ignore[arg-type]
             names = write_repository(
                 _as_list(cfg.export_dir), cfg.repo, settings, str(cfg.variant), bool(cfg.overwrite)
             )
-        except RepositoryError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            sys.exit(2)
         print(f"wrote {', '.join(names)} ({cfg.variant} variant) to {cfg.repo}")
         print(f"start it with: python -m serve.start repo={cfg.repo}")
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from serve.errors import ServeError
 from serve.proxy import ProxySettings, start_proxy, stop_proxy
 
 SHM_DIR = Path("/dev/shm")
@@ -46,7 +47,7 @@ GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"  # the gRPC metadata 
 RESTRICTED_APIS = ("shared-memory", "model-repository", "logging", "trace", "statistics")
 
 
-class ServerError(Exception):
+class ServerError(ServeError):
     """A server that cannot start or stop; the message names the cause and the fix."""
 
 

@@ -8,15 +8,16 @@ cleanly on Ctrl-C / SIGTERM — or returns when `python -m serve.stop` ended it.
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 from types import FrameType
 
 import hydra
 from omegaconf import DictConfig
 
-from serve.proxy import ProxyError, ProxySettings
-from serve.server import ADMIN_HEADER, RESTRICTED_APIS, Server, ServerError
+from serve.errors import ServeError
+from serve.proxy import ProxySettings
+from serve.server import ADMIN_HEADER, RESTRICTED_APIS, Server
+from zoo.errors import one_line_errors
 
 
 @hydra.main(config_path="../conf", config_name="start", version_base="1.3")
@@ -30,7 +31,7 @@ def main(cfg: DictConfig) -> None:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    try:
+    with one_line_errors(ServeError, status=lambda: 130 if stop.is_set() else 2):
         server = Server.start(
             cfg.repo,
             host=str(cfg.host),
@@ -45,9 +46,6 @@ def main(cfg: DictConfig) -> None:
             restrict=bool(cfg.restrict_apis),
             proxy=ProxySettings(max_body_mb=float(cfg.max_body_mb)) if cfg.proxy else None,
         )
-    except (ServerError, ProxyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(130 if stop.is_set() else 2)
     info = server.info
     admin = (
         f"  admin APIs ({', '.join(RESTRICTED_APIS)}) need header {ADMIN_HEADER}: key in {info.admin_key_file}"

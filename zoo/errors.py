@@ -10,7 +10,7 @@ message names the problem and the fix. Commands wrap their work in `one_line_err
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
@@ -18,14 +18,19 @@ class ZooError(Exception):
     """A problem the user can fix; the message names it and the fix."""
 
 
+def _two() -> int:
+    return 2
+
+
 @contextmanager
-def one_line_errors(*kinds: type[BaseException]) -> Iterator[None]:
-    """Turn a ZooError (or one of `kinds`) into one `error: …` line on stderr and exit status 2."""
+def one_line_errors(*kinds: type[BaseException], status: Callable[[], int] = _two) -> Iterator[None]:
+    """Turn a ZooError (or one of `kinds`) into one `error: …` line on stderr and exit with `status()` (2;
+    `serve.start` says 130 when the user interrupted the start)."""
     try:
         yield
     except (ZooError, *kinds) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(status()) from None
 
 
 __all__ = ["ZooError", "one_line_errors"]

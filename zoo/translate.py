@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from zoo.api import Translator
-from zoo.checkpoint import CheckpointError
+from zoo.errors import one_line_errors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,11 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("text", nargs="*", help="sentences to translate; read stdin lines when none are given")
     args = parser.parse_args(argv)
-    try:
+    with one_line_errors():
         translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
-    except CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     texts = args.text or [line.rstrip("\n") for line in sys.stdin]
     for out in translator.translate(
         texts, beam_size=args.beam, len_penalty=args.len_penalty, max_len_a=args.max_len_a, max_len_b=args.max_len_b
