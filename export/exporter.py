@@ -21,7 +21,7 @@ import contextlib
 import json
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ from zoo.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoi
 from zoo.data import DataError, Tokenizer, build_splits
 from zoo.entries import CONF_DIR, list_entries
 from zoo.flops import size_summary
+from zoo.generate import SearchConfig
 from zoo.metrics import corpus_chrf, paired_bootstrap
 from zoo.model import ModelConfig, Transformer
 
@@ -268,14 +269,8 @@ def _prune(cfg: DictConfig, source: _Source, plan: _HeadPlan) -> _Exported:
 
 
 def _search(cfg: DictConfig) -> Search:
-    g = cfg.generation
-    return Search(
-        beam_size=int(g.beam_size),
-        len_penalty=float(g.len_penalty),
-        max_len_a=float(g.max_len_a),
-        max_len_b=int(g.max_len_b),
-        min_len=int(g.min_len),
-    )
+    """The runtime's search settings: the same conversion train and evaluate use, in the runtime's type."""
+    return Search(**asdict(SearchConfig.from_generation(cfg.generation)))
 
 
 # ---------------------------------------------------------------------------------------------- graphs

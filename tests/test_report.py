@@ -478,17 +478,15 @@ def test_every_suite_file_is_valid_and_paper_mt_composes_the_paper_setting() -> 
 
 def test_parameter_matched_entries_are_within_three_percent_at_size_small() -> None:
     """The concise paper's half-width fixed-head model against `transformer` (non-embedding parameters)."""
-    from omegaconf import OmegaConf
 
     from tests.zoo_testing import compose_train
+    from zoo.entries import entry_model_config
     from zoo.flops import count_parameters
-    from zoo.model import ModelConfig, build_model
+    from zoo.model import build_model
 
     def params(entry: str) -> int:
-        fields = OmegaConf.to_container(compose_train([f"+model={entry}", "size=small"]).model, resolve=True)
-        fields.pop("name")
-        fields.update(vocab_size=8000)
-        return count_parameters(build_model(ModelConfig.from_dict(fields)), include_embeddings=False)
+        config = entry_model_config(compose_train([f"+model={entry}", "size=small"]).model, vocab_size=8000)
+        return count_parameters(build_model(config), include_embeddings=False)
 
     matched, base = params("fixhead_matched"), params("transformer")
     assert (matched, base) == (5_541_504, 5_529_600)  # the counts stated in conf/model/fixhead_matched.yaml

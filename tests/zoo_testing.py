@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from zoo.entries import CONF_DIR, list_entries
+from zoo.entries import CONF_DIR, entry_model_config, list_entries
 from zoo.model import ModelConfig, Transformer, build_model
 
 ENTRIES = list_entries()
@@ -21,12 +21,7 @@ def compose_train(overrides: list[str]) -> DictConfig:
 
 
 def tiny_model_config(entry: str, vocab_size: int = 64, **changes) -> ModelConfig:
-    cfg = compose_train([f"+model={entry}", "size=tiny"])
-    fields = OmegaConf.to_container(cfg.model, resolve=True)
-    fields.pop("name")
-    fields.pop("ght", None)  # a training procedure, not architecture
-    fields.update(vocab_size=vocab_size, **changes)
-    return ModelConfig.from_dict(fields)
+    return entry_model_config(compose_train([f"+model={entry}", "size=tiny"]).model, vocab_size=vocab_size, **changes)
 
 
 def tiny_model(entry: str, seed: int = 0, **changes) -> Transformer:

@@ -54,9 +54,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     if cfg.limit:
         examples = examples[: int(cfg.limit)]
     g = cfg.generation
-    search = SearchConfig(
-        beam_size=g.beam_size, len_penalty=g.len_penalty, max_len_a=g.max_len_a, max_len_b=g.max_len_b
-    )
+    search = SearchConfig.from_generation(g)
     task = payload.get("task", "translation")
     result = evaluate_examples(
         model,

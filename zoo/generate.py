@@ -6,7 +6,9 @@ reference the cached path is tested against (identical hypotheses), not a user-f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -21,6 +23,18 @@ class SearchConfig:
     max_len_a: float = 1.2
     max_len_b: int = 10
     min_len: int = 1
+
+    @classmethod
+    def from_generation(cls, g: Mapping[str, Any]) -> SearchConfig:
+        """The one conversion of a config's `generation` node (train, evaluate, export) into search settings;
+        keys the node lacks (train/evaluate have no `min_len`) keep their defaults."""
+        return cls(
+            beam_size=int(g["beam_size"]),
+            len_penalty=float(g["len_penalty"]),
+            max_len_a=float(g["max_len_a"]),
+            max_len_b=int(g["max_len_b"]),
+            min_len=int(g.get("min_len", cls.min_len)),
+        )
 
 
 class _Stepper:

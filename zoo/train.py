@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from zoo import distributed as dist
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
 from zoo.data import Tokenizer, build_splits, encode_examples
-from zoo.entries import missing_model_message
+from zoo.entries import entry_model_config, missing_model_message
 from zoo.errors import ZooError, one_line_errors
 from zoo.evaluation import evaluate_examples
 from zoo.flops import format_size_summary, size_summary
@@ -38,15 +38,14 @@ class UsageError(ZooError):
 
 def model_config_from(cfg: DictConfig, tokenizer: Tokenizer) -> ModelConfig:
     """ModelConfig from the composed `model` node (entry + size) and the tokenizer's vocabulary."""
-    fields = OmegaConf.to_container(cfg.model, resolve=True)
-    assert isinstance(fields, dict)
-    fields.pop("name", None)
-    fields.pop("ght", None)  # a training procedure, not architecture
-    fields.update(
-        vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
-    )
     try:
-        return ModelConfig.from_dict(fields)
+        return entry_model_config(
+            cfg.model,
+            vocab_size=tokenizer.vocab_size,
+            pad_id=tokenizer.pad_id,
+            bos_id=tokenizer.bos_id,
+            eos_id=tokenizer.eos_id,
+        )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"model entry {cfg.model.name!r} is invalid: {exc}") from exc
 
@@ -71,8 +70,7 @@ def _effective_max_len(cfg: DictConfig) -> int:
 
 
 def search_config(cfg: DictConfig) -> SearchConfig:
-    g = cfg.generation
-    return SearchConfig(beam_size=g.beam_size, len_penalty=g.len_penalty, max_len_a=g.max_len_a, max_len_b=g.max_len_b)
+    return SearchConfig.from_generation(cfg.generation)
 
 
 def _pick_device(name: str) -> torch.device:
