@@ -151,15 +151,11 @@ def collect(suite: Suite, refs: References, records: Records, bootstrap_samples:
         sorted({s for _, s in records}),
         lambda system, seed, baseline: _bootstrap(suite, records, refs, system, seed, bootstrap_samples, baseline),
     )
-    shared = sorted({rec["shared_from"].split("/")[0] for rec in records.values() if rec.get("shared_from")})
-    shared_runs = {
-        origin: [
-            f"{e} seed {s}"
-            for (e, s), rec in sorted(records.items())
-            if str(rec.get("shared_from", "")).startswith(origin + "/")
-        ]
-        for origin in shared
-    }
+    shared_runs: dict[str, list[str]] = {}  # origin suite -> its runs shared into this one
+    for (e, s), rec in sorted(records.items()):
+        if rec.get("shared_from"):
+            shared_runs.setdefault(rec["shared_from"].split("/")[0], []).append(f"{e} seed {s}")
+    shared_runs = dict(sorted(shared_runs.items()))
     return {
         "suite": suite.name,
         "task": suite.task,

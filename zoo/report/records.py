@@ -351,15 +351,15 @@ def shared_record(results_dir: Path, suite: Suite, entry: str, seed: int) -> Pat
     and the same test references — the same run, so it is shared rather than trained twice (the `ght` suite
     repeats `quick`'s transformer, ght and ght_ps). Records of another machine class than the ones already
     in `results_dir` are never shared into it."""
-    present = [read_json_gz(p) for p in record_files(results_dir)] if results_dir.is_dir() else []
-    machine_class = present[0].get("machine", {}).get("class") if present else None
+    present = record_files(results_dir) if results_dir.is_dir() else []
+    machine_class = read_json_gz(present[0]).get("machine", {}).get("class") if present else None
     budget = budget_of(suite)
     for candidate in sorted(results_dir.parent.glob(f"*/{entry}-seed{seed}.json.gz")):
         if candidate.parent.resolve() == results_dir.resolve():
             continue
         try:
             rec = read_json_gz(candidate)
-            refs = json.loads(gzip.open(candidate.parent / REFERENCES_FILE).read())
+            refs = read_json_gz(candidate.parent / REFERENCES_FILE)
         except (RecordError, OSError, ValueError):
             continue  # an unreadable sibling is its own suite's problem, reported when that suite renders
         if (
