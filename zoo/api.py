@@ -1,4 +1,4 @@
-"""Python API mirroring the commands: `zoo.load(checkpoint).translate([...])`."""
+"""Python API mirroring the commands: `zoo.load(checkpoint).translate([...])`, and `.score(sources, targets)`."""
 
 from __future__ import annotations
 
@@ -10,13 +10,16 @@ import torch
 
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import Tokenizer
-from zoo.evaluation import translate_texts
-from zoo.generate import SearchConfig
+from zoo.evaluation import Translation, score_texts, translate_texts, translate_texts_nbest
+from zoo.generate import Scored, SearchConfig
 from zoo.model import Transformer
 
 
 class Translator:
-    """A trained model with its tokenizer: strings in, strings out (translation or summary)."""
+    """A trained model with its tokenizer: strings in, strings out (translation or summary).
+
+    The export runtime (`export.load(dir)`) has the same `translate` and `score` and returns the same results
+    (hypotheses identical, scores equal to 1e-4), without torch."""
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, payload: dict[str, Any]) -> None:
         self.model = model
@@ -33,14 +36,45 @@ class Translator:
 
     def translate(
         self,
-        texts: Sequence[str],
+        texts: str | Sequence[str],
         beam_size: int = 5,
         len_penalty: float = 1.0,
         max_len_a: float = 1.2,
         max_len_b: int = 10,
-    ) -> list[str]:
+        min_len: int = 1,
+        num_hypotheses: int | None = None,
+        return_scores: bool = False,
+    ) -> list[str] | list[list[Translation]]:
+        """Source strings → output strings in input order.
+
+        With `num_hypotheses` (an integer 1 … beam_size, else zoo.generate.SearchError naming them) or
+        `return_scores`, per source a list of `Translation(text, score, tokens)` instead: the num_hypotheses
+        (default 1) best hypotheses, best first, scored as the search ranks them (summed token log-probs, eos
+        included, / length ** len_penalty). The first text is always what the plain call returns."""
         if isinstance(texts, str):
             texts = [texts]
-        search = SearchConfig(beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b)
+        search = SearchConfig(
+            beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len
+        )
         with torch.inference_mode():
-            return translate_texts(self.model, self.tokenizer, list(texts), search)
+            if num_hypotheses is None and not return_scores:
+                return translate_texts(self.model, self.tokenizer, list(texts), search)
+            n = 1 if num_hypotheses is None else num_hypotheses
+            return translate_texts_nbest(self.model, self.tokenizer, list(texts), search, n)
+
+    def score(
+        self, sources: str | Sequence[str], targets: str | Sequence[str], len_penalty: float = 1.0
+    ) -> list[Scored]:
+        """Forced decoding: per (source, target) pair the target's `Scored(tokens, token_logprobs, score)` — the
+        log-probability of each target token and of eos, and the sentence score normalised as `translate` ranks
+        hypotheses, so scoring a returned hypothesis gives back its score to 1e-4. Two exceptions: the search
+        forced eos at its length limit (it counts that eos as log-prob 0, this its real log-prob), or the
+        hypothesis text re-tokenises differently from the ids the search produced (score those with
+        zoo.evaluation.score_ids). Sources are truncated as `translate` truncates them, targets to
+        max_positions - 2 tokens (the longest output the search can produce); an empty target scores eos
+        alone. zoo.generate.ScoreError unless there is one target per source."""
+        if isinstance(sources, str):
+            sources = [sources]
+        if isinstance(targets, str):
+            targets = [targets]
+        return score_texts(self.model, self.tokenizer, list(sources), list(targets), len_penalty)

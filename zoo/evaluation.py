@@ -5,16 +5,34 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tqdm import tqdm
 
 from zoo.data import Example, Tokenizer
 from zoo.data import remove_bpe as strip_bpe
-from zoo.generate import SearchConfig, generate
+from zoo.generate import (
+    Scored,
+    ScoreError,
+    SearchConfig,
+    check_num_hypotheses,
+    check_targets,
+    generate_nbest,
+    score_targets,
+)
 from zoo.metrics import quality_report, tokenized_bleu
 from zoo.model import Transformer
+
+
+class Translation(NamedTuple):
+    """One output hypothesis of a source text: its text, its score (zoo.generate: summed token log-probs, eos
+    included, / length ** len_penalty) and its token ids (no bos/eos) — the ids are what `score_ids` scores
+    exactly; re-tokenising the text usually, not always, gives them back."""
+
+    text: str
+    score: float
+    tokens: list[int]
 
 
 def _batches(lengths: Sequence[int], max_tokens: int, max_sentences: int) -> list[list[int]]:
@@ -34,6 +52,27 @@ def _batches(lengths: Sequence[int], max_tokens: int, max_sentences: int) -> lis
     return batches
 
 
+def encode_sources(tokenizer: Tokenizer, texts: Sequence[str], max_positions: int) -> list[list[int]]:
+    """Token ids per source, truncated to half the position limit (the generator also needs room for the
+    output); an empty source becomes [unk]."""
+    limit = max(1, max_positions // 2)
+    return [tokenizer.encode(t)[:limit] or [tokenizer.unk_id] for t in texts]
+
+
+def encode_targets(tokenizer: Tokenizer, texts: Sequence[str], max_positions: int) -> list[list[int]]:
+    """Token ids per target to score, truncated to what the search can produce: max_positions - 2 tokens, so
+    that with eos the output stays below the position limit (zoo.generate clamps output lengths there)."""
+    return [tokenizer.encode(t)[: max(0, max_positions - 2)] for t in texts]
+
+
+def _padded(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> torch.Tensor:
+    """Right-padded [B, S] long batch."""
+    src = torch.full((len(rows), max(len(r) for r in rows)), pad_id, dtype=torch.long)
+    for i, ids in enumerate(rows):
+        src[i, : len(ids)] = torch.tensor(ids)
+    return src.to(device)
+
+
 @torch.inference_mode()
 def translate_texts(
     model: Transformer,
@@ -46,24 +85,88 @@ def translate_texts(
 ) -> list[str]:
     """Source strings → output strings, in input order. Inputs longer than the model's position
     limit are truncated (the generator also needs room for the output)."""
+    nbest = translate_texts_nbest(model, tokenizer, texts, search, 1, max_tokens, max_sentences, progress)
+    return [hyps[0].text if hyps else "" for hyps in nbest]
+
+
+@torch.inference_mode()
+def translate_texts_nbest(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    texts: Sequence[str],
+    search: SearchConfig = SearchConfig(),
+    num_hypotheses: int = 1,
+    max_tokens: int = 6000,
+    max_sentences: int = 128,
+    progress: bool = False,
+) -> list[list[Translation]]:
+    """Source strings → per source its `num_hypotheses` best outputs with scores, best first, in input order
+    (batched and truncated as `translate_texts`, whose output is always each list's first text). SearchError
+    unless num_hypotheses is an integer 1 … beam_size."""
+    num_hypotheses = check_num_hypotheses(num_hypotheses, max(1, search.beam_size))  # even with no texts
     model.eval()
     device = next(model.parameters()).device
-    limit = max(1, model.cfg.max_positions // 2)
-    encoded = [tokenizer.encode(t)[:limit] or [tokenizer.unk_id] for t in texts]
-    outputs: list[str] = [""] * len(texts)
-    batches = _batches([len(e) for e in encoded], max_tokens, max_sentences)
-    iterator = batches
-    if progress:
-        iterator = tqdm(batches, desc="decode", unit="batch", leave=False)
-    for idx in iterator:
-        width = max(len(encoded[i]) for i in idx)
-        src = torch.full((len(idx), width), model.cfg.pad_id, dtype=torch.long)
-        for row, i in enumerate(idx):
-            src[row, : len(encoded[i])] = torch.tensor(encoded[i])
-        hyps = generate(model, src.to(device), search)
-        for i, hyp in zip(idx, hyps, strict=True):
-            outputs[i] = tokenizer.decode(hyp)
+    encoded = encode_sources(tokenizer, texts, model.cfg.max_positions)
+    outputs: list[list[Translation]] = [[] for _ in texts]
+    for idx in _decode_batches(encoded, max_tokens, max_sentences, progress):
+        src = _padded([encoded[i] for i in idx], model.cfg.pad_id, device)
+        for i, hyps in zip(idx, generate_nbest(model, src, search, num_hypotheses), strict=True):
+            outputs[i] = [Translation(tokenizer.decode(h.tokens), h.score, h.tokens) for h in hyps]
     return outputs
+
+
+def _decode_batches(encoded: Sequence[Sequence[int]], max_tokens: int, max_sentences: int, progress: bool) -> Any:
+    batches = _batches([len(e) for e in encoded], max_tokens, max_sentences)
+    return tqdm(batches, desc="decode", unit="batch", leave=False) if progress else batches
+
+
+@torch.inference_mode()
+def score_ids(
+    model: Transformer,
+    sources: Sequence[Sequence[int]],
+    targets: Sequence[Sequence[int]],
+    len_penalty: float = 1.0,
+    max_tokens: int = 6000,
+    max_sentences: int = 128,
+) -> list[Scored]:
+    """Teacher-forced scores of token-id targets given token-id sources (zoo.generate.score_targets), in input
+    order, batched by source length as the search is. ScoreError when the counts differ or a target is too long
+    (max_positions - 2 tokens) or holds ids outside the vocabulary."""
+    model.eval()
+    device = next(model.parameters()).device
+    check_targets(targets, len(sources), model.cfg.vocab_size, model.cfg.max_positions)  # before running anything
+    out: list[Scored | None] = [None] * len(sources)
+    for idx in _batches([len(s) for s in sources], max_tokens, max_sentences):
+        src = _padded([sources[i] for i in idx], model.cfg.pad_id, device)
+        for i, scored in zip(idx, score_targets(model, src, [targets[i] for i in idx], len_penalty), strict=True):
+            out[i] = scored
+    return [s for s in out if s is not None]
+
+
+def score_texts(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    sources: Sequence[str],
+    targets: Sequence[str],
+    len_penalty: float = 1.0,
+    max_tokens: int = 6000,
+    max_sentences: int = 128,
+) -> list[Scored]:
+    """Per (source, target) text pair the target's per-token log-probs and sentence score (forced decoding: for
+    reranking, filtering, quality estimation). Sources are truncated as `translate_texts` does, targets to what
+    the search can produce (`encode_targets`); an empty target scores eos alone. ScoreError when the counts
+    differ."""
+    if len(sources) != len(targets):
+        raise ScoreError(f"got {len(sources)} sources but {len(targets)} targets; give one target per source")
+    limit = model.cfg.max_positions
+    return score_ids(
+        model,
+        encode_sources(tokenizer, sources, limit),
+        encode_targets(tokenizer, targets, limit),
+        len_penalty,
+        max_tokens,
+        max_sentences,
+    )
 
 
 def evaluate_examples(
@@ -74,11 +177,20 @@ def evaluate_examples(
     search: SearchConfig = SearchConfig(),
     remove_bpe: str | None = None,
     progress: bool = False,
+    nbest: int | None = None,
     **batching: Any,
 ) -> dict[str, Any]:
-    """Metrics (+ per data source), hypotheses and decoding speed on `examples`."""
+    """Metrics (+ per data source), hypotheses and decoding speed on `examples`. With `nbest` also the `nbest`
+    best hypotheses per example with their scores (key "nbest"); the metrics are those of the best, which are
+    exactly the hypotheses without `nbest`."""
     start = time.perf_counter()
-    hyps = translate_texts(model, tokenizer, [e.src for e in examples], search, progress=progress, **batching)
+    sources = [e.src for e in examples]
+    if nbest is None:
+        hyps = translate_texts(model, tokenizer, sources, search, progress=progress, **batching)
+        lists = None
+    else:
+        lists = translate_texts_nbest(model, tokenizer, sources, search, nbest, progress=progress, **batching)
+        hyps = [h[0].text if h else "" for h in lists]
     seconds = time.perf_counter() - start
     refs = [e.tgt for e in examples]
     scored_hyps = hyps
@@ -95,4 +207,7 @@ def evaluate_examples(
         sentences_per_s=round(len(examples) / max(seconds, 1e-9), 2),
         beam_size=search.beam_size,
     )
-    return {"metrics": report, "hypotheses": hyps}
+    result: dict[str, Any] = {"metrics": report, "hypotheses": hyps}
+    if lists is not None:
+        result["nbest"] = lists
+    return result

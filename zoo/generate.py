@@ -1,19 +1,54 @@
-"""Batched greedy and beam search over the incremental decoder cache.
+"""Batched greedy and beam search over the incremental decoder cache, and teacher-forced scoring.
 
 `use_cache=False` recomputes the whole prefix every step through the same search code: it is the
 reference the cached path is tested against (identical hypotheses), not a user-facing mode.
+
+Scores, one definition everywhere (what fairseq and Marian report): a hypothesis' score is the sum of its
+tokens' log-probabilities, eos included, divided by its length (tokens + eos) ** len_penalty. It is what beam
+search ranks finished hypotheses by, what `generate_nbest` returns, and what `score_targets` computes for a given
+target with the teacher-forced decoder — so scoring the beam's best hypothesis gives back its beam score, except
+where the search forced eos at the length limit: there the search counts that eos as log-prob 0 (it had no
+choice), the teacher-forced decoder counts the model's real log-prob of eos. `export.runtime` mirrors all of this
+without torch, to 1e-4.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from zoo.errors import ZooError
 from zoo.model import Transformer
+
+
+class SearchError(ZooError, ValueError):
+    """A bad search request (e.g. num_hypotheses outside 1 … beam_size); the message names the allowed values."""
+
+
+class ScoreError(ZooError, ValueError):
+    """Targets that cannot be scored (not one per source, too long for the model, ids outside the vocabulary)."""
+
+
+class Hypothesis(NamedTuple):
+    """A finished search hypothesis: token ids (no bos/eos) and its length-normalised score (module docstring)."""
+
+    tokens: list[int]
+    score: float
+
+
+class Scored(NamedTuple):
+    """A teacher-forced target: the scored ids (the target's tokens, then eos), each one's log-probability
+    given the source and the tokens before it, and the sentence score normalised as the search ranks."""
+
+    tokens: list[int]
+    token_logprobs: list[float]
+    score: float
 
 
 @dataclass(frozen=True)
@@ -60,16 +95,43 @@ class _Stepper:
             self.model.reorder_state(self.state, order)
 
 
+def check_num_hypotheses(value: Any, beam_size: int) -> int:
+    """`value` as a number of hypotheses to return: an integer 1 … beam_size (SearchError naming them otherwise).
+    Whole-number floats and numeric strings are accepted, as for the other search settings."""
+    allowed = f"allowed: an integer in [1, {beam_size}] (at most beam_size={beam_size})"  # export.runtime's words
+    if isinstance(value, bool) or not isinstance(value, numbers.Real | str):
+        raise SearchError(f"num_hypotheses={value!r} is not a number; {allowed}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise SearchError(f"num_hypotheses={value!r} is not a number; {allowed}") from None
+    if not math.isfinite(number) or not 1 <= number <= beam_size:
+        raise SearchError(f"num_hypotheses={value!r} is out of range; {allowed}")
+    if number != int(number):
+        raise SearchError(f"num_hypotheses={value!r} is not an integer; {allowed}")
+    return int(number)
+
+
+def normalised(total: float, length: int, len_penalty: float) -> float:
+    """A hypothesis' score from its summed log-probs and its length counting eos (the module docstring)."""
+    return total / float(length) ** len_penalty
+
+
 def _max_lengths(src: Tensor, pad_id: int, cfg: SearchConfig, limit: int) -> Tensor:
     src_len = src.ne(pad_id).sum(1)
     return (cfg.max_len_a * src_len + cfg.max_len_b).long().clamp(min=1, max=limit - 1)  # [B]
 
 
-@torch.inference_mode()
 def greedy_search(
     model: Transformer, src: Tensor, cfg: SearchConfig = SearchConfig(), use_cache: bool = True
 ) -> list[list[int]]:
     """Argmax decoding; returns token ids per source sentence (no bos/eos)."""
+    return [h.tokens for h in _greedy(model, src, cfg, use_cache)]
+
+
+@torch.inference_mode()
+def _greedy(model: Transformer, src: Tensor, cfg: SearchConfig, use_cache: bool) -> list[Hypothesis]:
+    """Argmax decoding of src [B, S]: one hypothesis per sentence, scored as beam search scores."""
     mcfg = model.cfg
     memory, pad_mask = model.encode(src)
     step = _Stepper(model, memory, pad_mask, use_cache)
@@ -77,6 +139,7 @@ def greedy_search(
     max_len = _max_lengths(src, mcfg.pad_id, cfg, mcfg.max_positions)  # [B]
     tokens = torch.full((b, 1), mcfg.bos_id, dtype=torch.long, device=src.device)
     finished = torch.zeros(b, dtype=torch.bool, device=src.device)
+    total = torch.zeros(b, device=src.device)  # [B] summed log-probs of the emitted tokens, eos included
     for t in range(int(max_len.max())):
         lprobs = step(tokens)
         lprobs[:, [mcfg.pad_id, mcfg.bos_id]] = -torch.inf
@@ -84,12 +147,18 @@ def greedy_search(
             lprobs[:, mcfg.eos_id] = -torch.inf
         at_limit = max_len.le(t + 1)
         lprobs[at_limit] = torch.where(torch.arange(lprobs.shape[1], device=src.device) == mcfg.eos_id, 0.0, -torch.inf)
-        nxt = lprobs.argmax(-1).masked_fill(finished, mcfg.pad_id)
+        nxt = lprobs.argmax(-1)  # [B]
+        total += lprobs.gather(1, nxt[:, None]).squeeze(1).masked_fill(finished, 0.0)
+        nxt = nxt.masked_fill(finished, mcfg.pad_id)
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)
         finished |= nxt.eq(mcfg.eos_id)
         if finished.all():
             break
-    return [_strip(row[1:].tolist(), mcfg.eos_id, mcfg.pad_id) for row in tokens]
+    out = []
+    for row, score in zip(tokens, total.tolist(), strict=True):
+        ids = _strip(row[1:].tolist(), mcfg.eos_id, mcfg.pad_id)
+        out.append(Hypothesis(ids, normalised(score, len(ids) + 1, cfg.len_penalty)))
+    return out
 
 
 def _strip(ids: list[int], eos: int, pad: int) -> list[int]:
@@ -101,13 +170,20 @@ def _strip(ids: list[int], eos: int, pad: int) -> list[int]:
     return out
 
 
-@torch.inference_mode()
 def beam_search(
     model: Transformer, src: Tensor, cfg: SearchConfig = SearchConfig(), use_cache: bool = True
 ) -> list[list[int]]:
-    """Batched beam search with length-normalised scores (score / length**len_penalty, length
-    counting eos, as fairseq). A sentence stops when `beam_size` hypotheses have finished;
-    finished sentences leave the batch, so their cache rows stop costing time."""
+    """Batched beam search; the best hypothesis' token ids per source sentence (no bos/eos)."""
+    return [hyps[0].tokens if hyps else [] for hyps in _beam(model, src, cfg, use_cache)]
+
+
+@torch.inference_mode()
+def _beam(model: Transformer, src: Tensor, cfg: SearchConfig, use_cache: bool) -> list[list[Hypothesis]]:
+    """Batched beam search of src [B, S] with length-normalised scores (score / length**len_penalty, length
+    counting eos, as fairseq). A sentence stops when `beam_size` hypotheses have finished; finished
+    sentences leave the batch, so their cache rows stop costing time. Returns every finished hypothesis
+    per sentence (beam_size of them; fewer only when the length limit is 1 token), best first — the
+    first finished wins ties, so the first is the single best today's callers have always got."""
     mcfg = model.cfg
     k = cfg.beam_size
     device = src.device
@@ -121,7 +197,7 @@ def beam_search(
     tokens = torch.full((b * k, 1), mcfg.bos_id, dtype=torch.long, device=device)
     scores = torch.full((b, k), -torch.inf, device=device)
     scores[:, 0] = 0.0  # all beams start identical: keep one so the first step yields distinct ones
-    finals: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
+    finals: list[list[Hypothesis]] = [[] for _ in range(b)]
 
     for t in range(int(max_len.max())):
         n = active.numel()
@@ -150,7 +226,7 @@ def beam_search(
                 bucket = finals[int(active[r])]
                 if len(bucket) < k and c < k:  # only eos among the top K counts, as fairseq
                     hyp = prefix[r, beam_idx[r, c], 1:].tolist()
-                    bucket.append((float(top_scores[r, c]) / norm, hyp))
+                    bucket.append(Hypothesis(_strip(hyp, mcfg.eos_id, mcfg.pad_id), float(top_scores[r, c]) / norm))
             done = torch.tensor([len(finals[int(s)]) >= k for s in active.tolist()], device=device)
 
         # continue with the best K non-eos candidates of every live sentence
@@ -168,14 +244,7 @@ def beam_search(
         active = active[live]
         step.select(rows)
 
-    out = []
-    for i in range(b):
-        if not finals[i]:
-            out.append([])
-            continue
-        best = max(finals[i], key=lambda item: item[0])  # first max wins ties: deterministic
-        out.append(_strip(best[1], mcfg.eos_id, mcfg.pad_id))
-    return out
+    return [sorted(bucket, key=lambda h: -h.score) for bucket in finals]  # stable: first finished wins ties
 
 
 def generate(
@@ -185,3 +254,63 @@ def generate(
     if cfg.beam_size <= 1:
         return greedy_search(model, src, cfg, use_cache)
     return beam_search(model, src, cfg, use_cache)
+
+
+def generate_nbest(
+    model: Transformer,
+    src: Tensor,
+    cfg: SearchConfig = SearchConfig(),
+    num_hypotheses: int = 1,
+    use_cache: bool = True,
+) -> list[list[Hypothesis]]:
+    """The `num_hypotheses` best hypotheses per source of src [B, S] with their scores, best first (greedy when
+    beam_size == 1: its one hypothesis). The first is always `generate`'s output. Fewer than asked only when
+    the search finished fewer: a length limit of 1 token leaves the empty hypothesis alone. SearchError unless
+    num_hypotheses is an integer 1 … beam_size."""
+    n = check_num_hypotheses(num_hypotheses, max(1, cfg.beam_size))
+    if cfg.beam_size <= 1:
+        return [[h] for h in _greedy(model, src, cfg, use_cache)]
+    return [hyps[:n] for hyps in _beam(model, src, cfg, use_cache)]
+
+
+@torch.inference_mode()
+def score_targets(
+    model: Transformer, src: Tensor, targets: Sequence[Sequence[int]], len_penalty: float = 1.0
+) -> list[Scored]:
+    """Teacher-forced log-probabilities of `targets` (token ids without bos/eos, one per row of src [B, S]):
+    per token (each target token, then eos) and the sentence score normalised as beam search ranks
+    hypotheses (module docstring). Nothing is banned or forced here: these are the model's probabilities.
+    ScoreError when the counts differ, a target is longer than the model can produce (max_positions - 2
+    tokens + eos: the search's own limit) or holds an id outside the vocabulary."""
+    mcfg = model.cfg
+    check_targets(targets, src.shape[0], mcfg.vocab_size, mcfg.max_positions)
+    if not targets:
+        return []
+    lengths = [len(t) + 1 for t in targets]  # scored positions: tokens + eos
+    b, width = len(targets), max(lengths)
+    tgt_in = torch.full((b, width), mcfg.pad_id, dtype=torch.long)  # [B, T]: bos + target
+    tgt_out = torch.full((b, width), mcfg.pad_id, dtype=torch.long)  # [B, T]: target + eos
+    for row, ids in enumerate(targets):
+        tgt_in[row, : lengths[row]] = torch.tensor([mcfg.bos_id, *ids])
+        tgt_out[row, : lengths[row]] = torch.tensor([*ids, mcfg.eos_id])
+    tgt_in, tgt_out = tgt_in.to(src.device), tgt_out.to(src.device)
+    logits = model(src, tgt_in)  # [B, T, V]; causal, so the padding after a target changes nothing before it
+    lprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt_out[..., None]).squeeze(-1)  # [B, T]
+    out = []
+    for row, length in enumerate(lengths):
+        token_lp = lprobs[row, :length]
+        total = float(token_lp.sum())
+        out.append(Scored(tgt_out[row, :length].tolist(), token_lp.tolist(), normalised(total, length, len_penalty)))
+    return out
+
+
+def check_targets(targets: Sequence[Sequence[int]], sources: int, vocab_size: int, max_positions: int) -> None:
+    """ScoreError unless there is one target per source, each at most max_positions - 2 ids in [0, vocab_size)."""
+    if len(targets) != sources:
+        raise ScoreError(f"got {sources} sources but {len(targets)} targets; give one target per source")
+    cap = max_positions - 2
+    for i, ids in enumerate(targets):
+        if len(ids) > cap:
+            raise ScoreError(f"target {i} has {len(ids)} tokens; the model produces at most {cap} (+ eos)")
+        if any(not 0 <= int(t) < vocab_size for t in ids):
+            raise ScoreError(f"target {i} holds token ids outside the vocabulary [0, {vocab_size})")
