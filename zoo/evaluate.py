@@ -1,5 +1,7 @@
 """`python -m zoo.evaluate checkpoint=… split=test` (or `src=… ref=…`): BLEU/chrF or ROUGE with beam
-search, per data source, sentences/s, model size — printed and written as JSON + hypotheses."""
+search, per data source, sentences/s, model size — printed and written as JSON + hypotheses; with `nbest=N`
+also the N best hypotheses per source with their scores, as `<split>_nbest.txt` in the Moses/fairseq
+format `i ||| hypothesis ||| score` (i counts sources from 0; best first; the score is zoo.generate's)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,9 @@ from omegaconf import DictConfig
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import DataError, Example, Tokenizer, build_splits
 from zoo.errors import one_line_errors
-from zoo.evaluation import evaluate_examples
+from zoo.evaluation import Translation, evaluate_examples
 from zoo.flops import format_size_summary, size_summary
-from zoo.generate import SearchConfig
+from zoo.generate import SearchConfig, check_num_hypotheses
 
 
 def _read_lines(path: str) -> list[str]:
@@ -55,6 +57,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         examples = examples[: int(cfg.limit)]
     g = cfg.generation
     search = SearchConfig.from_generation(g)
+    nbest = cfg.nbest
+    if nbest is not None:  # refused before decoding anything
+        nbest = check_num_hypotheses(nbest, max(1, search.beam_size))
     task = payload.get("task", "translation")
     result = evaluate_examples(
         model,
@@ -64,6 +69,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         search,
         remove_bpe=payload["data_config"].get("remove_bpe"),
         progress=sys.stderr.isatty(),
+        nbest=nbest,
         max_tokens=g.max_tokens,
         max_sentences=g.max_sentences,
     )
@@ -84,8 +90,16 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}_metrics.json").write_text(json.dumps(metrics, indent=2))
     (out / f"{name}_hypotheses.txt").write_text("\n".join(result["hypotheses"]) + "\n")
+    if nbest is not None:
+        (out / f"{name}_nbest.txt").write_text(nbest_lines(result["nbest"]), encoding="utf-8")
     _print(metrics, task, out)
     return metrics
+
+
+def nbest_lines(nbest: list[list[Translation]]) -> str:
+    """The Moses/fairseq n-best format: `i ||| hypothesis ||| score` per hypothesis, sources in order from 0,
+    each source's hypotheses best first."""
+    return "".join(f"{i} ||| {h.text} ||| {h.score:.6f}\n" for i, hyps in enumerate(nbest) for h in hyps)
 
 
 def _print(m: dict[str, Any], task: str, out: Path) -> None:
