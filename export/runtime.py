@@ -24,6 +24,14 @@ the graph returns each row's k = 2·beam + 3 best log-probs and tokens (in-graph
 tokens, so each row's 2·beam best allowed candidates are always among them, and the sentence's
 2·beam best candidates over all its beams (what `torch.topk` over [beams·vocab] finds) too.
 Cross-attention caches are re-sliced on the host only when a finished sentence leaves the batch.
+
+Scores, as `zoo.generate` defines them (equal to 1e-4): a hypothesis' score is its tokens' summed log-probs, eos
+included, / length ** len_penalty (length counting eos) — what beam search ranks by. `generate_nbest` and
+`translate(..., num_hypotheses=n, return_scores=True)` return the n best with their scores (the first is always
+the plain call's output); `score(sources, targets)` runs the decoder teacher-forced over given targets and
+returns each token's log-prob (from the graph's full `log_probs` output, the one verification reads) and the
+sentence score, so scoring the beam's best hypothesis gives back its beam score — unless the search forced eos
+at the length limit (log-prob 0 there, the model's real log-prob in `score`).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, TypedDict, get_origin, get_type_hints
+from typing import Any, NamedTuple, TypedDict, get_origin, get_type_hints
 
 import numpy as np
 import onnxruntime as ort
@@ -242,15 +250,43 @@ _INTEGER_SETTINGS = frozenset({"beam_size", "max_len_b", "min_len"})
 
 
 class SearchError(ExportRuntimeError, ValueError):
-    """A search setting that is not a finite number within SEARCH_LIMITS; the message names the allowed range."""
+    """A search setting (or num_hypotheses) that is not a finite number within its limits; the message names the
+    allowed range."""
 
 
-def search_setting(name: str, value: Any) -> int | float:
-    """One search setting checked and converted: an integer where the search counts, a finite float else."""
-    if name not in SEARCH_LIMITS:
-        raise SearchError(f"unknown search setting {name!r}; allowed: {sorted(SEARCH_LIMITS)}")
-    low, high = SEARCH_LIMITS[name]
-    allowed = f"allowed: {'an integer' if name in _INTEGER_SETTINGS else 'a finite number'} in [{low}, {high}]"
+class ScoreError(ExportRuntimeError, ValueError):
+    """Targets that cannot be scored (not one per source, too long for the model, ids outside the vocabulary);
+    the message says which and what is allowed."""
+
+
+class Hypothesis(NamedTuple):
+    """A finished search hypothesis: token ids (no bos/eos) and its length-normalised score (module docstring)."""
+
+    tokens: list[int]
+    score: float
+
+
+class Translation(NamedTuple):
+    """One output hypothesis of a source text: its text, its score and its token ids (no bos/eos) — the ids are
+    what `score_encoded` scores exactly; re-tokenising the text usually, not always, gives them back."""
+
+    text: str
+    score: float
+    tokens: list[int]
+
+
+class Scored(NamedTuple):
+    """A teacher-forced target: the scored ids (the target's tokens, then eos), each one's log-probability given
+    the source and the tokens before it, and the sentence score normalised as the search ranks hypotheses."""
+
+    tokens: list[int]
+    token_logprobs: list[float]
+    score: float
+
+
+def _bounded(name: str, value: Any, low: float, high: float, integer: bool, allowed: str) -> int | float:
+    """`value` as a finite number in [low, high] (an integer when `integer`: whole floats and numeric strings
+    pass, as JSON and Triton parameters send them), else SearchError naming `name` and `allowed`."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating, str)):
         raise SearchError(f"{name}={value!r} is not a number; {allowed}")
     try:
@@ -259,11 +295,30 @@ def search_setting(name: str, value: Any) -> int | float:
         raise SearchError(f"{name}={value!r} is not a number; {allowed}") from None
     if not np.isfinite(number) or not low <= number <= high:
         raise SearchError(f"{name}={value!r} is out of range; {allowed}")
-    if name in _INTEGER_SETTINGS:
+    if integer:
         if number != int(number):
             raise SearchError(f"{name}={value!r} is not an integer; {allowed}")
         return int(number)
     return number
+
+
+def search_setting(name: str, value: Any) -> int | float:
+    """One search setting checked and converted: an integer where the search counts, a finite float else."""
+    if name not in SEARCH_LIMITS:
+        raise SearchError(f"unknown search setting {name!r}; allowed: {sorted(SEARCH_LIMITS)}")
+    low, high = SEARCH_LIMITS[name]
+    integer = name in _INTEGER_SETTINGS
+    return _bounded(
+        name, value, low, high, integer, f"allowed: {'an integer' if integer else 'a finite number'} in [{low}, {high}]"
+    )
+
+
+def check_num_hypotheses(value: Any, beam_size: int) -> int:
+    """How many hypotheses to return per source from a search of `beam_size` (validated): an integer
+    1 … beam_size (greedy search, beam_size 1, has one), else SearchError naming the allowed values."""
+    beam = max(1, int(beam_size))
+    allowed = f"allowed: an integer in [1, {beam}] (at most beam_size={beam})"
+    return int(_bounded("num_hypotheses", value, 1, beam, True, allowed))
 
 
 def check_search(search: Search) -> Search:
@@ -278,6 +333,11 @@ def max_lengths(src_lengths: np.ndarray, search: Search, max_positions: int) -> 
     raw = np.float32(search.max_len_a) * src_lengths.astype(np.float32) + np.float32(search.max_len_b)
     raw = np.minimum(raw, np.float32(max_positions))
     return np.clip(raw.astype(np.int64), 1, max_positions - 1)
+
+
+def _normalised(total: float, length: int, len_penalty: float) -> float:
+    """A hypothesis' score from its summed log-probs and its length counting eos (zoo.generate.normalised)."""
+    return total / float(length) ** len_penalty
 
 
 def _batches(lengths: Sequence[int], max_tokens: int, max_sentences: int) -> list[list[int]]:
@@ -414,13 +474,26 @@ class _Stepper:
         ]
         self.order = np.arange(n, dtype=np.int64)
         self.full = full
-        self.outputs = (["logits", "log_probs"] if full else []) + ["top_log_probs", "top_tokens", *model.next_names]
         self.logits: np.ndarray | None = None  # [N, V] of the last step when `full`
         self.log_probs: np.ndarray | None = None
 
     def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """last [N] int64 tokens at position t → the k best (log-prob [N, k] f32, token [N, k] int64)
         of every row, descending (writable arrays)."""
+        names = (["logits", "log_probs"] if self.full else []) + ["top_log_probs", "top_tokens"]
+        out = self._run(last, t, k, names)
+        if self.full:
+            self.logits, self.log_probs = out[0].numpy(), out[1].numpy()
+            out = out[2:]
+        return out[0].numpy(), out[1].numpy()
+
+    def distribution(self, last: np.ndarray, t: int) -> np.ndarray:
+        """last [N] int64 tokens at position t → every row's full next-token log-probs [N, V] f32 (scoring:
+        the graph's `log_probs` output; its top-k outputs are not fetched)."""
+        return self._run(last, t, 1, ["log_probs"])[0].numpy()
+
+    def _run(self, last: np.ndarray, t: int, k: int, names: list[str]) -> list[ort.OrtValue]:
+        """One decoder step fetching outputs `names` (+ the next state, kept in OrtValues for the next step)."""
         feeds = {
             "tokens": np.ascontiguousarray(last, dtype=np.int64).reshape(-1, 1),
             "step": np.array([t], dtype=np.int64),
@@ -431,13 +504,10 @@ class _Stepper:
         used = self.m.decoder_inputs
         values = {name: ort.OrtValue.ortvalue_from_numpy(v) for name, v in feeds.items() if name in used}
         values.update(zip(self.m.self_names, self.state, strict=True))
-        out = self.m.decoder.run_with_ort_values(self.outputs, values)
-        if self.full:
-            self.logits, self.log_probs = out[0].numpy(), out[1].numpy()
-            out = out[2:]
-        self.state = list(out[2:])
+        out = self.m.decoder.run_with_ort_values([*names, *self.m.next_names], values)
+        self.state = list(out[len(names) :])
         self.order = np.arange(len(self.order), dtype=np.int64)
-        return out[0].numpy(), out[1].numpy()
+        return list(out[: len(names)])
 
     def select(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
@@ -550,26 +620,41 @@ class ExportedModel:
     # ------------------------------------------------------------------ search
     def greedy_search(self, src: np.ndarray, search: Search | None = None) -> list[list[int]]:
         """Argmax decoding of src [B, S]; token ids per sentence (no bos/eos)."""
-        search = search or self.search
+        return [h.tokens for h in self._greedy(src, search or self.search)]
+
+    def _greedy(self, src: np.ndarray, search: Search) -> list[Hypothesis]:
+        """Argmax decoding of src [B, S]: one hypothesis per sentence, scored as beam search scores."""
         b = src.shape[0]
         step = self.stepper(self.encode(src))
         max_len = max_lengths((src != self.pad_id).sum(1), search, self.max_positions)  # [B]
         tokens = np.full((b, 1), self.bos_id, dtype=np.int64)
         finished = np.zeros(b, dtype=bool)
+        total = np.zeros(b, dtype=np.float32)  # [B] summed log-probs of the emitted tokens, eos included
+        rows = np.arange(b)
         for t in range(int(max_len.max())):
             lp, tok = step(tokens[:, -1], t, _BANNED + 1)  # [B, k] best first
             self._mask(lp, tok, t, max_len <= t + 1, search)
-            nxt = tok[np.arange(b), lp.argmax(-1)]  # first maximum = lowest id among ties, as argmax
+            best = lp.argmax(-1)  # [B] first maximum = lowest id among ties, as argmax
+            total += np.where(finished, np.float32(0), lp[rows, best])
+            nxt = tok[rows, best]
             nxt[finished] = self.pad_id
             tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
             finished |= nxt == self.eos_id
             if finished.all():
                 break
-        return [self._strip(row[1:].tolist()) for row in tokens]
+        out = []
+        for row, score in zip(tokens, total.tolist(), strict=True):
+            ids = self._strip(row[1:].tolist())
+            out.append(Hypothesis(ids, _normalised(score, len(ids) + 1, search.len_penalty)))
+        return out
 
     def beam_search(self, src: np.ndarray, search: Search | None = None) -> list[list[int]]:
         """Batched beam search of src [B, S] (see the module docstring); best hypothesis per sentence."""
-        search = search or self.search
+        return [hyps[0].tokens if hyps else [] for hyps in self._beam(src, search or self.search)]
+
+    def _beam(self, src: np.ndarray, search: Search) -> list[list[Hypothesis]]:
+        """Beam search of src [B, S]: every finished hypothesis per sentence (beam_size of them; fewer only
+        when the length limit is 1 token), best first — the first finished wins ties, as in zoo.generate."""
         k = search.beam_size
         b = src.shape[0]
         step = self.stepper(self.encode(src), np.repeat(np.arange(b, dtype=np.int64), k))
@@ -578,7 +663,7 @@ class ExportedModel:
         tokens = np.full((b * k, 1), self.bos_id, dtype=np.int64)
         scores = np.full((b, k), -np.inf, dtype=np.float32)
         scores[:, 0] = 0.0  # all beams start identical: keep one so the first step yields distinct ones
-        finals: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
+        finals: list[list[Hypothesis]] = [[] for _ in range(b)]
         arange2k = np.arange(2 * k)
         for t in range(int(max_len.max())):
             n = active.size
@@ -600,7 +685,8 @@ class ExportedModel:
                 for r, j in zip(*np.nonzero(is_eos), strict=True):
                     bucket = finals[int(active[r])]
                     if len(bucket) < k and j < k:  # only eos among the top K counts, as fairseq
-                        bucket.append((float(top_scores[r, j]) / norm, prefix[r, beam_idx[r, j], 1:].tolist()))
+                        hyp = self._strip(prefix[r, beam_idx[r, j], 1:].tolist())
+                        bucket.append(Hypothesis(hyp, float(top_scores[r, j]) / norm))
                 done = np.array([len(finals[int(s)]) >= k for s in active])
             # continue with the best K non-eos candidates of every live sentence
             keep = np.argsort(arange2k[None, :] + is_eos * (2 * k), axis=1, kind="stable")[:, :k]  # [n, K]
@@ -615,14 +701,7 @@ class ExportedModel:
             scores = new_scores[live]
             active = active[live]
             step.select(rows)
-        out = []
-        for bucket in finals:
-            if not bucket:
-                out.append([])
-                continue
-            best = max(bucket, key=lambda item: item[0])  # first max wins ties, as zoo.generate
-            out.append(self._strip(best[1]))
-        return out
+        return [sorted(bucket, key=lambda h: -h.score) for bucket in finals]  # stable: first finished wins ties
 
     def generate(self, src: np.ndarray, search: Search | None = None) -> list[list[int]]:
         """Greedy when beam_size <= 1, else beam search (as zoo.generate.generate)."""
@@ -630,6 +709,19 @@ class ExportedModel:
         if search.beam_size <= 1:
             return self.greedy_search(src, search)
         return self.beam_search(src, search)
+
+    def generate_nbest(
+        self, src: np.ndarray, search: Search | None = None, num_hypotheses: int = 1
+    ) -> list[list[Hypothesis]]:
+        """The `num_hypotheses` best hypotheses per source of src [B, S] with their scores, best first (greedy
+        when beam_size <= 1: its one hypothesis), as zoo.generate.generate_nbest. The first is always
+        `generate`'s output; fewer than asked only when the search finished fewer (a length limit of 1 token
+        leaves the empty hypothesis alone). SearchError for bad settings or num_hypotheses outside 1 … beam_size."""
+        search = check_search(search or self.search)
+        n = check_num_hypotheses(num_hypotheses, search.beam_size)
+        if search.beam_size <= 1:
+            return [[h] for h in self._greedy(src, search)]
+        return [hyps[:n] for hyps in self._beam(src, search)]
 
     # ------------------------------------------------------------------ text in, text out
     def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
@@ -666,15 +758,31 @@ class ExportedModel:
         max_tokens: int | None = None,
         max_sentences: int | None = None,
     ) -> list[str]:
-        """Token ids per source (as `encode_texts` gives them) → output strings in input order (`generate`
-        validates the search settings)."""
-        outputs = [""] * len(encoded)
+        """Token ids per source (as `encode_texts` gives them) → output strings in input order (the search
+        settings are validated first: SearchError)."""
+        nbest = self.translate_encoded_nbest(encoded, search, 1, max_tokens, max_sentences)
+        return [hyps[0].text if hyps else "" for hyps in nbest]
+
+    def translate_encoded_nbest(
+        self,
+        encoded: Sequence[Sequence[int]],
+        search: Search,
+        num_hypotheses: int = 1,
+        max_tokens: int | None = None,
+        max_sentences: int | None = None,
+    ) -> list[list[Translation]]:
+        """Token ids per source → per source its `num_hypotheses` best `Translation(text, score, tokens)`, best
+        first, in input order (the first text is `translate_encoded`'s output). SearchError for bad settings or
+        num_hypotheses outside 1 … beam_size, raised before anything runs."""
+        search = check_search(search)
+        num_hypotheses = check_num_hypotheses(num_hypotheses, search.beam_size)
+        outputs: list[list[Translation]] = [[] for _ in encoded]
         for idx in _batches(
             [len(e) for e in encoded], max_tokens or self.max_tokens, max_sentences or self.max_sentences
         ):
-            hyps = self.generate(self.pad([encoded[i] for i in idx]), search)
-            for i, hyp in zip(idx, hyps, strict=True):
-                outputs[i] = self.decode_ids(hyp)
+            nbest = self.generate_nbest(self.pad([encoded[i] for i in idx]), search, num_hypotheses)
+            for i, hyps in zip(idx, nbest, strict=True):
+                outputs[i] = [Translation(self.decode_ids(h.tokens), h.score, h.tokens) for h in hyps]
         return outputs
 
     def translate(
@@ -687,15 +795,125 @@ class ExportedModel:
         min_len: int | None = None,
         max_tokens: int | None = None,
         max_sentences: int | None = None,
-    ) -> list[str]:
+        num_hypotheses: int | None = None,
+        return_scores: bool = False,
+    ) -> list[str] | list[list[Translation]]:
         """Source strings → output strings in input order (unset options: the manifest's defaults; a setting
-        outside SEARCH_LIMITS raises SearchError naming the allowed range)."""
+        outside SEARCH_LIMITS raises SearchError naming the allowed range).
+
+        With `num_hypotheses` (an integer 1 … beam_size, else SearchError naming them) or `return_scores`, per
+        source a list of `Translation(text, score, tokens)` instead: the num_hypotheses (default 1) best
+        hypotheses, best first, scored as the search ranks them (module docstring). The first text is always
+        what the plain call returns."""
         if isinstance(texts, str):
             texts = [texts]
         search = self.search_settings(
             beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len
         )
-        return self.translate_encoded(self.encode_texts(texts), search, max_tokens, max_sentences)
+        if num_hypotheses is None and not return_scores:
+            return self.translate_encoded(self.encode_texts(texts), search, max_tokens, max_sentences)
+        n = check_num_hypotheses(1 if num_hypotheses is None else num_hypotheses, search.beam_size)
+        return self.translate_encoded_nbest(self.encode_texts(texts), search, n, max_tokens, max_sentences)
+
+    # ------------------------------------------------------------------ forced decoding
+    def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids per target text to score, truncated to what the search can produce: max_positions - 2
+        tokens, so that with eos the output stays below the position limit (as zoo.evaluation.encode_targets).
+        An empty target stays empty (it scores eos alone)."""
+        cap = max(0, self.max_positions - 2)
+        return [ids[:cap] for ids in self.sp.encode(list(texts), out_type=int)]
+
+    def check_targets(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> None:
+        """ScoreError unless there is one target per source and every target is at most max_positions - 2 ids
+        in [0, vocab size) — what `score_encoded` can run (a server checks this before queueing a request)."""
+        if len(sources) != len(targets):
+            raise ScoreError(f"got {len(sources)} sources but {len(targets)} targets; give one target per source")
+        cap = self.max_positions - 2
+        for i, ids in enumerate(targets):
+            if len(ids) > cap:
+                raise ScoreError(f"target {i} has {len(ids)} tokens; the model produces at most {cap} (+ eos)")
+            if any(not 0 <= int(t) < self.vocab_size for t in ids):
+                raise ScoreError(f"target {i} holds token ids outside the vocabulary [0, {self.vocab_size})")
+
+    def score_cost(self, targets: Sequence[Sequence[int]]) -> int:
+        """Decoder row-steps of scoring these targets (tokens + eos each): `request_cost`'s unit, for budgets."""
+        return sum(len(t) + 1 for t in targets)
+
+    def score_encoded(
+        self,
+        sources: Sequence[Sequence[int]],
+        targets: Sequence[Sequence[int]],
+        len_penalty: float | None = None,
+        max_tokens: int | None = None,
+        max_sentences: int | None = None,
+    ) -> list[Scored]:
+        """Token ids per source (as `encode_texts` gives them) and per target (as `encode_targets`) → per pair
+        `Scored(tokens, token_logprobs, score)` in input order: the teacher-forced log-prob of each target token
+        and of eos, and the sentence score normalised with `len_penalty` (default: the manifest's) as beam
+        search ranks hypotheses — equal to zoo.generate.score_targets to 1e-4. Batched by source length as
+        `translate_encoded`. ScoreError (`check_targets`) or SearchError (len_penalty) before anything runs."""
+        self.check_targets(sources, targets)
+        penalty = float(search_setting("len_penalty", self.search.len_penalty if len_penalty is None else len_penalty))
+        out: list[Scored | None] = [None] * len(sources)
+        for idx in _batches(
+            [len(s) for s in sources], max_tokens or self.max_tokens, max_sentences or self.max_sentences
+        ):
+            scored = self._teacher_forced(self.pad([sources[i] for i in idx]), [targets[i] for i in idx])
+            for i, (ids, token_lp) in zip(idx, scored, strict=True):
+                total = float(np.sum(token_lp, dtype=np.float32))
+                out[i] = Scored(ids, token_lp.tolist(), _normalised(total, len(ids), penalty))
+        return [s for s in out if s is not None]
+
+    def _teacher_forced(self, src: np.ndarray, targets: Sequence[Sequence[int]]) -> list[tuple[list[int], np.ndarray]]:
+        """src [B, S] and one target per row → per row (target ids + eos, their log-probs [len] f32), feeding
+        bos + target one step at a time through the search's own decoder graph and reading each next token's
+        log-prob from the full `log_probs` output. Rows leave the batch once their eos is scored."""
+        b = src.shape[0]
+        lengths = np.array([len(t) + 1 for t in targets])  # [B] scored positions: tokens + eos
+        width = int(lengths.max())
+        feed = np.full((b, width), self.pad_id, dtype=np.int64)  # [B, T] bos + target
+        want = np.full((b, width), self.pad_id, dtype=np.int64)  # [B, T] target + eos
+        for row, ids in enumerate(targets):
+            feed[row, : lengths[row]] = [self.bos_id, *ids]
+            want[row, : lengths[row]] = [*ids, self.eos_id]
+        lp = np.zeros((b, width), dtype=np.float32)  # [B, T]
+        step = self.stepper(self.encode(src))
+        live = np.arange(b)  # rows of the batch still being scored, in stepper order
+        for t in range(width):
+            dist = step.distribution(feed[live, t], t)  # [n, V]
+            lp[live, t] = dist[np.arange(live.size), want[live, t]]
+            keep = np.nonzero(lengths[live] > t + 1)[0]
+            if keep.size == 0:
+                break
+            if keep.size < live.size:
+                step.select(keep)
+                live = live[keep]
+        return [(want[row, :n].tolist(), lp[row, :n]) for row, n in enumerate(lengths.tolist())]
+
+    def score(
+        self,
+        sources: str | Sequence[str],
+        targets: str | Sequence[str],
+        len_penalty: float | None = None,
+        max_tokens: int | None = None,
+        max_sentences: int | None = None,
+    ) -> list[Scored]:
+        """Forced decoding of text pairs: per (source, target) the target's `Scored(tokens, token_logprobs,
+        score)` (see `score_encoded`) — for reranking, filtering, quality estimation. Sources are truncated as
+        `translate` truncates them, targets to max_positions - 2 tokens (`encode_targets`); an empty target
+        scores eos alone. Scoring a hypothesis `translate` returned gives back its score to 1e-4 unless the
+        search forced eos at its length limit (log-prob 0 there, the model's real one here) or its text
+        re-tokenises to other ids than the search produced (`score_encoded` its `tokens` for the exact score).
+        ScoreError unless there is one target per source."""
+        if isinstance(sources, str):
+            sources = [sources]
+        if isinstance(targets, str):
+            targets = [targets]
+        if len(sources) != len(targets):
+            raise ScoreError(f"got {len(sources)} sources but {len(targets)} targets; give one target per source")
+        return self.score_encoded(
+            self.encode_texts(sources), self.encode_targets(targets), len_penalty, max_tokens, max_sentences
+        )
 
 
 def load(
