@@ -1,13 +1,22 @@
-"""`python -m serve.bench exports=[…]`: a load generator on tritonclient for the served models.
+"""`python -m serve.bench exports=[…]`: served sentences/s and latency, measured by our load generator on
+tritonclient and/or NVIDIA's perf_analyzer (`tool=ours|perf_analyzer|both`).
 
-Why our own: `perf_analyzer` is not installable here, and the numbers users want are sentences/s (not
-inferences/s) at a given concurrency and client batch, next to what the same model does in-process. One run:
-write a repository with every export as `<name>` (dynamic batching on) and `<name>-nodb` (off), start a real
-tritonserver, and for each model × protocol × client batch × concurrency keep `concurrency` requests in flight
-(one client thread each) for `duration_s` or `max_requests`, whichever ends first. Per point: sentences/s,
-latency p50/p95/p99, errors, and Triton's effective batch (Δinference_count / Δexecution_count from its
-statistics API); then the in-process export runtime (same ORT threads) translating batches of that size gives
-the overhead ratio served / in-process. Results: results.json, results.md (table), results.png (plot).
+One run: write a repository with every export as `<name>` (dynamic batching on) and `<name>-nodb` (off), start a
+real tritonserver, and for each model × protocol × client batch × concurrency keep `concurrency` requests in
+flight (one client thread each). Ours runs for `duration_s` or `max_requests`, whichever ends first; per point:
+sentences/s, latency p50/p95/p99, errors, and Triton's effective batch (Δinference_count / Δexecution_count from
+its statistics API); then the in-process export runtime (same ORT threads) translating batches of that size
+gives the overhead ratio served / in-process. perf_analyzer (serve/perf_analyzer.py, installed into the cache on
+first use) measures the same point — server, model, protocol, concurrency, client batch, texts and search
+settings — with its own windows and stabilisation; its sentences/s and p50/p95/p99 go beside ours (`pa_*`
+fields) with the ratio perf_analyzer ÷ ours.
+
+Why we keep our own generator: it measures what perf_analyzer cannot (the in-process baseline at the served
+effective batch, a bounded request count, HTTP through the nginx proxy users reach — perf_analyzer needs the
+statistics API, which the proxy does not pass, so over HTTP it talks to Triton's loopback listener — and search
+settings over HTTP, which perf_analyzer 2.51 sends over gRPC only), and it needs no download. perf_analyzer is
+the tool Triton users know, so `tool=both` cross-checks our numbers with it.
+Results: results.json, results.md (table), results.png (plot).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import export
 from export.runtime import ExportRuntimeError
+from serve import perf_analyzer as pa
 from serve.client import Client, ClientError
 from serve.errors import ServeError
 from serve.model_config import ModelSettings, read_manifest
@@ -37,6 +47,7 @@ from serve.server import Server
 from zoo.errors import one_line_errors
 
 NO_BATCHING = "-nodb"
+TOOLS = ("ours", "perf_analyzer", "both")
 
 
 @dataclass
@@ -62,6 +73,19 @@ class Point:
     first_error: str | None = None
     rounds_sentences_per_s: list[float] = field(default_factory=list)
     rounds_ratio: list[float] = field(default_factory=list)
+    measured_by_ours: bool = True  # False with tool=perf_analyzer: the fields above then stay empty
+    # perf_analyzer on the same point (tool=perf_analyzer|both): sentences/s (= its inferences/s), latency,
+    # requests in its reported windows, Triton's queue / compute per request as it reports them, and the ratio
+    # perf_analyzer ÷ ours; pa_error when it failed (the other tools' numbers stand)
+    pa_sentences_per_s: float | None = None
+    pa_latency_ms: dict[str, float] = field(default_factory=dict)
+    pa_requests: int | None = None
+    pa_queue_ms: float | None = None
+    pa_compute_ms: float | None = None
+    pa_ratio: float | None = None
+    pa_error: str | None = None
+    pa_csv: str | None = None
+    rounds_pa_sentences_per_s: list[float] = field(default_factory=list)
 
 
 def load_sentences(export_dir: Path, path: str | None) -> list[str]:
@@ -160,7 +184,6 @@ def run_point(
     elapsed = time.perf_counter() - clock["start"]
     start_stats = clock["stats"]
     end_stats = _stats(stats_url, point.model, admin)
-    d_inf, d_exec, d_queue, d_compute = (e - s for e, s in zip(end_stats, start_stats, strict=True))
     lat = np.array(latencies) * 1e3
     point.requests, point.errors = len(latencies) + len(errors), len(errors)
     point.first_error = errors[0] if errors else None
@@ -169,10 +192,66 @@ def run_point(
     if lat.size:
         point.latency_ms = {f"p{q}": float(np.percentile(lat, q)) for q in (50, 95, 99)}
         point.latency_ms["mean"] = float(lat.mean())
-    point.effective_batch = d_inf / d_exec if d_exec else 0.0
-    point.queue_ms = d_queue / max(len(latencies) + len(errors), 1) / 1e6
-    point.compute_ms = d_compute / max(d_exec, 1) / 1e6
+    _server_side(point, start_stats, end_stats, len(latencies) + len(errors))
     return point
+
+
+def _server_side(point: Point, start: tuple[int, ...], end: tuple[int, ...], requests: int) -> None:
+    """Effective batch, queue time per request and compute time per execution from two `_stats` readings."""
+    d_inf, d_exec, d_queue, d_compute = (e - s for e, s in zip(end, start, strict=True))
+    point.effective_batch = d_inf / d_exec if d_exec else 0.0
+    point.queue_ms = d_queue / max(requests, 1) / 1e6
+    point.compute_ms = d_compute / max(d_exec, 1) / 1e6
+
+
+def run_perf_analyzer(
+    found: pa.Installation,
+    url: str,
+    stats_url: str,
+    point: Point,
+    input_data: Path,
+    search: dict[str, Any],
+    measurement: pa.Measurement,
+    csv_path: Path,
+    headers: dict[str, str],
+    admin: dict[str, str] | None = None,
+) -> Point:
+    """perf_analyzer on the same point: fills the `pa_*` fields, or `pa_error` when it failed (a busy machine
+    that never gave it three agreeing windows, search settings over HTTP) so the sweep goes on. Without our
+    measurement (tool=perf_analyzer), Triton's statistics around its run give the effective batch."""
+    start = None if point.measured_by_ours else _stats(stats_url, point.model, admin)
+    try:
+        result = pa.run(
+            found,
+            url,
+            point.protocol,
+            point.model,
+            input_data,
+            point.concurrency,
+            csv_path,
+            batch=point.client_batch,
+            headers=headers,
+            parameters=search,
+            measurement=measurement,
+        )
+    except pa.PerfAnalyzerError as exc:
+        point.pa_error = str(exc)
+        return point
+    row = result.row
+    point.pa_sentences_per_s = row.inferences_per_s  # one inference = one batch row = one text
+    point.pa_latency_ms = row.latency_ms
+    point.pa_requests = row.requests
+    point.pa_queue_ms, point.pa_compute_ms = row.server_queue_ms, row.server_compute_infer_ms
+    point.pa_csv = str(csv_path)
+    if start is not None:
+        end = _stats(stats_url, point.model, admin)
+        _server_side(point, start, end, (end[0] - start[0]) // max(point.client_batch, 1))
+    return point
+
+
+def served_rate(point: Point) -> float:
+    """The served sentences/s the in-process baseline is compared with: ours, else perf_analyzer's."""
+    return point.sentences_per_s if point.measured_by_ours else point.pa_sentences_per_s or 0.0
 
 
 def inprocess_rate(model: Any, pool: Sequence[str], batch: int, search: dict[str, Any], duration: float) -> float:
@@ -200,25 +279,60 @@ def median_point(rounds: list[Point]) -> Point:
     point.rounds_ratio = ratios
     point.ratio = float(np.median(ratios)) if ratios else None
     point.errors = sum(p.errors for p in rounds)
+    _median_perf_analyzer(point, rounds)
     return point
 
 
+PA_FIELDS = ("pa_sentences_per_s", "pa_latency_ms", "pa_requests", "pa_queue_ms", "pa_compute_ms", "pa_csv")
+
+
+def _median_perf_analyzer(point: Point, rounds: list[Point]) -> None:
+    """perf_analyzer's numbers from its own median round (chosen independently of ours), its first error, and
+    the ratio perf_analyzer ÷ ours of the two medians."""
+    measured = sorted((p for p in rounds if p.pa_sentences_per_s is not None), key=lambda p: p.pa_sentences_per_s)
+    point.rounds_pa_sentences_per_s = [p.pa_sentences_per_s for p in rounds if p.pa_sentences_per_s is not None]
+    if measured:
+        middle = measured[(len(measured) - 1) // 2]
+        for name in PA_FIELDS:
+            setattr(point, name, getattr(middle, name))
+    point.pa_error = next((p.pa_error for p in rounds if p.pa_error), None)
+    ours, theirs = point.sentences_per_s, point.pa_sentences_per_s
+    point.pa_ratio = theirs / ours if point.measured_by_ours and theirs is not None and ours > 0 else None
+
+
+def _cell(value: float | None, digits: int = 1) -> str:
+    return "" if value is None or np.isnan(value) else f"{value:.{digits}f}"
+
+
 def markdown(points: list[Point]) -> str:
+    """The results table; with perf_analyzer's numbers (or errors) in any point, its columns beside ours."""
+    with_pa = any(p.pa_sentences_per_s is not None or p.pa_error for p in points)
     head = (
         "| model | protocol | dyn. batching | client batch | concurrency | sent/s | p50 ms | p95 ms | p99 ms "
-        "| eff. batch | in-process sent/s | served / in-process | requests | errors |\n"
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| eff. batch | in-process sent/s | served / in-process | requests | errors |"
+        + (" perf_analyzer sent/s | its p50 ms | its p95 ms | its p99 ms | perf_analyzer ÷ ours |" if with_pa else "")
+        + "\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        + ("---:|---:|---:|---:|---:|" if with_pa else "")
+        + "\n"
     )
     rows = []
     for p in points:
-        lat = p.latency_ms
-        rows.append(
+        lat = p.latency_ms if p.measured_by_ours else {}
+        ours = [p.sentences_per_s, lat.get("p50"), lat.get("p95"), lat.get("p99")] if p.measured_by_ours else []
+        row = (
             f"| {p.model} | {p.protocol} | {'on' if p.dynamic_batching else 'off'} | {p.client_batch} "
-            f"| {p.concurrency} | {p.sentences_per_s:.1f} | {lat.get('p50', float('nan')):.1f} "
-            f"| {lat.get('p95', float('nan')):.1f} | {lat.get('p99', float('nan')):.1f} | {p.effective_batch:.2f} "
-            f"| {'' if p.inprocess_sentences_per_s is None else f'{p.inprocess_sentences_per_s:.1f}'} "
-            f"| {'' if p.ratio is None else f'{p.ratio:.2f}'} | {p.requests} | {p.errors} |"
+            f"| {p.concurrency} | {' | '.join(_cell(v) for v in ours) if ours else ' |  |  | '} "
+            f"| {p.effective_batch:.2f} | {_cell(p.inprocess_sentences_per_s)} | {_cell(p.ratio, 2)} "
+            f"| {p.requests if p.measured_by_ours else ''} | {p.errors if p.measured_by_ours else ''} |"
         )
+        if with_pa:
+            theirs = p.pa_latency_ms
+            if p.pa_sentences_per_s is None:
+                row += " failed (below) |  |  |  |  |"
+            else:
+                cells = [p.pa_sentences_per_s, theirs.get("p50"), theirs.get("p95"), theirs.get("p99")]
+                row += f" {' | '.join(_cell(v) for v in cells)} | {_cell(p.pa_ratio, 2)} |"
+        rows.append(row)
     return head + "\n".join(rows) + "\n"
 
 
@@ -254,6 +368,24 @@ def comparisons(points: list[Point]) -> list[str]:
     return lines
 
 
+def tool_agreement(points: list[Point], tolerance: float) -> list[str]:
+    """perf_analyzer vs ours at each point both measured (agreeing when |ratio − 1| ≤ `tolerance`), and
+    perf_analyzer's failures."""
+    lines = []
+    for p in points:
+        where = f"{p.model} {p.protocol} batch {p.client_batch} concurrency {p.concurrency}"
+        if p.pa_ratio is not None and p.pa_sentences_per_s is not None:
+            verdict = "within" if abs(p.pa_ratio - 1) <= tolerance else "more than"
+            lines.append(
+                f"- {where}: perf_analyzer {p.pa_sentences_per_s:.1f} vs ours {p.sentences_per_s:.1f} sent/s "
+                f"(×{p.pa_ratio:.2f}: {verdict} {tolerance:.0%}); p95 {_cell(p.pa_latency_ms.get('p95'))} "
+                f"vs {_cell(p.latency_ms.get('p95'))} ms"
+            )
+        elif p.pa_error:
+            lines.append(f"- {where}: {p.pa_error}")
+    return lines
+
+
 def plot(points: list[Point], path: Path) -> None:
     # imported here: matplotlib is slow to import and only plotting needs it, and the Agg backend must be
     # selected before pyplot loads (at module level that would change the backend of whoever imports us)
@@ -271,16 +403,27 @@ def plot(points: list[Point], path: Path) -> None:
         ps.sort(key=lambda p: p.concurrency)
         label = f"{model} {protocol} b={batch}"
         xs = [p.concurrency for p in ps]
-        (line,) = ax1.plot(xs, [p.sentences_per_s for p in ps], marker="o", label=label)
+        ours = [(p.sentences_per_s, p.latency_ms.get("p95", np.nan)) for p in ps if p.measured_by_ours]
+        theirs = [(p.concurrency, p.pa_sentences_per_s, p.pa_latency_ms.get("p95", np.nan)) for p in ps]
+        theirs = [t for t in theirs if t[1] is not None]
+        color = None
+        if ours:
+            (line,) = ax1.plot(xs, [r for r, _ in ours], marker="o", label=label)
+            ax2.plot(xs, [q for _, q in ours], marker="o", color=line.get_color(), label=label)
+            color = line.get_color()
+        if theirs:
+            tx, rates, p95 = zip(*theirs, strict=True)
+            (line,) = ax1.plot(tx, rates, marker="x", ls="--", color=color, label=f"{label} perf_analyzer")
+            ax2.plot(tx, p95, marker="x", ls="--", color=line.get_color(), label=f"{label} perf_analyzer")
+            color = line.get_color()
         base = [(p.concurrency, p.inprocess_sentences_per_s) for p in ps if p.inprocess_sentences_per_s]
         if base:
-            ax1.plot(*zip(*base, strict=True), ls=":", color=line.get_color(), alpha=0.7)
-        ax2.plot(xs, [p.latency_ms.get("p95", np.nan) for p in ps], marker="o", label=label)
+            ax1.plot(*zip(*base, strict=True), ls=":", color=color, alpha=0.7)
     ax1.set(
         xscale="log",
         xlabel="concurrency",
         ylabel="sentences/s",
-        title="served (solid) vs in-process at the same effective batch (dotted)",
+        title="served: ours (o), perf_analyzer (x); in-process (dotted)",
     )
     ax2.set(xscale="log", yscale="log", xlabel="concurrency", ylabel="p95 latency (ms)", title="latency")
     for ax in (ax1, ax2):
@@ -314,9 +457,37 @@ def bench(cfg: Any) -> dict[str, Any]:
     inproc: dict[str, Any] = {}
     repeats = max(1, int(cfg.repeats))
     baseline_threads = _baseline_threads(cfg.baseline_threads, settings)
+    tool = str(cfg.tool)
+    if tool not in TOOLS:
+        raise ServeError(f"tool={tool} is not one of {', '.join(TOOLS)}")
+    use_ours, use_pa = tool != "perf_analyzer", tool != "ours"
+    found = pa.install() if use_pa else None  # before the server starts: a failed download stops the run here
+    measurement = _measurement(cfg)
+    pa_dir = out / "perf_analyzer"
+    inputs: dict[str, Path] = {}
+    if use_pa:
+        pa_dir.mkdir(exist_ok=True)
+        for name in names:
+            inputs[name] = inputs[name + NO_BATCHING] = pa.write_input_data(pools[name], pa_dir / f"{name}.json")
     server = Server.start(repo, http_port=0, grpc_port=0, metrics_port=0, timeout=timeout)
     try:
         info = server.info
+
+        def measure_pa(p: Point, round_index: int) -> Point:
+            assert found is not None
+            return run_perf_analyzer(
+                found,
+                info.grpc_url if p.protocol == "grpc" else info.triton_http_url,  # see the module docstring
+                info.triton_http_url,
+                p,
+                inputs[p.model],
+                search,
+                measurement,
+                pa_dir / f"{p.model}-{p.protocol}-b{p.client_batch}-c{p.concurrency}-round{round_index + 1}.csv",
+                server.admin_headers(p.protocol),
+                server.admin_headers(),
+            )
+
         plan = []
         for name in names:
             for protocol in cfg.protocols:
@@ -327,18 +498,25 @@ def bench(cfg: Any) -> dict[str, Any]:
             baselines: dict[tuple[str, int], float] = {}  # in-process rate per effective batch, this round
             for k, (name, protocol, b, c, db) in enumerate(plan, 1):
                 model = name if db else name + NO_BATCHING
-                p = run_point(
-                    info.url(protocol),
-                    info.triton_http_url,
-                    Point(model, protocol, db, b, c),
-                    pools[name],
-                    search,
-                    float(cfg.duration_s),
-                    int(cfg.max_requests),
-                    int(cfg.warmup_requests),
-                    server.admin_headers(),
-                )
-                if cfg.baseline and p.effective_batch > 0:
+                p = Point(model, protocol, db, b, c, measured_by_ours=use_ours)
+                pa_first = use_pa and r % 2 == 1  # with both tools, which goes first alternates round by round
+                if pa_first:
+                    p = measure_pa(p, r)
+                if use_ours:
+                    p = run_point(
+                        info.url(protocol),
+                        info.triton_http_url,
+                        p,
+                        pools[name],
+                        search,
+                        float(cfg.duration_s),
+                        int(cfg.max_requests),
+                        int(cfg.warmup_requests),
+                        server.admin_headers(),
+                    )
+                if use_pa and not pa_first:
+                    p = measure_pa(p, r)
+                if cfg.baseline and p.effective_batch > 0 and served_rate(p) > 0:
                     eff = max(1, round(p.effective_batch))
                     if (name, eff) not in baselines:
                         if name not in inproc:
@@ -347,19 +525,13 @@ def bench(cfg: Any) -> dict[str, Any]:
                             inproc[name], pools[name], eff, search, float(cfg.baseline_duration_s)
                         )
                     p.inprocess_sentences_per_s = baselines[(name, eff)]
-                    p.ratio = p.sentences_per_s / p.inprocess_sentences_per_s
+                    p.ratio = served_rate(p) / p.inprocess_sentences_per_s
                 rounds.setdefault((model, protocol, b, c), []).append(p)
-                print(
-                    f"[round {r + 1}/{repeats}, {k}/{len(plan)}] {model} {protocol} b={b} c={c}: "
-                    f"{p.sentences_per_s:.1f} sent/s, p95 {p.latency_ms.get('p95', float('nan')):.1f} ms, "
-                    f"eff. batch {p.effective_batch:.2f}"
-                    + (f", in-process {p.inprocess_sentences_per_s:.1f} (×{p.ratio:.2f})" if p.ratio else "")
-                    + (f", {p.errors} errors: {p.first_error}" if p.errors else ""),
-                    flush=True,
-                )
+                print(f"[round {r + 1}/{repeats}, {k}/{len(plan)}] {_progress(p)}", flush=True)
         points = [median_point(ps) for ps in rounds.values()]
     finally:
         server.stop()
+    agreement = tool_agreement(points, float(cfg.perf_analyzer.agree_within))
     result = {
         "repeats": repeats,
         "baseline_threads": baseline_threads,
@@ -368,18 +540,45 @@ def bench(cfg: Any) -> dict[str, Any]:
         "search": search,
         "created": stamp,
         "machine": _machine(),
+        "tool": tool,
+        "perf_analyzer": {"version": found.version, "measurement": asdict(measurement)} if found else None,
         "points": [asdict(p) for p in points],
         "comparisons": comparisons(points),
+        "tool_agreement": agreement,
     }
     (out / "results.json").write_text(json.dumps(result, indent=1))
     table = markdown(points)
-    (out / "results.md").write_text(
-        f"# Served throughput ({', '.join(names)})\n\n{table}\n" + "\n".join(result["comparisons"]) + "\n"
-    )
+    notes = result["comparisons"] + agreement
+    (out / "results.md").write_text(f"# Served throughput ({', '.join(names)})\n\n{table}\n" + "\n".join(notes) + "\n")
     plot(points, out / "results.png")
-    print(table + "\n".join(result["comparisons"]))
+    print(table + "\n".join(notes))
     print(f"wrote {out}/results.json, results.md, results.png")
     return result
+
+
+def _progress(p: Point) -> str:
+    """One line per measured point while the sweep runs."""
+    line = f"{p.model} {p.protocol} b={p.client_batch} c={p.concurrency}: "
+    if p.measured_by_ours:
+        line += f"{p.sentences_per_s:.1f} sent/s, p95 {p.latency_ms.get('p95', float('nan')):.1f} ms, "
+    if p.pa_sentences_per_s is not None:
+        line += f"perf_analyzer {p.pa_sentences_per_s:.1f} sent/s, p95 {_cell(p.pa_latency_ms.get('p95'))} ms"
+        if p.measured_by_ours and p.sentences_per_s:
+            line += f" (×{p.pa_sentences_per_s / p.sentences_per_s:.2f} ours)"
+        line += ", "
+    line += f"eff. batch {p.effective_batch:.2f}"
+    line += f", in-process {p.inprocess_sentences_per_s:.1f} (×{p.ratio:.2f})" if p.ratio else ""
+    line += f", {p.errors} errors: {p.first_error}" if p.errors else ""
+    line += f", {p.pa_error}" if p.pa_error else ""
+    return line
+
+
+def _measurement(cfg: Any) -> pa.Measurement:
+    """perf_analyzer's windows: `measurement_interval_ms`, by default duration_s split over the windows it
+    reports, so its measured time matches ours."""
+    settings = cfg.perf_analyzer
+    interval = settings.measurement_interval_ms or round(float(cfg.duration_s) * 1000 / pa.REPORTED_WINDOWS)
+    return pa.Measurement(int(interval), float(settings.stability_percentage), int(settings.max_trials))
 
 
 def _baseline_threads(requested: int | None, settings: ModelSettings) -> int | None:

@@ -1,6 +1,7 @@
 """perf_analyzer (issue 22): NVIDIA's real binary, installed by `serve.perf_analyzer` into the cache (downloaded
 once; without network the install's error fails these tests, it never skips them), run for a few seconds against
-the smoke model served by a real tritonserver, and its CSV parsed. No stand-in for the binary anywhere.
+the smoke model served by a real tritonserver, and its CSV parsed; `serve.bench tool=both` puts its numbers next
+to ours. No stand-in for the binary anywhere.
 
 The CSVs under tests/data_fixtures/perf_analyzer/ were written by this binary (`-f`, with and without
 --verbose-csv) against a served export on this machine.
@@ -150,3 +151,41 @@ def test_a_failed_request_stops_it_with_the_servers_reason(installation, server,
             parameters={"beam_size": too_wide},
             measurement=QUICK,
         )
+
+
+def test_bench_reports_perf_analyzer_next_to_ours(installation, smoke_export, tmp_path) -> None:
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "serve.bench",
+            f"exports=[{smoke_export}]",
+            f"out={out}",
+            "tool=both",
+            "protocols=[grpc]",
+            f"concurrency=[{CONCURRENCY}]",
+            "no_batching_concurrency=[]",
+            "baseline=false",
+            "duration_s=2",
+            "server.instance_count=1",
+            f"perf_analyzer.measurement_interval_ms={QUICK.interval_ms}",
+            f"perf_analyzer.stability_percentage={QUICK.stability_percentage}",
+            f"perf_analyzer.max_trials={QUICK.max_trials}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "results.json").read_text())
+    (point,) = result["points"]
+    assert result["tool"] == "both" and result["perf_analyzer"]["version"] == pa.VERSION
+    assert point["pa_error"] is None and point["sentences_per_s"] > 0 and point["pa_sentences_per_s"] > 0
+    assert point["pa_ratio"] == pytest.approx(point["pa_sentences_per_s"] / point["sentences_per_s"])
+    assert Path(point["pa_csv"]).is_file() and point["pa_latency_ms"]["p95"] >= point["pa_latency_ms"]["p50"]
+    table = (out / "results.md").read_text()
+    assert "| perf_analyzer sent/s |" in table and "perf_analyzer ÷ ours" in table
+    assert f"{MODEL} grpc batch 1 concurrency {CONCURRENCY}: perf_analyzer" in table
