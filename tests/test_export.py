@@ -8,6 +8,7 @@ shared, and torch's OpenMP pool degrades badly when oversubscribed.
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import os
 import shutil
@@ -35,18 +36,23 @@ from export.graph import ExportError
 from export.pruning import active_heads, head_importance, plan_from_importance, prune, validate_plan
 from export.verify import encode_pairs, graph_parity
 from tests.zoo_testing import ENTRIES, REPO, random_batch, tiny_model
+from zoo import evaluation
 from zoo.attention import HeadPruningUnsupported
 from zoo.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint, resolve_checkpoint
 from zoo.data import Tokenizer
 from zoo.entries import CONF_DIR
-from zoo.evaluation import translate_texts
-from zoo.generate import SearchConfig, _max_lengths, generate
+from zoo.evaluation import score_ids, translate_texts, translate_texts_nbest
+from zoo.generate import Scored, SearchConfig, _max_lengths, generate
 
 PLAN = {
     "decoder.layers.0.self_attn": [1, 6],
     "encoder.layers.1.self_attn": [0, 2, 5],
     "decoder.layers.1.cross_attn": [7],
 }  # what plan_for(8) gives: the transformer's plan
+
+
+# entries whose ORT search is checked against torch's on the smoke test split (one per mechanism family)
+BEAM_ENTRIES = ["transformer", "ght_ps", "mgk_4head", "mixhead_b", "fixhead"]
 
 
 def plan_for(num_heads: int) -> dict[str, list[int]]:
@@ -314,7 +320,7 @@ def test_ort_search_equals_torch_search(exported, smoke_run) -> None:
     assert len({*reference}) > len(reference) // 3  # the (pruned) smoke model is not degenerate
 
 
-@pytest.mark.parametrize("entry", ["transformer", "ght_ps", "mgk_4head", "mixhead_b", "fixhead"])
+@pytest.mark.parametrize("entry", BEAM_ENTRIES)
 def test_ort_beam_equals_torch_beam_on_the_test_split(entry: str, exported, smoke_run, smoke_corpus) -> None:
     """The acceptance check: ORT beam search (beam 5) returns zoo.generate's hypotheses on the smoke test split."""
     out, manifest = exported(entry)
@@ -330,6 +336,84 @@ def test_ort_beam_equals_torch_beam_on_the_test_split(entry: str, exported, smok
     assert runtime.translate(texts, beam_size=5) == translate_texts(reference, tok, texts, SearchConfig(beam_size=5))
     if entry == "transformer":  # non-degeneracy is checked on the baseline smoke checkpoint (DESIGN.md §3c);
         assert len({tuple(h) for h in ids}) > len(ids) // 3  # pruned 300-update variants repeat more
+
+
+@pytest.mark.parametrize("entry", BEAM_ENTRIES)
+def test_ort_nbest_and_scores_equal_torch(entry: str, exported, smoke_run, smoke_corpus) -> None:
+    """n-best lists with scores and forced-decoding scores (issue 22): ORT returns torch's hypotheses with scores
+    equal to 1e-4, led by the plain output; teacher-forced scores agree per token; and scoring a hypothesis gives
+    back its search score — where the search forced eos at the length limit, with that eos counted as 0."""
+    out, manifest = exported(entry)
+    payload = load_checkpoint(smoke_run(entry))
+    tok = Tokenizer.from_bytes(payload["tokenizer"])
+    _, reference = prune(model_from_checkpoint(payload), manifest["head_plan"], remove=False)
+    texts = (smoke_corpus / "test.de").read_text(encoding="utf-8").splitlines()[:24]
+    runtime = export.load(out, threads=1)
+    src_ids = runtime.encode_texts(texts)
+    pairs = []  # (source row, hypothesis, search) of every hypothesis ORT returned
+    for search in (SearchConfig(beam_size=5, len_penalty=0.8), SearchConfig(beam_size=1)):
+        settings = {"beam_size": search.beam_size, "len_penalty": search.len_penalty}
+        ours = runtime.translate(texts, **settings, num_hypotheses=search.beam_size)
+        theirs = translate_texts_nbest(reference, tok, texts, search, search.beam_size)
+        assert [hyps[0].text for hyps in ours] == runtime.translate(texts, **settings)
+        for a, b in zip(ours, theirs, strict=True):
+            assert a[0].tokens == b[0].tokens and len(a) == len(b) == search.beam_size
+            assert all(x.score >= y.score for x, y in itertools.pairwise(a))
+            # the same hypotheses with the same scores (compared as a mapping: near-ties may swap places)
+            mine, ref = {tuple(h.tokens): h.score for h in a}, {tuple(h.tokens): h.score for h in b}
+            assert mine.keys() == ref.keys()
+            assert max(abs(mine[k] - ref[k]) for k in mine) <= 1e-4
+        pairs += [(row, h, search) for row, hyps in enumerate(ours) for h in hyps]
+
+    for len_penalty in (0.8, 1.0):
+        chosen = [(row, h) for row, h, s in pairs if s.len_penalty == len_penalty]
+        sources, targets = [src_ids[r] for r, _ in chosen], [h.tokens for _, h in chosen]
+        got = runtime.score_encoded(sources, targets, len_penalty=len_penalty)
+        ref = score_ids(reference, sources, targets, len_penalty=len_penalty)
+        for g, r in zip(got, ref, strict=True):
+            assert g.tokens == r.tokens and abs(g.score - r.score) <= 1e-4
+            assert np.abs(np.subtract(g.token_logprobs, r.token_logprobs)).max() <= 1e-4
+        limits = rt.max_lengths(
+            np.array([len(s) for s in sources]), rt.Search(len_penalty=len_penalty), runtime.max_positions
+        )
+        for (_, hyp), g, limit in zip(chosen, got, limits, strict=True):
+            counted = g.token_logprobs if len(g.tokens) < limit else g.token_logprobs[:-1]  # forced eos: 0
+            assert abs(sum(counted) / len(g.tokens) ** len_penalty - hyp.score) <= 1e-4, hyp
+    # the text API re-tokenises the hypotheses; it scores what score_encoded scores when the ids come back
+    best = [hyps[0] for hyps in runtime.translate(texts, beam_size=5, len_penalty=0.8, num_hypotheses=1)]
+    by_text = runtime.score(texts, [h.text for h in best], len_penalty=0.8)
+    by_ids = runtime.score_encoded(src_ids, [h.tokens for h in best], len_penalty=0.8)
+    assert sum(a == b for a, b in zip(by_text, by_ids, strict=True)) >= len(texts) - 2
+
+
+def test_runtime_nbest_and_score_refuse_bad_values(exported) -> None:
+    """Bad num_hypotheses, mismatched counts, unscorable targets: refused before anything runs, naming the
+    allowed values; the results have the same fields in both engines."""
+    out, _ = exported("transformer")
+    runtime = export.load(out, threads=1)
+    for bad in (0, 6, 2.5, "two", True, None, float("inf")):
+        with pytest.raises(export.SearchError, match=r"num_hypotheses=.* allowed: an integer in \[1, 5\]"):
+            rt.check_num_hypotheses(bad, 5)
+    with pytest.raises(export.SearchError, match=r"num_hypotheses=6 is out of range; .*at most beam_size=5"):
+        runtime.translate(["Guten Morgen."], beam_size=5, num_hypotheses=6)
+    with pytest.raises(export.SearchError, match=r"num_hypotheses=2 is out of range; .*\[1, 1\]"):
+        runtime.translate_encoded_nbest([], runtime.search_settings(beam_size=1), 2)
+    one = runtime.translate(["Guten Morgen.", ""], beam_size=2, return_scores=True)
+    assert [len(h) for h in one] == [1, 1] and isinstance(one[0][0], rt.Translation)
+    with pytest.raises(rt.ScoreError, match="got 2 sources but 1 targets"):
+        runtime.score(["Guten Morgen.", "Danke."], ["Good morning."])
+    with pytest.raises(rt.ScoreError, match="got 1 sources but 0 targets"):
+        runtime.score_encoded([[5]], [])
+    with pytest.raises(rt.ScoreError, match=r"outside the vocabulary \[0, 1000\)"):
+        runtime.score_encoded([[5]], [[1000]])
+    with pytest.raises(rt.ScoreError, match="at most 254"):
+        runtime.score_encoded([[5]], [[5] * 255])
+    with pytest.raises(export.SearchError, match="len_penalty"):
+        runtime.score("Guten Morgen.", "Good morning.", len_penalty=-1)
+    (empty,) = runtime.score("Guten Morgen.", "")
+    assert empty.tokens == [runtime.eos_id] and empty.score == pytest.approx(empty.token_logprobs[0])
+    assert runtime.score([], []) == [] and len(runtime.encode_targets(["Haus " * 400])[0]) == 254
+    assert rt.Translation._fields == evaluation.Translation._fields and rt.Scored._fields == Scored._fields
 
 
 def test_dynamic_batch_and_length(exported, smoke_run) -> None:
