@@ -2,6 +2,8 @@
 
     python -m serve.client "Guten Morgen." "Wie geht es dir?"
     echo "Guten Morgen." | python -m serve.client --protocol grpc --model transformer-deen --beam-size 1
+    python -m serve.client --num-hypotheses 3 --scores "Guten Morgen."     # n-best: i ||| text ||| score
+    printf 'Guten Morgen.\tGood morning.\n' | python -m serve.client --score   # forced decoding: a score per line
 
     from serve.client import translate
     translate(["Guten Morgen."], url="127.0.0.1:8000", protocol="http")
@@ -16,7 +18,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -28,12 +30,31 @@ from serve.server import ADMIN_HEADER, GRPC_ADMIN_HEADER
 from zoo.errors import one_line_errors
 
 INPUT, OUTPUT, TRUNCATED = "TEXT", "OUTPUT", "TRUNCATED"
+TARGET, SCORES, TOKEN_SCORES = "TARGET", "SCORES", "TOKEN_SCORES"
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 SEARCH_PARAMETERS = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len")
 
 
+class Hypothesis(NamedTuple):
+    """One served hypothesis: its text and score (None unless scores were asked for)."""
+
+    text: str
+    score: float | None
+
+
+class Scored(NamedTuple):
+    """A served forced decoding: each target token's log-prob, then eos's, and the sentence score."""
+
+    token_logprobs: list[float]
+    score: float
+
+
 class ClientError(ServeError):
     """A request the server refused or could not answer; the message is Triton's (or the model's) reason."""
+
+
+def _text(item: Any) -> str:
+    return item.decode("utf-8") if isinstance(item, bytes) else str(item)
 
 
 def _encode(texts: Sequence[str | bytes]) -> np.ndarray:
@@ -128,28 +149,80 @@ class Client:
         self, texts: Sequence[str | bytes], parameters: dict[str, Any] | None = None
     ) -> tuple[list[str], list[bool]]:
         """One request (no splitting): outputs and truncation flags; errors as ClientError."""
-        inp = self.lib.InferInput(INPUT, [len(texts), 1], "BYTES")
-        inp.set_data_from_numpy(_encode(texts))
-        outputs = [self.lib.InferRequestedOutput(OUTPUT), self.lib.InferRequestedOutput(TRUNCATED)]
+        result = self._request({INPUT: texts}, [OUTPUT, TRUNCATED], parameters or {})
+        out = [_text(b) for b in result.as_numpy(OUTPUT).reshape(-1)]
+        return out, [bool(x) for x in result.as_numpy(TRUNCATED).reshape(-1)]
+
+    def _request(self, inputs: dict[str, Sequence[str | bytes]], outputs: list[str], parameters: dict[str, Any]) -> Any:
+        """One request of BYTES inputs [rows, 1] → the result object (errors as ClientError)."""
+        tensors = []
+        for name, texts in inputs.items():
+            tensor = self.lib.InferInput(name, [len(texts), 1], "BYTES")
+            tensor.set_data_from_numpy(_encode(texts))
+            tensors.append(tensor)
+        wanted = [self.lib.InferRequestedOutput(name) for name in outputs]
         kwargs: dict[str, Any] = {"parameters": parameters} if parameters else {}
         if self.protocol == "grpc":
             kwargs["client_timeout"] = self.timeout
-        result = self._call(
-            f"inference on {self.model}", self.client.infer, self.model, [inp], outputs=outputs, **kwargs
+        return self._call(
+            f"inference on {self.model}", self.client.infer, self.model, tensors, outputs=wanted, **kwargs
         )
-        out = [b.decode("utf-8") if isinstance(b, bytes) else str(b) for b in result.as_numpy(OUTPUT).reshape(-1)]
-        return out, [bool(x) for x in result.as_numpy(TRUNCATED).reshape(-1)]
 
     def translate(self, texts: Sequence[str | bytes], **search: Any) -> list[str]:
         """Any number of texts → outputs in order; `search`: beam_size, len_penalty, max_len_a, max_len_b,
         min_len (None = the model's default)."""
-        unknown = sorted(set(search) - set(SEARCH_PARAMETERS))
-        if unknown:
-            raise ClientError(f"unknown search option(s) {unknown}; use {list(SEARCH_PARAMETERS)}")
-        parameters = {k: v for k, v in search.items() if v is not None}
+        parameters = self._search_parameters(search)
         out: list[str] = []
         for start in range(0, len(texts), self.max_batch_size):
             out += self.infer(texts[start : start + self.max_batch_size], parameters)[0]
+        return out
+
+    @staticmethod
+    def _search_parameters(search: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(search) - set(SEARCH_PARAMETERS))
+        if unknown:
+            raise ClientError(f"unknown search option(s) {unknown}; use {list(SEARCH_PARAMETERS)}")
+        return {k: v for k, v in search.items() if v is not None}
+
+    def translate_nbest(
+        self, texts: Sequence[str | bytes], num_hypotheses: int = 1, return_scores: bool = True, **search: Any
+    ) -> list[list[Hypothesis]]:
+        """Any number of texts → per text its `num_hypotheses` best `Hypothesis(text, score)`, best first (the
+        server checks 1 ≤ num_hypotheses ≤ beam_size); scores are the search's (None when not asked for)."""
+        parameters = {**self._search_parameters(search), "num_hypotheses": num_hypotheses}
+        if return_scores:
+            parameters["return_scores"] = True
+        outputs = [OUTPUT, SCORES] if return_scores else [OUTPUT]
+        out: list[list[Hypothesis]] = []
+        for start in range(0, len(texts), self.max_batch_size):
+            result = self._request({INPUT: texts[start : start + self.max_batch_size]}, outputs, parameters)
+            rows = result.as_numpy(OUTPUT)
+            scores = result.as_numpy(SCORES) if return_scores else np.full(rows.shape, None)
+            for row, row_scores in zip(rows, scores, strict=True):
+                out.append(
+                    [
+                        Hypothesis(_text(t), None if s is None else float(s))
+                        for t, s in zip(row, row_scores, strict=True)
+                    ]
+                )
+        return out
+
+    def score(
+        self, sources: Sequence[str | bytes], targets: Sequence[str | bytes], len_penalty: float | None = None
+    ) -> list[Scored]:
+        """Forced decoding: per (source, target) pair the target's token log-probs (then eos's) and its sentence
+        score on the search's scale (`len_penalty`: default the model's)."""
+        if len(sources) != len(targets):
+            raise ClientError(f"got {len(sources)} sources but {len(targets)} targets; give one target per source")
+        parameters = {} if len_penalty is None else {"len_penalty": len_penalty}
+        out: list[Scored] = []
+        for start in range(0, len(sources), self.max_batch_size):
+            stop = start + self.max_batch_size
+            result = self._request(
+                {INPUT: sources[start:stop], TARGET: targets[start:stop]}, [SCORES, TOKEN_SCORES], parameters
+            )
+            for sentence, tokens in zip(result.as_numpy(SCORES), result.as_numpy(TOKEN_SCORES), strict=True):
+                out.append(Scored([float(v) for v in tokens if not np.isnan(v)], float(sentence[0])))
         return out
 
     def statistics(self) -> dict[str, Any]:
@@ -189,6 +262,23 @@ def translate(
         return client.translate(list(texts), **search)
 
 
+def _answer(client: Client, args: argparse.Namespace, texts: list[str], search: dict[str, Any]) -> list[str]:
+    """The CLI's output lines for its mode: translations, an n-best list, or forced-decoding scores."""
+    if args.score:
+        pairs = [t.split("\t", 1) for t in texts]
+        bad = [i + 1 for i, p in enumerate(pairs) if len(p) != 2]
+        if bad:
+            raise ClientError(f"--score reads `source<TAB>target` per input; input(s) {bad[:5]} have no tab")
+        scored = client.score([p[0] for p in pairs], [p[1] for p in pairs], search["len_penalty"])
+        if args.token_scores:
+            return [f"{s.score:.6f}\t" + " ".join(f"{v:.6f}" for v in s.token_logprobs) for s in scored]
+        return [f"{s.score:.6f}" for s in scored]
+    if args.num_hypotheses is not None or args.scores:
+        nbest = client.translate_nbest(texts, args.num_hypotheses or 1, return_scores=True, **search)
+        return [f"{i} ||| {h.text} ||| {h.score:.6f}" for i, hyps in enumerate(nbest) for h in hyps]
+    return client.translate(texts, **search)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serve.client", description=__doc__.splitlines()[0])
     parser.add_argument("--protocol", choices=sorted(DEFAULT_PORTS), default="http")
@@ -204,30 +294,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-len-a", type=float)
     parser.add_argument("--max-len-b", type=int)
     parser.add_argument("--min-len", type=int)
+    parser.add_argument(
+        "--num-hypotheses", type=int, help="n-best: print `i ||| text ||| score` lines, n per source (≤ beam size)"
+    )
+    parser.add_argument("--scores", action="store_true", help="print the search scores (`i ||| text ||| score`)")
+    parser.add_argument(
+        "--score",
+        action="store_true",
+        help="forced decoding: each input is `source<TAB>target`; print the target's sentence score per line",
+    )
+    parser.add_argument("--token-scores", action="store_true", help="with --score: also each token's log-prob")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     parser.add_argument("text", nargs="*", help="source texts; stdin lines when none are given")
     args = parser.parse_args(argv)
     texts = args.text or [line.rstrip("\n") for line in sys.stdin]
+    search = {
+        "beam_size": args.beam_size,
+        "len_penalty": args.len_penalty,
+        "max_len_a": args.max_len_a,
+        "max_len_b": args.max_len_b,
+        "min_len": args.min_len,
+    }
     with one_line_errors(ServeError):
         try:
             headers = {ADMIN_HEADER: Path(args.admin_key_file).read_text().strip()} if args.admin_key_file else None
         except OSError as exc:
             raise ClientError(f"cannot read --admin-key-file {args.admin_key_file}: {exc}") from exc
-        outputs = translate(
-            texts,
-            url=args.url,
-            protocol=args.protocol,
-            model=args.model,
-            timeout=args.timeout,
-            headers=headers,
-            beam_size=args.beam_size,
-            len_penalty=args.len_penalty,
-            max_len_a=args.max_len_a,
-            max_len_b=args.max_len_b,
-            min_len=args.min_len,
-        )
-    for out in outputs:
-        print(out)
+        with Client(args.url, args.protocol, args.model, args.timeout, headers) as client:
+            for line in _answer(client, args, texts, search):
+                print(line)
     return 0
 
 

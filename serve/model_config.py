@@ -27,7 +27,10 @@ HERE = Path(__file__).resolve().parent
 TRITON_MODELS = HERE / "triton"
 RUNTIME_FILE = "export_runtime.py"  # the copy of export/runtime.py inside every model version dir
 COMMON_FILE = "model_common.py"  # request handling shared by both variants' model.py
+METRICS_FILE = "model_metrics.py"  # the zoo_* Prometheus metrics model_common reports
+SHARED_MODEL_FILES = (COMMON_FILE, METRICS_FILE)  # copied next to every model.py, from serve/triton/
 INPUT, OUTPUT, TRUNCATED = "TEXT", "OUTPUT", "TRUNCATED"
+TARGET, SCORES, TOKEN_SCORES = "TARGET", "SCORES", "TOKEN_SCORES"  # forced decoding in, scores out
 KINDS = ("KIND_CPU", "KIND_GPU", "KIND_AUTO")
 
 
@@ -54,6 +57,7 @@ class ModelSettings:
     check_files: bool = True
     max_request_cost: int = 10_000  # rows × beam × max output tokens one request may ask for (INVALID_ARGUMENT)
     max_execute_cost: int = 40_000  # the same summed over one execute's batch (the rest: UNAVAILABLE, retry)
+    warmup: bool = True  # model_warmup: each instance translates a held-out sentence before the model is ready
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any] | None) -> ModelSettings:
@@ -113,11 +117,16 @@ def batching_text(settings: ModelSettings) -> str:
 
 
 def text_io_text() -> str:
-    """The public interface of both variants: a batch of strings in, a batch of strings (+ flags) out."""
+    """The public interface of both variants (serve/triton/model_common.py): a batch of strings in, a batch of
+    strings (+ flags) out; n-best lists widen OUTPUT/SCORES to [batch, n], and the optional TARGET input turns
+    a request into forced decoding (SCORES, TOKEN_SCORES)."""
     return (
-        f'input [ {{ name: "{INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]\n'
-        f'output [ {{ name: "{OUTPUT}" data_type: TYPE_STRING dims: [ 1 ] }},\n'
-        f'         {{ name: "{TRUNCATED}" data_type: TYPE_BOOL dims: [ 1 ] }} ]'
+        f'input [ {{ name: "{INPUT}" data_type: TYPE_STRING dims: [ 1 ] }},\n'
+        f'        {{ name: "{TARGET}" data_type: TYPE_STRING dims: [ 1 ] optional: true }} ]\n'
+        f'output [ {{ name: "{OUTPUT}" data_type: TYPE_STRING dims: [ -1 ] }},\n'
+        f'         {{ name: "{TRUNCATED}" data_type: TYPE_BOOL dims: [ 1 ] }},\n'
+        f'         {{ name: "{SCORES}" data_type: TYPE_FP32 dims: [ -1 ] }},\n'
+        f'         {{ name: "{TOKEN_SCORES}" data_type: TYPE_FP32 dims: [ -1 ] }} ]'
     )
 
 
@@ -130,9 +139,14 @@ def parse_config(text: str, where: str = "config.pbtxt") -> model_config_pb2.Mod
 
 
 def python_config(
-    name: str, settings: ModelSettings, extra: dict[str, Any] | None = None, kind: str | None = None
+    name: str,
+    settings: ModelSettings,
+    extra: dict[str, Any] | None = None,
+    kind: str | None = None,
+    warmup: str = "",
 ) -> str:
-    """config.pbtxt of a Python-backend text model (the `python` variant, and the BLS model of `ngc`)."""
+    """config.pbtxt of a Python-backend text model (the `python` variant, and the BLS model of `ngc`);
+    `warmup` is a `model_warmup` block (serve/warmup.py)."""
     params = {
         "provider": settings.provider,
         "threads": settings.threads,
@@ -151,6 +165,7 @@ def python_config(
         batching_text(settings),
         f"instance_group [ {{ count: {int(settings.instance_count)} kind: {kind or settings.instance_kind} }} ]",
         parameters_text(params),
+        warmup,
     ]
     text = "\n".join(p for p in parts if p) + "\n"
     parse_config(text, f"{name}/config.pbtxt")

@@ -27,8 +27,8 @@ from tritonclient.grpc import model_config_pb2
 
 from export import runtime as export_runtime
 from serve.model_config import (
-    COMMON_FILE,
     RUNTIME_FILE,
+    SHARED_MODEL_FILES,
     TRITON_MODELS,
     ModelSettings,
     RepositoryError,
@@ -105,7 +105,8 @@ def write_ngc_model(export_dir: Path, repo: Path, settings: ModelSettings, overw
             shutil.copy2(export_dir / f, stage.path / v / f)
         shutil.copy2(export_runtime.__file__, stage.path / v / RUNTIME_FILE)
         shutil.copy2(TRITON_MODELS / "bls_model.py", stage.path / v / "model.py")
-        shutil.copy2(TRITON_MODELS / COMMON_FILE, stage.path / v / COMMON_FILE)
+        for shared in SHARED_MODEL_FILES:
+            shutil.copy2(TRITON_MODELS / shared, stage.path / v / shared)
         extra = {
             "encoder_model": f"{name}-encoder",
             "decoder_model": f"{name}-decoder",

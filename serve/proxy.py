@@ -6,7 +6,8 @@ whole body first (`proxy_request_buffering on`), refuses one over `max_body_mb` 
 Content-Length, so Triton never parses a chunked body; it passes only the KServe v2 inference, metadata
 (incl. model config), health and repository-index paths (everything else: 403; the index is still behind
 Triton's admin key), and times out slow clients. Triton's own HTTP listener moves to an internal loopback port
-that only the proxy and this machine's admin tools use.
+that only the proxy and this machine's admin tools use. Triton's Prometheus listener is the same HTTP library, so
+it moves to loopback too and a second nginx listener on the metrics port passes only `GET /metrics`.
 
 nginx comes from Debian's archive like the corpus tools (`apt-get download nginx` + `dpkg-deb -x` into the
 user's cache, no root, no system install) unless an `nginx` binary is on PATH.
@@ -70,8 +71,36 @@ def nginx_binary(cache_root: Path | None = None) -> Path:
     return binary
 
 
-def nginx_config(state: Path, tmp: Path, host: str, port: int, upstream_port: int, settings: ProxySettings) -> str:
-    """The proxy's nginx.conf: pid and logs in `state`, request-body buffers in `tmp`."""
+def _metrics_server(host: str, metrics: tuple[int, int] | None) -> str:
+    """A second listener that passes only `GET /metrics` to Triton's loopback metrics port (None: none)."""
+    if metrics is None:
+        return ""
+    port, upstream = metrics
+    return f"""
+    server {{
+        listen {host}:{port};
+        location = /metrics {{
+            limit_except GET {{ deny all; }}
+            proxy_pass http://127.0.0.1:{upstream};
+        }}
+        location / {{
+            default_type text/plain;
+            return 403 'only GET /metrics is served on this port\n';
+        }}
+    }}"""
+
+
+def nginx_config(
+    state: Path,
+    tmp: Path,
+    host: str,
+    port: int,
+    upstream_port: int,
+    settings: ProxySettings,
+    metrics: tuple[int, int] | None = None,
+) -> str:
+    """The proxy's nginx.conf: pid and logs in `state`, request-body buffers in `tmp`; `metrics` = (public port,
+    Triton's loopback metrics port) adds the Prometheus listener."""
     return f"""worker_processes 1;
 pid {state / "nginx.pid"};
 error_log {state / "error.log"} warn;
@@ -110,7 +139,7 @@ http {{
             default_type application/json;
             return 413 '{{"error":"request body over {settings.max_body_mb:g} MB; send fewer or shorter texts"}}';
         }}
-    }}
+    }}{_metrics_server(host, metrics)}
 }}
 """
 
@@ -156,14 +185,16 @@ def start_proxy(
     settings: ProxySettings,
     detach: bool = False,
     timeout: float = 20.0,
+    metrics: tuple[int, int] | None = None,
 ) -> subprocess.Popen:
-    """Run nginx in the foreground of a child process (it dies with `stop_proxy`); wait until it listens."""
+    """Run nginx in the foreground of a child process (it dies with `stop_proxy`); wait until it listens.
+    `metrics` = (public port, Triton's loopback metrics port) also serves GET /metrics."""
     state = state_dir / PROXY_DIR
     state.mkdir(parents=True, exist_ok=True)
     binary = nginx_binary()
     buffers = _buffer_dir(state)
     try:
-        return _launch(binary, state, buffers, host, port, upstream_port, settings, detach, timeout)
+        return _launch(binary, state, buffers, host, port, upstream_port, settings, detach, timeout, metrics)
     except BaseException:
         _remove_buffers(state)
         raise
@@ -179,9 +210,10 @@ def _launch(
     settings: ProxySettings,
     detach: bool,
     timeout: float,
+    metrics: tuple[int, int] | None,
 ) -> subprocess.Popen:
     conf = state / "nginx.conf"
-    conf.write_text(nginx_config(state, buffers, host, port, upstream_port, settings))
+    conf.write_text(nginx_config(state, buffers, host, port, upstream_port, settings, metrics))
     cmd = [str(binary), "-p", str(state), "-c", str(conf), "-e", str(state / "error.log"), "-g", "daemon off;"]
     check = subprocess.run([*cmd, "-t"], capture_output=True, text=True, check=False)
     if check.returncode != 0:

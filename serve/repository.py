@@ -40,6 +40,7 @@ from serve.model_config import (
     KINDS,
     OUTPUT,
     RUNTIME_FILE,
+    SHARED_MODEL_FILES,
     TRITON_MODELS,
     TRUNCATED,
     ModelSettings,
@@ -55,6 +56,7 @@ from serve.model_config import (
     text_io_text,
 )
 from serve.ngc import write_ngc_model
+from serve.warmup import plan_warmup, warmup_text, write_warmup_data
 from zoo.errors import one_line_errors
 
 __all__ = [
@@ -96,8 +98,16 @@ def write_python_model(
             shutil.copy2(export_dir / f, version_dir / f)
         shutil.copy2(export_runtime.__file__, version_dir / RUNTIME_FILE)
         shutil.copy2(TRITON_MODELS / "translator_model.py", version_dir / "model.py")
-        shutil.copy2(TRITON_MODELS / COMMON_FILE, version_dir / COMMON_FILE)
-        (stage.path / "config.pbtxt").write_text(python_config(name, settings), encoding="utf-8")
+        for shared in SHARED_MODEL_FILES:
+            shutil.copy2(TRITON_MODELS / shared, version_dir / shared)
+        plan = (
+            plan_warmup(export_dir, manifest, settings.max_batch_size, settings.max_request_cost)
+            if settings.warmup
+            else None
+        )
+        write_warmup_data(stage.path, plan)
+        config = python_config(name, settings, warmup=warmup_text(plan))
+        (stage.path / "config.pbtxt").write_text(config, encoding="utf-8")
         stage.publish()
     return name
 

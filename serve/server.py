@@ -68,6 +68,8 @@ class ServerInfo:
     admin_key_file: str | None = None  # None: the non-inference APIs were left open (restrict=false)
     triton_http_port: int | None = None  # Triton's own HTTP listener (loopback) when nginx serves http_port
     proxy_pid: int | None = None
+    metrics: bool = True  # Triton's Prometheus endpoint (GET /metrics on metrics_port) is on
+    triton_metrics_port: int | None = None  # Triton's own metrics listener (loopback) when nginx serves metrics_port
 
     @property
     def http_url(self) -> str:
@@ -83,6 +85,11 @@ class ServerInfo:
     @property
     def grpc_url(self) -> str:
         return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Where Prometheus scrapes: `http://<metrics_url>/metrics` (nginx when proxied)."""
+        return f"{self.host}:{self.metrics_port}"
 
     def url(self, protocol: str) -> str:
         return self.http_url if protocol == "http" else self.grpc_url
@@ -264,6 +271,7 @@ class Server:
         cancelled: Callable[[], bool] | None = None,
         restrict: bool = True,
         proxy: ProxySettings | None = ProxySettings(),
+        metrics: bool = True,
     ) -> Server:
         """Launch and wait until every model is ready. Port 0 picks a free port. `detach` starts the server in
         its own session so it outlives this process (then stop it with `serve.stop`). `cancelled()` true while
@@ -272,7 +280,9 @@ class Server:
         requests without the `zoo-admin-key` header get 403 (HTTP), without the `triton-grpc-protocol-zoo-admin-key`
         metadata UNAVAILABLE "This protocol is restricted" (gRPC). `proxy` (default)
         serves `http_port` with nginx (serve/proxy.py) and moves Triton's HTTP to a loopback port; None = Triton
-        listens on `http_port` itself (exposed to the chunked-body crash of 2.51)."""
+        listens on `http_port` itself (exposed to the chunked-body crash of 2.51). `metrics` (default) serves
+        Triton's Prometheus endpoint, GET /metrics on `metrics_port` bound like the other ports (through nginx
+        when proxied: Triton's metrics listener is the same HTTP library as its inference one)."""
         repo = Path(repo).resolve()
         models = check_repository(repo)
         state = Path(state_dir) if state_dir else state_dir_for(repo)
@@ -292,6 +302,7 @@ class Server:
                 )
             ports[key] = port or free_port(host)
         triton_http = free_port("127.0.0.1") if proxy is not None else ports["http_port"]
+        triton_metrics = free_port("127.0.0.1") if proxy is not None and metrics else ports["metrics_port"]
         clean_stale_shm()
         prefix = f"{OUR_SHM}{secrets.token_hex(4)}_"
         log = state / "server.log"
@@ -303,8 +314,9 @@ class Server:
             f"--http-port={triton_http}",
             f"--grpc-address={host}",
             f"--grpc-port={ports['grpc_port']}",
-            f"--metrics-port={ports['metrics_port']}",
-            "--allow-metrics=false",
+            f"--allow-metrics={str(metrics).lower()}",
+            f"--metrics-address={'127.0.0.1' if proxy is not None else host}",
+            f"--metrics-port={triton_metrics}",
             "--allow-gpu-metrics=false",
             "--pinned-memory-pool-byte-size=0",
             f"--backend-config=python,shm-region-prefix-name={prefix}",
@@ -333,6 +345,8 @@ class Server:
             models=models,
             admin_key_file=str(state / ADMIN_KEY_FILE) if restrict else None,
             triton_http_port=triton_http if proxy is not None else None,
+            metrics=metrics,
+            triton_metrics_port=triton_metrics if proxy is not None and metrics else None,
             **ports,
         )
         server = cls(info, process)
@@ -341,7 +355,10 @@ class Server:
             (state / "server.pid").write_text(f"{process.pid}\n")
             server.wait_ready(timeout, cancelled)
             if proxy is not None:
-                nginx = start_proxy(state, host, ports["http_port"], triton_http, proxy, detach=detach)
+                metrics_ports = (ports["metrics_port"], triton_metrics) if metrics else None
+                nginx = start_proxy(
+                    state, host, ports["http_port"], triton_http, proxy, detach=detach, metrics=metrics_ports
+                )
                 server.proxy_process, info.proxy_pid = nginx, nginx.pid
                 (state / STATE_FILE).write_text(json.dumps(asdict(info), indent=1))
         except BaseException:

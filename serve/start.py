@@ -45,6 +45,7 @@ def main(cfg: DictConfig) -> None:
             cancelled=stop.is_set,
             restrict=bool(cfg.restrict_apis),
             proxy=ProxySettings(max_body_mb=float(cfg.max_body_mb)) if cfg.proxy else None,
+            metrics=bool(cfg.metrics),
         )
     info = server.info
     admin = (
@@ -54,7 +55,9 @@ def main(cfg: DictConfig) -> None:
     )
     print(
         f"tritonserver ready (pid {info.pid}): models {', '.join(info.models)}\n"
-        f"  HTTP http://{info.http_url}   gRPC {info.grpc_url}   log {info.log}\n{admin}\n"
+        f"  HTTP http://{info.http_url}   gRPC {info.grpc_url}   log {info.log}\n"
+        + (f"  metrics http://{info.metrics_url}/metrics\n" if info.metrics else "")
+        + f"{admin}\n"
         f'  try: python -m serve.client --url {info.http_url} --model {info.models[0]} "Guten Morgen."\n'
         f"  stop: python -m serve.stop repo={info.repo}",
         flush=True,

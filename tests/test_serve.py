@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -36,9 +37,11 @@ from tritonclient.utils import InferenceServerException
 import export
 from export.exporter import export_checkpoint
 from serve.client import Client, ClientError, translate
+from serve.model_config import read_manifest
 from serve.ngc import python_standins
 from serve.repository import ModelSettings, RepositoryError, write_repository
 from serve.server import OUR_SHM, SHM_DIR, Server, ServerError, _mapped_shm, free_port
+from serve.warmup import SAMPLE_FILE, WARMUP_DIR, plan_warmup, serialize_strings
 from tests.conftest import smoke_overrides
 from tests.zoo_testing import REPO, compose_train
 from zoo.entries import CONF_DIR
@@ -146,12 +149,33 @@ def _assert_gone(pid: int, prefix: str) -> None:
     assert _shm(prefix) == [], "shared-memory regions left behind"
 
 
+def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
+    """GET /metrics → (name, labels, value) per sample of Prometheus' text format."""
+    with urllib.request.urlopen(f"http://{url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    samples = []
+    for line in text.splitlines():
+        match = re.fullmatch(r"(\w+)(?:\{(.*)\})? (\S+)", line)
+        if match and not line.startswith("#"):
+            samples.append((match[1], dict(re.findall(r'(\w+)="([^"]*)"', match[2] or "")), float(match[3])))
+    return samples
+
+
+def metric(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
+    """The sum of `name`'s samples whose labels include `labels`."""
+    return sum(v for n, lab, v in samples if n == name and labels.items() <= lab.items())
+
+
+METRICS_AT_START: list[tuple[str, dict[str, str], float]] = []  # scraped before any test request
+
+
 @pytest.fixture(scope="module")
 def server(repo) -> Iterator[Server]:
     srv = Server.start(repo, http_port=0, grpc_port=0, metrics_port=0)
     try:
         assert _shm(srv.info.shm_prefix), "the Python backend should have created its shm regions"
         assert _processes(srv.info.shm_prefix, wait=0), "the Python backend stubs should be running"
+        METRICS_AT_START[:] = scrape(srv.info.metrics_url)
         yield srv
     finally:
         srv.stop()
@@ -181,12 +205,16 @@ def test_repository_is_self_contained_and_configs_parse(repo, translator_export)
     assert config.dynamic_batching.max_queue_delay_microseconds == 3000
     assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
     assert config.version_policy.latest.num_versions == 1
-    assert [(i.name, i.data_type) for i in config.input] == [("TEXT", model_config_pb2.TYPE_STRING)]
-    assert {o.name for o in config.output} == {"OUTPUT", "TRUNCATED"}
+    assert [(i.name, i.data_type, i.optional) for i in config.input] == [
+        ("TEXT", model_config_pb2.TYPE_STRING, False),
+        ("TARGET", model_config_pb2.TYPE_STRING, True),
+    ]
+    assert {o.name for o in config.output} == {"OUTPUT", "TRUNCATED", "SCORES", "TOKEN_SCORES"}
     files = {p.name for p in (model / "1").iterdir()}
     assert files >= {
         "model.py",
         "model_common.py",
+        "model_metrics.py",
         "export_runtime.py",
         "encoder.onnx",
         "decoder.onnx",
@@ -198,6 +226,71 @@ def test_repository_is_self_contained_and_configs_parse(repo, translator_export)
     for py in (model / "1").glob("*.py"):
         text = py.read_text()
         assert "import torch" not in text and "from zoo" not in text and "from export" not in text, py
+
+
+def test_models_are_warm_before_they_are_ready(server, repo, translator_export) -> None:
+    """model_warmup: every instance translated the held-out sample (one row, then a batch) before the server
+    reported the model ready — Triton's and our own counters show exactly those rows, before any request."""
+    model = repo / "transformer-smoke"
+    config = text_format.Parse((model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    plan = plan_warmup(translator_export, read_manifest(translator_export), 16, 10_000)
+    assert plan is not None and plan.batch_sizes == (1, 8)
+    assert [(w.batch_size, w.inputs["TEXT"].input_data_file) for w in config.model_warmup] == [
+        (1, SAMPLE_FILE),
+        (8, SAMPLE_FILE),
+    ]
+    assert (model / WARMUP_DIR / SAMPLE_FILE).read_bytes() == serialize_strings([plan.sentence])
+    assert plan.sentence in json.loads((translator_export / "heldout.json").read_text())["src"]
+    rows = sum(plan.batch_sizes) * config.instance_group[0].count
+    assert metric(METRICS_AT_START, "nv_inference_count", model="transformer-smoke") == rows
+    assert metric(METRICS_AT_START, "zoo_sentences_total", model="transformer-smoke") == rows
+    assert metric(METRICS_AT_START, "zoo_source_tokens_total", model="transformer-smoke") > rows
+
+
+def test_the_metrics_port_serves_only_metrics(server) -> None:
+    """Prometheus' endpoint is on by default, behind the proxy like HTTP: GET /metrics only; Triton's own
+    metrics listener is on loopback."""
+    url = server.info.metrics_url
+    assert url.startswith("127.0.0.1:") and server.info.triton_metrics_port not in (None, server.info.metrics_port)
+    assert _http("GET", url + "/metrics") == 200
+    assert _http("POST", url + "/metrics", b"x") == 403
+    assert _http("GET", url + "/v2/health/ready") == 403
+    names = {name for name, _, _ in scrape(url)}
+    assert {"nv_inference_count", "nv_inference_request_duration_us", "zoo_sentences_total"} <= names
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_metrics_count_what_was_served(server, local, translator_export, protocol) -> None:
+    """The zoo_* counters move by exactly what was sent and returned: rows, source tokens after truncation,
+    returned hypothesis tokens (n-best: all), truncated sources, refusals by reason, one latency per request."""
+    model = local["transformer-smoke"]
+    texts = _sources(translator_export, 5)
+    long = (" ".join(_sources(translator_export, 12)) * 40)[:10_000]
+    sent = [*texts, "", long]
+    before = scrape(server.info.metrics_url)
+    with Client(server.info.url(protocol), protocol, "transformer-smoke") as client:
+        client.translate_nbest(sent, num_hypotheses=2)
+        with pytest.raises(ClientError):
+            client.infer(["Hallo."], {"beam_size": 0})
+        client.score(texts[:2], ["Good morning.", ""])
+    after = scrape(server.info.metrics_url)
+
+    def moved(name: str, **labels: str) -> float:
+        return metric(after, name, model="transformer-smoke", **labels) - metric(
+            before, name, model="transformer-smoke", **labels
+        )
+
+    live = [t for t in sent if t.strip()]
+    nbest = model.translate(live, num_hypotheses=2, return_scores=True)
+    assert moved("zoo_sentences_total") == len(sent) + 2
+    assert moved("zoo_source_tokens_total") == sum(map(len, model.encode_texts(live + texts[:2])))
+    assert moved("zoo_generated_tokens_total") == sum(len(t.tokens) for hyps in nbest for t in hyps)
+    assert moved("zoo_truncated_sources_total") == 1
+    assert moved("zoo_refused_requests_total", reason="invalid") == 1
+    assert moved("zoo_refused_requests_total", reason="busy") == 0
+    assert moved("zoo_request_latency_seconds_count") == 2
+    # Triton counts the refused request as a success (the model answered it, with an error): ours tells them apart
+    assert moved("nv_inference_request_success") + moved("nv_inference_request_failure") == 3
 
 
 def test_repository_errors(translator_export, tmp_path) -> None:
@@ -295,15 +388,111 @@ def _raw(
     shape: list[int] | None = None,
     parameters: dict | None = None,
     model: str = "transformer-smoke",
+    target: np.ndarray | None = None,
 ):
     lib = httpclient if protocol == "http" else grpcclient
     client = lib.InferenceServerClient(server.info.url(protocol))
     inp = lib.InferInput("TEXT", shape or list(array.shape), dtype)
     inp.set_data_from_numpy(array)
+    inputs = [inp]
+    if target is not None:
+        inputs.append(lib.InferInput("TARGET", list(target.shape), "BYTES"))
+        inputs[-1].set_data_from_numpy(target)
     try:
-        return client.infer(model, [inp], parameters=parameters)
+        return client.infer(model, inputs, parameters=parameters)
     finally:
         client.close()
+
+
+def _rows(texts: list[str | bytes]) -> np.ndarray:
+    return np.array([t.encode() if isinstance(t, str) else t for t in texts], dtype=np.object_).reshape(-1, 1)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_nbest_with_scores_equals_the_runtime(server, local, translator_export, protocol) -> None:
+    """num_hypotheses/return_scores: OUTPUT and SCORES [batch, n], the runtime's n-best (texts identical, scores
+    to 1e-4); an empty source gives "" and NaN; the default response is unchanged ([batch, 1], no SCORES)."""
+    model = local["transformer-smoke"]
+    texts = _sources(translator_export, 4)
+    with Client(server.info.url(protocol), protocol, "transformer-smoke") as client:
+        served = client.translate_nbest([*texts, ""], num_hypotheses=3)
+        plain = client.infer(texts, None)[0]
+    expected = model.translate(texts, num_hypotheses=3, return_scores=True)
+    for got, want in zip(served, expected, strict=False):
+        assert [h.text for h in got] == [t.text for t in want]
+        assert np.allclose([h.score for h in got], [t.score for t in want], atol=1e-4)
+        assert [h.score for h in got] == sorted((h.score for h in got), reverse=True)
+    assert [h.text for h in served[-1]] == ["", "", ""] and all(np.isnan(h.score) for h in served[-1])
+    assert plain == [hyps[0].text for hyps in expected] == model.translate(texts)
+    default = _raw(server, protocol, _rows(texts))
+    assert default.as_numpy("OUTPUT").shape == (4, 1) and default.as_numpy("SCORES") is None
+    nbest_only = _raw(server, protocol, _rows(texts), parameters={"num_hypotheses": 2})
+    assert nbest_only.as_numpy("OUTPUT").shape == (4, 2) and nbest_only.as_numpy("SCORES") is None
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_forced_decoding_equals_the_runtime(server, local, translator_export, protocol) -> None:
+    """A request with TARGET is scored: per row the target tokens' and eos's log-probs (TOKEN_SCORES, NaN-padded)
+    and the sentence score (SCORES), equal to `export.load(dir).score` to 1e-4 — and to the search's own score
+    for the hypothesis it returned (scored by its token ids in the runtime, as its text may re-tokenise)."""
+    model = local["transformer-smoke"]
+    sources = _sources(translator_export, 4)
+    targets = [*model.translate(sources[:3]), ""]  # hypotheses, and an empty target (eos alone)
+    with Client(server.info.url(protocol), protocol, "transformer-smoke") as client:
+        served = client.score(sources, targets)
+        penalised = client.score(sources[:1], targets[:1], len_penalty=0.0)
+    expected = model.score(sources, targets)
+    for got, want in zip(served, expected, strict=True):
+        assert np.allclose(got.token_logprobs, want.token_logprobs, atol=1e-4)
+        assert abs(got.score - want.score) < 1e-4
+    assert len(served[-1].token_logprobs) == 1  # eos alone
+    assert abs(penalised[0].score - sum(expected[0].token_logprobs)) < 1e-3  # len_penalty 0: the plain sum
+    raw = _raw(server, protocol, _rows(sources), target=_rows(targets))
+    assert raw.as_numpy("SCORES").shape == (4, 1) and np.isnan(raw.as_numpy("TOKEN_SCORES")[-1, 1:]).all()
+
+
+BAD_OUTPUT_REQUESTS = [  # (parameters, target rows, what the message must say)
+    ({"num_hypotheses": 6}, None, r"num_hypotheses=6 is out of range; allowed: an integer in \[1, 5\]"),
+    ({"num_hypotheses": 0}, None, r"num_hypotheses=0 is out of range; allowed: an integer in \[1, 5\]"),
+    ({"num_hypotheses": 2.5}, None, r"num_hypotheses=2.5 is not an integer; allowed: an integer in \[1, 5\]"),
+    ({"num_hypotheses": 2, "beam_size": 1}, None, r"allowed: an integer in \[1, 1\] \(at most beam_size=1\)"),
+    ({"return_scores": "maybe"}, None, r"return_scores='maybe' is not a boolean; allowed: true or false"),
+    (None, ["a", "b"], r"input 'TEXT' batch size does not match other inputs"),  # Triton's own check, first
+    (None, [b"Good \xff morning"], r"TARGET row 0 is not valid UTF-8"),
+    ({"beam_size": 2}, ["Good morning."], r"\['beam_size'\] do not apply to scoring .*allowed: \['len_penalty'\]"),
+]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_bad_nbest_and_target_values_are_refused_per_request(server, local, protocol) -> None:
+    """Each bad value is INVALID_ARGUMENT naming the allowed values, sent together with good requests (so the
+    dynamic batcher may gather them in one execute): every good request is still answered."""
+    text = _rows(["Guten Morgen."])
+    errors: dict[int, InferenceServerException] = {}
+    good: dict[int, list[str]] = {}
+
+    def bad_call(i: int) -> None:
+        parameters, target, _ = BAD_OUTPUT_REQUESTS[i]
+        try:
+            _raw(server, protocol, text, parameters=parameters, target=None if target is None else _rows(target))
+        except InferenceServerException as exc:
+            errors[i] = exc
+
+    def good_call(i: int) -> None:
+        with Client(server.info.url(protocol), protocol, "transformer-smoke") as client:
+            good[i] = client.translate(["Hallo."])
+
+    threads = [threading.Thread(target=bad_call, args=(i,)) for i in range(len(BAD_OUTPUT_REQUESTS))]
+    threads += [threading.Thread(target=good_call, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, (_, _, message) in enumerate(BAD_OUTPUT_REQUESTS):
+        assert i in errors, f"request {i} was not refused"
+        assert _status(errors[i]) in ("400", "StatusCode.INVALID_ARGUMENT"), errors[i]
+        assert re.search(message, errors[i].message()), errors[i].message()
+    assert good == {i: local["transformer-smoke"].translate(["Hallo."]) for i in range(4)}
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

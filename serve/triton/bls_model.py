@@ -68,6 +68,15 @@ class BlsStepper(export_runtime._Stepper):
         self.order = np.arange(len(rows), dtype=np.int64)
 
     def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        log_probs, tokens = self._step(last, t, k, ["top_log_probs", "top_tokens"])
+        return log_probs, tokens
+
+    def distribution(self, last: np.ndarray, t: int) -> np.ndarray:
+        """Every row's full next-token log-probs [N, V] (forced decoding reads the decoder's `log_probs`)."""
+        return self._step(last, t, 1, ["log_probs"])[0]
+
+    def _step(self, last: np.ndarray, t: int, k: int, outputs: list[str]) -> list[np.ndarray]:
+        """One decoder step by a BLS call fetching `outputs` (+ the next state, kept for the next step)."""
         feeds = {
             "tokens": np.ascontiguousarray(last, dtype=np.int64).reshape(-1, 1),
             "step": np.array([t], dtype=np.int64),
@@ -77,10 +86,10 @@ class BlsStepper(export_runtime._Stepper):
         }
         inputs = {n: v for n, v in feeds.items() if n in self.m.decoder_inputs}
         inputs.update(self.state)
-        out = _call(self.m.decoder_model, inputs, ["top_log_probs", "top_tokens", *self.m.next_names])
+        out = _call(self.m.decoder_model, inputs, [*outputs, *self.m.next_names])
         self.state = {n: _renamed(out[export_runtime._NEXT + n], n) for n in self.m.self_names}
         self.order = np.arange(len(self.order), dtype=np.int64)
-        return out["top_log_probs"].as_numpy().copy(), out["top_tokens"].as_numpy().copy()
+        return [out[name].as_numpy().copy() for name in outputs]
 
 
 class BlsModel(export_runtime.ExportedModel):

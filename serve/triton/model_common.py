@@ -3,40 +3,56 @@
 Why this file looks the way it does:
 - It needs only numpy and the backend's utilities: the model object (export runtime or BLS) is built by the
   subclass in model.py, so both variants answer requests in exactly the same way.
-- All requests of one `execute` call (what the dynamic batcher gathered) with the same search settings are
-  generated together in one `translate` call — that is where batching pays off on CPU.
+- All requests of one `execute` call (what the dynamic batcher gathered) with the same settings are generated
+  (or scored) together in one runtime call — that is where batching pays off on CPU.
 - Every failure is answered per request (`InferenceResponse(error=…)`): one bad request never fails the others
   of its batch, and no request goes unanswered.
 
-Request: input `TEXT` (TYPE_STRING, [batch, 1], UTF-8). Optional request parameters: beam_size, len_penalty,
-max_len_a, max_len_b, min_len (the export runtime's search settings, bounded by its SEARCH_LIMITS; unset = the
-manifest's defaults); any other parameter is refused with an error naming the allowed ones. Response: `OUTPUT`
-(TYPE_STRING, [batch, 1]) and `TRUNCATED` (TYPE_BOOL, [batch, 1]: the source was longer than the model's limit
-and was cut, as the export runtime does). Defined results: an empty or whitespace-only source gives "" without
-running the model.
+Translation request: input `TEXT` (TYPE_STRING, [batch, 1], UTF-8). Optional request parameters: beam_size,
+len_penalty, max_len_a, max_len_b, min_len (the export runtime's search settings, bounded by its SEARCH_LIMITS;
+unset = the manifest's defaults), `num_hypotheses` (an integer 1 … beam_size, default 1) and `return_scores`
+(a boolean, default false); any other parameter is refused with an error naming the allowed ones. Response:
+`OUTPUT` (TYPE_STRING, [batch, num_hypotheses], best first) and `TRUNCATED` (TYPE_BOOL, [batch, 1]: the source was
+longer than the model's limit and was cut, as the export runtime does); with return_scores also `SCORES`
+(TYPE_FP32, [batch, num_hypotheses]: summed token log-probs, eos included, / length ** len_penalty — what the
+search ranks by). Without the new parameters the response is what it always was. Defined results: an empty or
+whitespace-only source gives "" without running the model (score NaN).
 
-Cost limits (one client must not starve the others): a request's cost is rows × beam × maximum output tokens
-(each row's limit from max_len_a/max_len_b, capped by the model's positions), computed before anything runs.
-Over `max_request_cost` it is refused (INVALID_ARGUMENT, naming the budget); within one `execute`, requests are
-admitted cheapest first up to `max_execute_cost` and the rest answered UNAVAILABLE (retry), so a small request
-batched with heavy ones is never held behind more than that budget. Sources are cut to what the model can use
-in characters before tokenising (a 300 MB text costs no more than a long sentence) and tokenised once.
-Client mistakes are answered INVALID_ARGUMENT (HTTP 400), never INTERNAL.
+Scoring request (forced decoding): inputs `TEXT` and `TARGET` (TYPE_STRING, [batch, 1], one target per source);
+only `len_penalty` may be set. Response: `SCORES` ([batch, 1], the sentence score on the search's scale),
+`TOKEN_SCORES` (TYPE_FP32, [batch, T]: each target token's log-prob, then eos's, NaN-padded to the longest row)
+and `TRUNCATED`. Targets are cut to what the model can produce (max_positions - 2 tokens).
+
+Cost limits (one client must not starve the others): a translation's cost is rows × beam × maximum output tokens
+(each row's limit from max_len_a/max_len_b, capped by the model's positions), a scoring request's its target
+tokens + eos per row; both computed before anything runs. Over `max_request_cost` a request is refused
+(INVALID_ARGUMENT, naming the budget); within one `execute`, requests are admitted cheapest first up to
+`max_execute_cost` and the rest answered UNAVAILABLE (retry), so a small request batched with heavy ones is never
+held behind more than that budget. Texts are cut to what the model can use in characters before tokenising (a
+300 MB text costs no more than a long sentence) and tokenised once. Client mistakes are answered
+INVALID_ARGUMENT (HTTP 400), never INTERNAL.
+
+Metrics (model_metrics.py): every request answered or refused is counted in the zoo_* series of /metrics.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 import export_runtime  # the verbatim copy of export/runtime.py beside this file
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from model_metrics import ModelMetrics
 
 INPUT = "TEXT"
+TARGET = "TARGET"
 OUTPUT = "OUTPUT"
 TRUNCATED = "TRUNCATED"
+SCORES = "SCORES"
+TOKEN_SCORES = "TOKEN_SCORES"
 # request-level parameters that Triton or its clients use themselves (not search settings): ignored here
 RESERVED = frozenset(
     {
@@ -50,6 +66,8 @@ RESERVED = frozenset(
         "triton_enable_empty_final_response",
     }
 )
+OUTPUT_SETTINGS = ("num_hypotheses", "return_scores")  # what to return, beside the search settings
+SCORING_SETTINGS = ("len_penalty",)  # what a scoring request (with TARGET) may set
 # Budgets in decoder row-steps (rows × beam × max output tokens). The defaults keep one request of the CPU
 # preset's model (d_model 256, 3+3 layers) to a few seconds on one core: measured in serve/README.md.
 DEFAULT_MAX_REQUEST_COST = 10_000
@@ -65,24 +83,40 @@ class Busy(RuntimeError):
     """A valid request this `execute` has no budget left for: answered UNAVAILABLE, to be retried."""
 
 
-def parse_parameters(raw: str | None) -> dict[str, int | float]:
-    """The request's JSON parameters → validated search overrides (unknown names are an error, so a typo such as
-    `beam=1` is not silently ignored; values must be finite and within the runtime's SEARCH_LIMITS)."""
+def parse_parameters(raw: str | None) -> dict[str, Any]:
+    """The request's JSON parameters → validated search overrides plus `num_hypotheses` / `return_scores` as
+    given (checked by `_Settings`). Unknown names are an error, so a typo such as `beam=1` is not silently
+    ignored; search values must be finite and within the runtime's SEARCH_LIMITS."""
     try:
         given = json.loads(raw) if raw else {}
     except ValueError as exc:
         raise RequestError(f"request parameters are not valid JSON ({exc})") from None
     given = {k: v for k, v in given.items() if k not in RESERVED}
-    unknown = sorted(set(given) - set(export_runtime.SEARCH_LIMITS))
+    allowed = {*export_runtime.SEARCH_LIMITS, *OUTPUT_SETTINGS}
+    unknown = sorted(set(given) - allowed)
     if unknown:
-        raise RequestError(f"unknown request parameter(s) {unknown}; allowed: {sorted(export_runtime.SEARCH_LIMITS)}")
+        raise RequestError(f"unknown request parameter(s) {unknown}; allowed: {sorted(allowed)}")
     try:
-        return {name: export_runtime.search_setting(name, value) for name, value in given.items()}
+        search = {
+            name: export_runtime.search_setting(name, value)
+            for name, value in given.items()
+            if name not in OUTPUT_SETTINGS
+        }
     except export_runtime.SearchError as exc:
         raise RequestError(f"parameter {exc}") from None
+    return {**search, **{k: given[k] for k in OUTPUT_SETTINGS if k in given}}
 
 
-def decode_texts(array: np.ndarray) -> list[str]:
+def parse_flag(name: str, value: Any) -> bool:
+    """A boolean request parameter: JSON/KServe booleans, or the strings "true"/"false" some clients send."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise RequestError(f"parameter {name}={value!r} is not a boolean; allowed: true or false")
+
+
+def decode_texts(array: np.ndarray, name: str = INPUT) -> list[str]:
     """TYPE_STRING tensor [batch, 1] (bytes objects) → str per row; invalid UTF-8 is an error naming the row."""
     texts = []
     for row, item in enumerate(array.reshape(-1)):
@@ -93,7 +127,7 @@ def decode_texts(array: np.ndarray) -> list[str]:
             texts.append(bytes(item).decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise RequestError(
-                f"{INPUT} row {row} is not valid UTF-8 ({exc.reason} at byte {exc.start}); send UTF-8 encoded text"
+                f"{name} row {row} is not valid UTF-8 ({exc.reason} at byte {exc.start}); send UTF-8 encoded text"
             ) from None
     return texts
 
@@ -103,18 +137,35 @@ def _error(exc: Exception) -> Any:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), code))
 
 
+def _strings(rows: list[list[str]]) -> np.ndarray:
+    """[batch, n] TYPE_STRING tensor of UTF-8 bytes."""
+    return np.array([[s.encode("utf-8") for s in row] for row in rows], dtype=np.object_).reshape(len(rows), -1)
+
+
 class _Request:
-    """One request, parsed and priced: its sources as token ids, truncation flags, search and cost."""
+    """One request, parsed and priced. `encoded`: source ids per row (None: an empty source, not run);
+    `targets`: target ids per row for a scoring request, else None; `key`: requests with equal keys run together."""
 
     def __init__(
-        self, index: int, encoded: list[list[int] | None], truncated: list[bool], search: Any, cost: int
+        self,
+        index: int,
+        encoded: list[list[int] | None],
+        truncated: list[bool],
+        cost: int,
+        key: tuple[Any, ...],
+        targets: list[list[int]] | None = None,
     ) -> None:
-        self.index, self.encoded, self.truncated, self.search, self.cost = index, encoded, truncated, search, cost
+        self.index, self.encoded, self.truncated, self.cost, self.key = index, encoded, truncated, cost, key
+        self.targets = targets
+
+    @property
+    def source_tokens(self) -> int:
+        return sum(len(ids) for ids in self.encoded if ids is not None)
 
 
 class TextModel:
     """Text in, text out over any object with the export runtime's `search_settings`/`request_cost`/
-    `translate_encoded`/`sp`/`max_positions`; subclasses say how that object is built (`load`)."""
+    `translate_encoded_nbest`/`score_encoded`/`sp`/`max_positions`; subclasses say how it is built (`load`)."""
 
     def load(self, directory: str, params: dict[str, str], args: dict[str, str]) -> Any:
         raise NotImplementedError
@@ -128,23 +179,20 @@ class TextModel:
         # a source longer than this many characters has more than `limit` tokens whatever it says: cut it
         # before tokenising (the cut part would be truncated away anyway)
         self.max_chars = self.limit * MAX_PIECE_CHARS + MAX_PIECE_CHARS
+        self.target_limit = max(0, self.model.max_positions - 2)  # what export_runtime.encode_targets keeps
+        self.max_target_chars = self.target_limit * MAX_PIECE_CHARS + MAX_PIECE_CHARS
         self.max_request_cost = int(params.get("max_request_cost", DEFAULT_MAX_REQUEST_COST))
         self.max_execute_cost = max(
             int(params.get("max_execute_cost", DEFAULT_MAX_EXECUTE_COST)), self.max_request_cost
         )
         self.logger = pb_utils.Logger
+        self.metrics = ModelMetrics(args["model_name"], args["model_version"])
 
-    def _price(self, index: int, request: Any) -> _Request:
-        """Parse, tokenise once and price one request; RequestError for anything the client must fix."""
-        tensor = pb_utils.get_input_tensor_by_name(request, INPUT)
-        if tensor is None:
-            raise RequestError(f"input {INPUT} is missing")
-        texts = decode_texts(tensor.as_numpy())
-        try:
-            search = self.model.search_settings(**parse_parameters(request.parameters()))
-        except export_runtime.SearchError as exc:
-            raise RequestError(f"parameter {exc}") from None
-        live = [j for j, t in enumerate(texts) if t.strip()]
+    # ------------------------------------------------------------------ parsing and pricing
+    def _encode_sources(self, texts: list[str], keep_empty: bool) -> tuple[list[list[int] | None], list[bool]]:
+        """Token ids per source (None for an empty one unless `keep_empty`: scoring runs every row) and
+        truncation flags, cutting in characters first."""
+        live = [j for j, t in enumerate(texts) if keep_empty or t.strip()]
         cut = [texts[j][: self.max_chars] for j in live]
         ids = self.model.sp.encode(cut, out_type=int) if cut else []
         encoded: list[list[int] | None] = [None] * len(texts)
@@ -152,16 +200,62 @@ class TextModel:
         for j, piece_ids, text in zip(live, ids, cut, strict=True):
             encoded[j] = piece_ids[: self.limit] or [self.model.unk_id]
             truncated[j] = len(piece_ids) > self.limit or len(texts[j]) > len(text)
-        cost = self.model.request_cost([len(encoded[j]) for j in live], search)
-        if cost > self.max_request_cost:
-            raise RequestError(
-                f"request cost {cost} (rows × beam_size × maximum output tokens) exceeds this model's budget "
-                f"max_request_cost={self.max_request_cost}; send fewer rows per request, a smaller beam_size or "
-                "smaller max_len_a/max_len_b"
-            )
-        return _Request(index, encoded, truncated, search, cost)
+        return encoded, truncated
 
+    def _over_budget(self, cost: int, fix: str) -> RequestError:
+        return RequestError(
+            f"request cost {cost} exceeds this model's budget max_request_cost={self.max_request_cost}; {fix}"
+        )
+
+    def _price(self, index: int, request: Any) -> _Request:
+        """Parse, tokenise once and price one request; RequestError for anything the client must fix."""
+        tensor = pb_utils.get_input_tensor_by_name(request, INPUT)
+        if tensor is None:
+            raise RequestError(f"input {INPUT} is missing")
+        texts = decode_texts(tensor.as_numpy())
+        given = parse_parameters(request.parameters())
+        target = pb_utils.get_input_tensor_by_name(request, TARGET)
+        if target is not None:
+            return self._price_scoring(index, texts, decode_texts(target.as_numpy(), TARGET), given)
+        try:
+            search = self.model.search_settings(**{k: v for k, v in given.items() if k not in OUTPUT_SETTINGS})
+            n = export_runtime.check_num_hypotheses(given.get("num_hypotheses", 1), search.beam_size)
+        except export_runtime.SearchError as exc:
+            raise RequestError(f"parameter {exc}") from None
+        scores = parse_flag("return_scores", given.get("return_scores", False))
+        encoded, truncated = self._encode_sources(texts, keep_empty=False)
+        cost = self.model.request_cost([len(ids) for ids in encoded if ids is not None], search)
+        if cost > self.max_request_cost:
+            raise self._over_budget(
+                cost,
+                "(rows × beam_size × maximum output tokens); send fewer rows per request, a smaller beam_size or "
+                "smaller max_len_a/max_len_b",
+            )
+        return _Request(index, encoded, truncated, cost, ("translate", search, n, scores))
+
+    def _price_scoring(self, index: int, texts: list[str], targets: list[str], given: dict[str, Any]) -> _Request:
+        if len(targets) != len(texts):
+            raise RequestError(
+                f"{TARGET} has {len(targets)} rows but {INPUT} has {len(texts)}; send one target per source"
+            )
+        extra = sorted(set(given) - set(SCORING_SETTINGS))
+        if extra:
+            raise RequestError(
+                f"parameter(s) {extra} do not apply to scoring (a request with {TARGET}); "
+                f"allowed: {list(SCORING_SETTINGS)}"
+            )
+        len_penalty = given.get("len_penalty", self.model.search.len_penalty)
+        encoded, truncated = self._encode_sources(texts, keep_empty=True)
+        cut = [t[: self.max_target_chars] for t in targets]
+        target_ids = [ids[: self.target_limit] for ids in self.model.sp.encode(cut, out_type=int)] if cut else []
+        cost = self.model.score_cost(target_ids)
+        if cost > self.max_request_cost:
+            raise self._over_budget(cost, "(target tokens + eos per row); send fewer or shorter targets per request")
+        return _Request(index, encoded, truncated, cost, ("score", float(len_penalty)), target_ids)
+
+    # ------------------------------------------------------------------ execution
     def execute(self, requests: list[Any]) -> list[Any]:
+        started = time.perf_counter()
         responses: list[Any] = [None] * len(requests)
         priced: list[_Request] = []
         for i, request in enumerate(requests):
@@ -169,6 +263,7 @@ class TextModel:
                 priced.append(self._price(i, request))
             except (RequestError, ValueError) as exc:
                 responses[i] = _error(exc)
+                self.metrics.refused_one("invalid")
         spent, admitted = 0, []
         for req in sorted(priced, key=lambda r: (r.cost, r.index)):  # cheapest first: small requests never wait
             if admitted and spent + req.cost > self.max_execute_cost:
@@ -178,45 +273,77 @@ class TextModel:
                         "requests gathered with this one; retry"
                     )
                 )
+                self.metrics.refused_one("busy")
                 continue
             spent += req.cost
             admitted.append(req)
-        groups: dict[Any, list[_Request]] = {}
+        groups: dict[tuple[Any, ...], list[_Request]] = {}
         for req in admitted:
-            groups.setdefault(req.search, []).append(req)
-        for search, items in groups.items():
+            groups.setdefault(req.key, []).append(req)
+        for key, items in groups.items():
             try:
-                outputs = self._generate(items, search)
+                answers = self._score(items, key[1]) if key[0] == "score" else self._translate(items, *key[1:])
             except Exception as exc:  # the whole group failed: answer each of its requests with the reason
                 for req in items:
                     responses[req.index] = pb_utils.InferenceResponse(
                         error=pb_utils.TritonError(f"generation failed: {type(exc).__name__}: {exc}")
                     )
+                    self.metrics.refused_one("failed")
                 continue
-            for req, out in zip(items, outputs, strict=True):
-                responses[req.index] = pb_utils.InferenceResponse(
-                    output_tensors=[
-                        pb_utils.Tensor(
-                            OUTPUT, np.array([s.encode("utf-8") for s in out], dtype=np.object_).reshape(-1, 1)
-                        ),
-                        pb_utils.Tensor(TRUNCATED, np.array(req.truncated, dtype=bool).reshape(-1, 1)),
-                    ]
+            for req, (tensors, generated) in zip(items, answers, strict=True):
+                tensors.append(pb_utils.Tensor(TRUNCATED, np.array(req.truncated, dtype=bool).reshape(-1, 1)))
+                responses[req.index] = pb_utils.InferenceResponse(output_tensors=tensors)
+                self.metrics.answered(
+                    rows=len(req.encoded),
+                    source_tokens=req.source_tokens,
+                    generated_tokens=generated,
+                    truncated=sum(req.truncated),
+                    seconds=time.perf_counter() - started,
                 )
-        return responses
-
-    def _generate(self, items: list[_Request], search: Any) -> list[list[str]]:
-        """Several requests' sources → one `translate_encoded` call → output strings per request."""
-        flat = [(k, j, ids) for k, req in enumerate(items) for j, ids in enumerate(req.encoded) if ids is not None]
-        results = [[""] * len(req.encoded) for req in items]
-        if flat:
-            for (k, j, _), out in zip(
-                flat, self.model.translate_encoded([ids for _, _, ids in flat], search), strict=True
-            ):
-                results[k][j] = out
             cut = sum(t for req in items for t in req.truncated)
             if cut:
                 self.logger.log_warn(f"{cut} source(s) longer than {self.limit} tokens were truncated")
-        return results
+        return responses
+
+    def _translate(self, items: list[_Request], search: Any, n: int, scores: bool) -> list[tuple[list[Any], int]]:
+        """Several requests' sources → one `translate_encoded_nbest` call → per request its output tensors
+        (OUTPUT [rows, n], + SCORES [rows, n]) and the number of tokens it returns."""
+        flat = [(k, j, ids) for k, req in enumerate(items) for j, ids in enumerate(req.encoded) if ids is not None]
+        texts = [[[""] * n for _ in req.encoded] for req in items]
+        values = [np.full((len(req.encoded), n), np.nan, dtype=np.float32) for req in items]
+        generated = [0] * len(items)
+        if flat:
+            nbest = self.model.translate_encoded_nbest([ids for _, _, ids in flat], search, n)
+            for (k, j, _), hyps in zip(flat, nbest, strict=True):
+                for h, hyp in enumerate(hyps):  # fewer than n only if the search finished fewer
+                    texts[k][j][h] = hyp.text
+                    values[k][j, h] = hyp.score
+                    generated[k] += len(hyp.tokens)
+        answers = []
+        for k in range(len(items)):
+            tensors = [pb_utils.Tensor(OUTPUT, _strings(texts[k]))]
+            if scores:
+                tensors.append(pb_utils.Tensor(SCORES, values[k]))
+            answers.append((tensors, generated[k]))
+        return answers
+
+    def _score(self, items: list[_Request], len_penalty: float) -> list[tuple[list[Any], int]]:
+        """Several scoring requests → one `score_encoded` call → per request SCORES [rows, 1] and TOKEN_SCORES
+        [rows, T] (NaN-padded); no tokens are generated."""
+        sources = [ids for req in items for ids in req.encoded]
+        targets = [ids for req in items for ids in req.targets or []]
+        scored = iter(self.model.score_encoded(sources, targets, len_penalty))
+        answers = []
+        for req in items:
+            rows = [next(scored) for _ in req.encoded]
+            width = max(len(s.token_logprobs) for s in rows)
+            token_scores = np.full((len(rows), width), np.nan, dtype=np.float32)
+            for j, s in enumerate(rows):
+                token_scores[j, : len(s.token_logprobs)] = s.token_logprobs
+            sentence = np.array([[s.score] for s in rows], dtype=np.float32)
+            answers.append(([pb_utils.Tensor(SCORES, sentence), pb_utils.Tensor(TOKEN_SCORES, token_scores)], 0))
+        return answers
 
     def finalize(self) -> None:
         self.model = None
+        self.metrics.close()
