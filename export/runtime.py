@@ -39,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple, TypedDict, get_origin, get_type_hints
@@ -234,6 +234,11 @@ class Search:
     max_len_a: float = 1.2
     max_len_b: int = 10
     min_len: int = 1
+
+    @classmethod
+    def from_generation(cls, gen: Mapping[str, Any]) -> Search:
+        """The search of a manifest's `generation` defaults (its batching keys are not search settings)."""
+        return cls(**{f.name: gen[f.name] for f in fields(cls) if f.name in gen})
 
 
 # Allowed search settings: [lowest, highest]. Bounded so that no setting can overflow the length arithmetic or
@@ -544,7 +549,7 @@ class ExportedModel:
         self.next_names = [_NEXT + n for n in self.self_names]
         self.cross_names = [c["name"] for c in m["caches"] if c["kind"] == "cross"]
         gen = m.get("generation", {})
-        self.search = Search(**{f.name: gen[f.name] for f in fields(Search) if f.name in gen})
+        self.search = Search.from_generation(gen)
         self.max_tokens: int = gen.get("max_tokens", 6000)
         self.max_sentences: int = gen.get("max_sentences", 128)
 

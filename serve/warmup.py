@@ -63,14 +63,7 @@ def plan_warmup(
     lengths = [min(len(ids), limit) or 1 for ids in sp.encode(sources, out_type=int)]
     median = sorted(lengths)[len(lengths) // 2]
     length, sentence = max((n, s) for n, s in zip(lengths, sources, strict=True) if n <= median)
-    gen = manifest["generation"]
-    search = export_runtime.Search(
-        beam_size=gen["beam_size"],
-        len_penalty=gen["len_penalty"],
-        max_len_a=gen["max_len_a"],
-        max_len_b=gen["max_len_b"],
-        min_len=gen["min_len"],
-    )
+    search = export_runtime.Search.from_generation(manifest["generation"])
     lengths_arr = np.asarray([length], dtype=np.int64)
     per_row = int(export_runtime.max_lengths(lengths_arr, search, manifest["max_positions"])[0])
     per_row *= max(1, int(search.beam_size))

@@ -110,9 +110,7 @@ class BlsModel(export_runtime.ExportedModel):
         self.next_names = [export_runtime._NEXT + n for n in self.self_names]
         self.cross_names = [c["name"] for c in m["caches"] if c["kind"] == "cross"]
         gen = m.get("generation", {})
-        self.search = export_runtime.Search(
-            **{k: gen[k] for k in export_runtime.Search.__dataclass_fields__ if k in gen}
-        )
+        self.search = export_runtime.Search.from_generation(gen)
         self.max_tokens = gen.get("max_tokens", 6000)
         self.max_sentences = gen.get("max_sentences", 128)
         self.encoder_model, self.decoder_model = encoder_model, decoder_model
