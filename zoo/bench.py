@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -125,14 +126,27 @@ def make_batch(
 
 
 def make_step(
-    model: nn.Module, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, label_smoothing: float, lr: float = 5e-4
+    model: nn.Module,
+    src: Tensor,
+    tgt_in: Tensor,
+    tgt_out: Tensor,
+    label_smoothing: float,
+    lr: float = 5e-4,
+    precision: str = "fp32",
 ) -> Callable[[], float]:
-    """A closure doing one full training step; returns the loss (a sync point on CPU anyway)."""
+    """A closure doing one full training step; returns the loss (a sync point on CPU anyway). `precision`
+    bf16 runs the forward pass under CPU autocast, as `trainer.precision=bf16` does."""
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-8)
     ntokens = int(tgt_out.ne(PAD).sum())
 
+    def forward() -> Tensor:
+        if precision == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return model(src, tgt_in).float()  # [B, T, V]
+        return model(src, tgt_in)  # [B, T, V]
+
     def step() -> float:
-        logits = model(src, tgt_in)  # [B, T, V]
+        logits = forward()  # [B, T, V]
         loss = (
             F.cross_entropy(
                 logits.flatten(0, 1),
@@ -194,8 +208,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     )
     tokens = int(tgt_out.ne(PAD).sum())
     steps = {
-        "ours": make_step(ours, src, tgt_in, tgt_out, args.label_smoothing),
-        "torch": make_step(ref, src, tgt_in, tgt_out, args.label_smoothing),
+        "ours": make_step(ours, src, tgt_in, tgt_out, args.label_smoothing, precision=args.precision),
+        "torch": make_step(ref, src, tgt_in, tgt_out, args.label_smoothing, precision=args.precision),
     }
     times: dict[str, list[float]] = {name: [] for name in steps}
     for i in range(args.warmup + args.steps):
@@ -207,6 +221,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     result = {
         "config": {k: v for k, v in vars(args).items() if k not in ("json", "profile")},
         "threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
         "torch_version": torch.__version__,
         "tgt_tokens_per_batch": tokens,
         "src_pad_fraction": float(src.eq(PAD).float().mean()),
@@ -236,7 +252,9 @@ def format_table(result: dict[str, Any]) -> str:
         f"train step: d_model {c['d_model']}, {c['layers']}+{c['layers']} layers, {c['heads']} heads, "
         f"ffn {c['ffn']}, vocab {c['vocab']}, batch {c['batch_sentences']} × src {c['src_len']} / tgt "
         f"{c['tgt_len']} ({result['tgt_tokens_per_batch']} tgt tokens, src pad {result['src_pad_fraction']:.0%}), "
-        f"dropout {c['dropout']}, label smoothing {c['label_smoothing']}, threads {result['threads']}, "
+        f"dropout {c['dropout']}, label smoothing {c['label_smoothing']}, {c.get('precision', 'fp32')}, "
+        f"threads {result['threads']} (OMP_WAIT_POLICY {result.get('omp_wait_policy')}, "
+        f"GOMP_SPINCOUNT {result.get('gomp_spincount')}), "
         f"torch {result['torch_version']}",
         f"{c['warmup']} warm-up + {c['steps']} timed steps each, interleaved",
         "",
@@ -272,6 +290,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
+    p.add_argument(
+        "--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: forward under CPU autocast (both models)"
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--profile", type=int, default=0, metavar="N", help="also profile N steps of each model")
     p.add_argument("--json", type=Path, default=None, help="write the full result here")

@@ -56,6 +56,8 @@ def describe_machine(device: str | None = None) -> dict[str, Any]:
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
         "accelerator": accelerator(device),
         "platform": platform.platform(),
         "python": platform.python_version(),

@@ -25,6 +25,7 @@ from zoo.generate import SearchConfig
 from zoo.ght.procedure import GHTOptions, GHTProcedure
 from zoo.model import ModelConfig, build_model
 from zoo.runs import DONE_MARKER, new_run_dir, resolve_resume, write_provenance
+from zoo.threads import AUTO, ThreadChoice, choose_threads, describe, torch_threads
 from zoo.trainer import Trainer
 
 log = logging.getLogger("zoo.train")
@@ -110,7 +111,20 @@ def _prepare_run(cfg: DictConfig) -> tuple[DictConfig, Path, bool]:
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Train one entry end to end; returns a summary (run dir, size, test metrics)."""
+    """Train one entry end to end; returns a summary (run dir, size, test metrics).
+
+    Runs with `trainer.threads` torch threads, taken from this command's config (also when resuming: it
+    describes this machine now, not the saved run) and restored afterwards for an in-process caller.
+    """
+    try:
+        threads = choose_threads(cfg.trainer.get("threads", AUTO))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    with torch_threads(threads.threads):
+        return _train(cfg, threads)
+
+
+def _train(cfg: DictConfig, threads: ThreadChoice) -> dict[str, Any]:
     device = _pick_device(cfg.device)
     dist.init_distributed(device)
     if "name" in cfg.model:
@@ -119,6 +133,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if dist.is_main():
         _attach_log_file(run_dir)
     log.info("run directory: %s%s", run_dir, " (resuming)" if resuming else "")
+    log.info("%s", describe(threads))
     tcfg = cfg.trainer
     torch.manual_seed(tcfg.seed)
 

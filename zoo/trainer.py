@@ -31,6 +31,8 @@ from zoo.generate import SearchConfig
 from zoo.model import Transformer
 from zoo.optim import build_optimizer, inverse_sqrt_schedule, label_smoothed_loss
 from zoo.plots import plot_learning_curve
+from zoo.threads import usable_cores
+from zoo.throughput import ThroughputMonitor, contention_hint
 
 log = logging.getLogger("zoo.train")
 
@@ -366,6 +368,8 @@ class Trainer:
             mininterval=1.0 if sys.stderr.isatty() else 30.0,
         )
         self.procedure.on_start(self)
+        monitor = ThroughputMonitor(contention_hint(self.device.type, usable_cores(), torch.get_num_threads()))
+        postfix: dict[str, str] = {}
         window: list[dict[str, float]] = []
         window_start = time.perf_counter()
         last_tick = time.perf_counter()
@@ -380,18 +384,24 @@ class Trainer:
                     stats = self._update(group)
                     now = time.perf_counter()
                     self.state.elapsed_s += now - last_tick
+                    slow_started = monitor.observe(now - last_tick)
                     last_tick = now
                     self.state.batch_in_epoch += len(group)
                     self.state.step += 1
                     window.append(stats)
                     bar.update(1)
+                    if slow_started:
+                        if dist.is_main():
+                            log.warning(slow_started)  # logged whether or not the bar is shown
+                        bar.set_postfix({**postfix, **monitor.postfix()})
                     if self.state.step % cfg.log_every == 0 or self.state.step == 1:
                         rate = sum(s["tokens"] for s in window) / max(time.perf_counter() - window_start, 1e-9)
-                        bar.set_postfix(
-                            loss=f"{stats['loss']:.3f}",
-                            lr=f"{self.scheduler.get_last_lr()[0]:.2e}",
-                            tok_s=f"{rate:.0f}",
-                        )
+                        postfix = {
+                            "loss": f"{stats['loss']:.3f}",
+                            "lr": f"{self.scheduler.get_last_lr()[0]:.2e}",
+                            "tok_s": f"{rate:.0f}",
+                        }
+                        bar.set_postfix({**postfix, **monitor.postfix()})
                         self._log_row(
                             csv_path,
                             {
