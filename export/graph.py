@@ -18,8 +18,8 @@ decoder.onnx (one incremental step, every step)
          step             int64 [1]                         its position (0 = bos), indexes the positions table
          beam_order       int64 [batch]                     rows of the *previous* self caches to continue from
          topk             int64 [1]                         how many best tokens per row to return (k)
-         memory_pad_mask  bool  [batch, src_len]
-         Lk.cross.<name>  f32   [batch, ...]
+         memory_pad_mask  bool  [sources, src_len]
+         Lk.cross.<name>  f32   [sources, ...]              one row per source: rows = sources × G, G rows each
          Lk.self.<name>   f32   [prev_batch, ...]           self-attention state before this step
     out  logits           f32   [batch, vocab]
          log_probs        f32   [batch, vocab]              log_softmax(logits)
@@ -33,6 +33,10 @@ are always there), so no [rows, vocab] array crosses into numpy per step. The se
 reordered *inside* the graph (`index_select(beam_order)`), so beam search never
 copies caches on the host; at step 0 they are empty along their position axis (or zeros for
 position-less running sums); the export's verification compares step 0 against torch's empty cache.
+The cross caches and memory_pad_mask have one row per *source*: the decoder's rows (batch = sources × G)
+come in G consecutive rows per source (a sentence's beams), and cross-attention groups each source's G
+queries against its one cache row (zoo.attention.base.per_source_step). A caller that replicates the caches
+per row (G = 1, older runtimes) gets the same result; beam search over 32 sentences no longer holds 5 copies.
 Inputs a mechanism never reads (memory_pad_mask when cross-attention caches masked sums) are
 dropped by the exporter; the manifest lists each graph's actual I/O.
 """
@@ -56,6 +60,7 @@ DECODER_FIXED_OUTPUTS = ("logits", "log_probs", "top_log_probs", "top_tokens")
 
 NEXT = "next."  # prefix of the updated self-attention state outputs (ONNX names must be unique)
 BATCH, PREV_BATCH, SRC_LEN, STEPS = "batch", "prev_batch", "src_len", "steps"
+SOURCES = "sources"  # the cross caches' batch axis: one row per source sentence, shared by its beams
 
 
 class ExportError(ZooError):
@@ -66,8 +71,9 @@ class ExportError(ZooError):
 class CacheSpec:
     """One cached tensor of one decoder layer, as discovered from a torch decoding step.
 
-    `shape` holds ints for fixed axes and symbolic names for dynamic ones: "batch" (always axis 0),
-    "steps" (self-attention position axis, absent for running-sum states) or "src_len" (cross
+    `shape` holds ints for fixed axes and symbolic names for dynamic ones: "batch" (axis 0 of self caches:
+    one row per hypothesis) or "sources" (axis 0 of cross caches: one row per source sentence, which its
+    beams share), "steps" (self-attention position axis, absent for running-sum states) or "src_len" (cross
     position axis, absent for summarised memories).
     """
 
@@ -89,11 +95,14 @@ class CacheSpec:
         return None
 
 
-def _symbolic_shape(a: Tensor, b: Tensor, batch: int, grow: int, symbol: str, where: str) -> tuple[int | str, ...]:
-    """Shape of a cached tensor seen at two sizes of one axis (grown by `grow`): that axis becomes `symbol`."""
+def _symbolic_shape(
+    a: Tensor, b: Tensor, batch: int, grow: int, symbol: str, where: str, rows: str = "batch"
+) -> tuple[int | str, ...]:
+    """Shape of a cached tensor seen at two sizes of one axis (grown by `grow`): that axis becomes `symbol`,
+    the batch axis `rows`."""
     if a.dim() != b.dim() or a.shape[0] != batch:
         raise ExportError(f"{where}: cached tensors must be batch-first [B, ...] (got {tuple(a.shape)})")
-    shape: list[int | str] = [BATCH]
+    shape: list[int | str] = [rows]
     grown = []
     for axis in range(1, a.dim()):
         if a.shape[axis] == b.shape[axis]:
@@ -143,14 +152,16 @@ def discover_caches(model: Transformer) -> list[CacheSpec]:
                 if kind == "self":
                     shape = _symbolic_shape(first[i][kind][key], second[i][kind][key], batch, 1, STEPS, where)
                 else:
-                    shape = _symbolic_shape(first[i][kind][key], first_long[i][kind][key], batch, extra, SRC_LEN, where)
+                    shape = _symbolic_shape(
+                        first[i][kind][key], first_long[i][kind][key], batch, extra, SRC_LEN, where, SOURCES
+                    )
                 dtype = str(first[i][kind][key].dtype).replace("torch.", "")
                 specs.append(CacheSpec(f"L{i}.{kind}.{key}", i, kind, key, shape, dtype))
     return specs
 
 
 def concrete_shape(spec: CacheSpec, batch: int, steps: int = 0, src_len: int = 0) -> list[int]:
-    sizes = {BATCH: batch, STEPS: steps, SRC_LEN: src_len}
+    sizes = {BATCH: batch, SOURCES: batch, STEPS: steps, SRC_LEN: src_len}
     return [sizes[s] if isinstance(s, str) else s for s in spec.shape]
 
 

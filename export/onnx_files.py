@@ -29,6 +29,7 @@ from torch.export import Dim
 from export.graph import (
     BATCH,
     PREV_BATCH,
+    SOURCES,
     SRC_LEN,
     STEPS,
     CacheSpec,
@@ -125,6 +126,8 @@ def _dynamic(spec: CacheSpec, dims: dict[str, Any], prev: bool = False) -> dict[
     for axis, size in enumerate(spec.shape):
         if size == BATCH:
             out[axis] = dims[PREV_BATCH if prev else BATCH]
+        elif size == SOURCES:
+            out[axis] = dims[SOURCES]
         elif isinstance(size, str):
             out[axis] = dims[size]
     return out
@@ -195,11 +198,13 @@ def export_graphs(
     dims = {
         BATCH: Dim(BATCH),
         PREV_BATCH: Dim(PREV_BATCH),
+        SOURCES: Dim(SOURCES),
         SRC_LEN: Dim(SRC_LEN, max=cfg.max_positions),
         STEPS: Dim(STEPS, max=cfg.max_positions),
     }
-    # example sizes: distinct from each other and from 0/1, which torch.export would specialise on
-    b, s, prev_b, steps = 3, 7, 5, 2
+    # example sizes: distinct from each other and from 0/1, which torch.export would specialise on; the decoder
+    # gets rows = 2 beams × b sources
+    b, s, prev_b, steps, beams = 3, 7, 5, 2, 2
     src = torch.randint(4, cfg.vocab_size, (b, s)) if cfg.vocab_size > 4 else torch.full((b, s), 3)
     src[0, -2:] = cfg.pad_id
     cross_specs = [c for c in specs if c.kind == "cross"]
@@ -229,11 +234,12 @@ def export_graphs(
             )
         outputs = encoder(src)
         caches = (*outputs[2:], *[torch.randn(concrete_shape(c, prev_b, steps)) for c in self_specs])
-        # tokens [B, 1], step [1], beam_order [B] into the prev_b rows, topk [1], memory_pad_mask [B, S], *caches
+        # tokens [N, 1] (N = beams × b rows), step [1], beam_order [N] into the prev_b rows, topk [1],
+        # memory_pad_mask [b, S], *caches (cross: b rows, one per source; self: prev_b rows)
         args = (
-            torch.full((b, 1), cfg.eos_id),
+            torch.full((beams * b, 1), cfg.eos_id),
             torch.tensor([steps]),
-            torch.tensor([4, 0, 2]),
+            torch.tensor([4, 0, 2, 1, 3, 4]),
             torch.tensor([min(3, cfg.vocab_size)]),
             outputs[1],
             *caches,
@@ -243,7 +249,7 @@ def export_graphs(
             None,
             {0: dims[BATCH]},
             None,
-            {0: dims[BATCH], 1: dims[SRC_LEN]},
+            {0: dims[SOURCES], 1: dims[SRC_LEN]},
             (*[_dynamic(c, dims) for c in cross_specs], *[_dynamic(c, dims, prev=True) for c in self_specs]),
         )
         with _export_errors("decoder", cfg.attention):

@@ -188,7 +188,8 @@ def test_export_with_pruning_verifies_for_every_entry(entry: str, exported, smok
     inputs = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in decoder.graph.input}
     for cache in manifest["caches"]:
         module = f"decoder.layers.{cache['layer']}.{'self_attn' if cache['kind'] == 'self' else 'cross_attn'}"
-        assert cache["shape"][0] == "batch"
+        # self caches: a row per hypothesis; cross caches: a row per source, shared by its beams
+        assert cache["shape"][0] == ("batch" if cache["kind"] == "self" else "sources")
         assert cache["shape"][1] == manifest["heads"][module]["num_heads"], cache
         assert [d if isinstance(d, int) else None for d in inputs[cache["name"]][1:]] == [
             d if isinstance(d, int) else None for d in cache["shape"][1:]
@@ -212,7 +213,7 @@ def test_removed_heads_are_absent_from_the_onnx_weights(exported, smoke_run) -> 
     assert (d, dh) in shapes or (dh, d) in shapes
     assert_removed_heads_absent(out, manifest, load_checkpoint(smoke_run("transformer")))
     caches = {c["name"]: c["shape"] for c in manifest["caches"]}
-    assert caches["L0.self.k"] == ["batch", 2, "steps", dh] and caches["L1.cross.v"] == ["batch", 1, "src_len", dh]
+    assert caches["L0.self.k"] == ["batch", 2, "steps", dh] and caches["L1.cross.v"] == ["sources", 1, "src_len", dh]
     size = manifest["size"]
     assert size["after"]["params"] < size["before"]["params"] and 0 < size["flops_ratio"] < 1
     assert manifest["verification"]["passed"]

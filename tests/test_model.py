@@ -41,6 +41,31 @@ def test_incremental_decoding_equals_full_forward(entry: str) -> None:
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
+def test_cross_caches_shared_by_beams_equal_replicated_ones(entry: str) -> None:
+    """The export's decoder keeps one cross-attention cache row per source and groups each source's beams
+    against it (zoo.attention.base.per_source_step); the logits must equal those of a cache replicated per
+    beam row, as zoo.generate keeps it, for every mechanism."""
+    model = tiny_model(entry)
+    src, tgt = random_batch()  # [B, S], [B, T]
+    beams = 3
+    rows = torch.arange(src.shape[0]).repeat_interleave(beams)  # [B·K] beams of a source are consecutive
+    with torch.no_grad():
+        memory, pad = model.encode(src)
+        shared, replicated = model.init_state(), model.init_state()
+        model.decode(tgt[:, :1], memory, pad, shared, offset=0)  # fills the per-source cross caches
+        model.decode(tgt[rows, :1], memory[rows], pad[rows], replicated, offset=0)
+        for layer in shared:  # the self caches follow the beam rows; the cross caches stay per source
+            model.reorder_state([{"self": layer["self"]}], rows)
+        for i in range(1, tgt.shape[1]):
+            shift = torch.arange(beams).repeat(src.shape[0])[:, None]  # beams of a source see other tokens
+            tokens = (tgt[rows, i : i + 1] + shift) % model.cfg.vocab_size
+            a = model.decode(tokens, memory, pad, shared, offset=i)  # [B·K, 1, V]
+            b = model.decode(tokens, memory[rows], pad[rows], replicated, offset=i)
+            assert torch.allclose(a, b, atol=1e-5, rtol=0), i
+    assert all(next(iter(layer["cross"].values())).shape[0] == src.shape[0] for layer in shared)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
 def test_padding_does_not_change_unpadded_outputs(entry: str) -> None:
     model = tiny_model(entry)
     src, tgt = random_batch()

@@ -9,7 +9,7 @@ reordering, feature capture for GHT — lives here once, so every variant gets i
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -150,7 +150,10 @@ class Attention(nn.Module):
         mask = None
         if key_padding_mask is not None:
             mask = ~key_padding_mask[:, None, None, :]  # [B, 1, 1, S]
-        out = self.attend(q, kv, mask, causal)  # [B, H, T, dh]
+        if memory is not None and cache and x.shape[1] == 1:
+            out = per_source_step(q, cache_rows(kv), lambda grouped: self.attend(grouped, kv, mask, False))
+        else:
+            out = self.attend(q, kv, mask, causal)  # [B, H, T, dh]
         if self.capture:
             self._capture(kv, out)
         out = out * self.head_gate.to(out.dtype)[None, :, None, None]
@@ -202,6 +205,25 @@ def causal_mask(t: int, s: int, device: torch.device | None = None) -> Tensor:
     """[T, S] bool, True where query i may see key j: lower-triangular, with the keys aligned to the end when
     S > T (the T queries are the last positions after a cached prefix). The one causal mask every mechanism uses."""
     return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
+
+
+def cache_rows(cache: Cache) -> int:
+    """The batch size of a cache (every entry is batch first)."""
+    return next(iter(cache.values())).shape[0]
+
+
+def per_source_step(q: Tensor, sources: int, attend: Callable[[Tensor], Tensor]) -> Tensor:
+    """One decoding step's cross-attention when the cross cache holds one row per *source* and the queries
+    q [N, H, 1, dh] come in N = sources × G consecutive rows per source (G beams; G = 1 when the cache has a row
+    per query, as in zoo.generate). Each source's G queries attend to its cache together — `attend` maps
+    [sources, H, G, dh] → [sources, H, G, dv] — instead of replicating the cache G times: the ONNX runtime keeps
+    one cross cache per sentence (a beam of 5 over 32 sentences held 165 MB of copies) and the G query rows
+    become one small matrix product per head. Exact: cross-attention queries never see each other."""
+    n, h, _, d = q.shape
+    torch._check(n % sources == 0)  # the export's graphs get this as a runtime check on the two batch axes
+    grouped = q.reshape(sources, n // sources, h, d).transpose(1, 2)  # [sources, H, G, dh]
+    out = attend(grouped)  # [sources, H, G, dv]
+    return out.transpose(1, 2).reshape(n, h, 1, out.shape[-1])  # [N, H, 1, dv]
 
 
 def reorder_cache(cache: Cache, order: Tensor) -> None:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from zoo.attention.base import Cache, causal_mask
+from zoo.attention.base import Cache, cache_rows, causal_mask, per_source_step
 from zoo.attention.flops import projection_flops
 from zoo.attention.mixture_keys import MixtureKeyAttention
 
@@ -116,8 +116,11 @@ class MixtureOfLinearKeys(MixtureKeyAttention):
         mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]  # [B, 1, 1, S]
         had_prefix = bool(cache)
         kv: Cache | None = None
-        if memory is not None and had_prefix:
-            out = self.attend(q, cache, None, False)  # cross-attention after the first step: cached sums
+        if memory is not None and had_prefix:  # cross-attention after the first step: cached sums
+            if x.shape[1] == 1:
+                out = per_source_step(q, cache_rows(cache), lambda grouped: self.attend(grouped, cache, None, False))
+            else:
+                out = self.attend(q, cache, None, False)
         else:
             kv = self.project_memory(x if memory is None else memory)
             kv["k"] = _mask_keys(kv["k"], mask)  # padded keys: φ̃ = 0
