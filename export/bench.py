@@ -1,40 +1,66 @@
-"""Decoding speed of the ORT runtime against our own PyTorch generator on the same checkpoint.
+"""Decoding speed of the ORT runtime against our own PyTorch generator — or against another version of
+the runtime — on the same export.
 
     python -m export.bench --checkpoint runs/transformer-deen/<ts> --export exports/transformer-deen \
         [--pruned-export exports/transformer-deen-pruned] [--int8-export exports/transformer-deen-int8] \
-        [--threads 1] [--repeats 5] [--batches 1,32,256] [--searches greedy,beam5] [--fixed-len 20] \
+        [--baseline-runtime /tmp/old/export/runtime.py] [--no-torch] \
+        [--threads 1] [--repeats 5] [--batches 1,32,256] [--searches greedy,beam5] [--fixed-len 30] \
         [--json bench.json]
 
+    # the runtime of commit X against the working tree's, torch left out (no checkpoint needed):
+    git worktree add /tmp/old X
+    python -m export.bench --export exports/transformer-deen --baseline-runtime /tmp/old --no-torch
+
 Why this shape (DESIGN.md §3c): the baseline is our best torch path — `zoo.generate` with the
-incremental cache, the same beam size, batch and thread count — and the two engines run
-interleaved (torch, ORT, ORT, torch, …) on identical pre-tokenised, length-sorted batches, so
-drift hits both; we report medians and ratios. Both engines get the same token ids and must return
-the same hypotheses (the agreement is reported next to every number).
+incremental cache, the same beam size, batch and thread count — and the engines run interleaved
+(torch, ORT, ORT, torch, …) on identical pre-tokenised, length-sorted batches, so drift hits all of
+them; we report medians and ratios. Every engine gets the same token ids and must return the same
+hypotheses as the one it is compared with (the agreement is reported next to every ratio).
+
+`--baseline-runtime` (a runtime.py file, or a checkout holding export/runtime.py) adds that version
+of the runtime as engine `ort-baseline` on the same export (and `int8-baseline` next to `int8` with
+`--int8-export`), so a runtime change is measured against its parent in one interleaved run: ratio
+ort/ort-baseline per point. That works because export/runtime.py imports nothing from the project:
+any commit's copy loads under its own module name. `--no-torch` drops the torch engine (its long runs
+and then the need for `--checkpoint`: sentences come from `--src` or the export's held-out sample).
 
 Points: greedy and beam 5 × batch 1/32/256 in the natural mode (each sentence stops at eos) and a
-fixed-length mode (eos banned until `--fixed-len`, then forced: equal work for both engines, and the
+fixed-length mode (eos banned until `--fixed-len`, then forced: equal work for every engine, and the
 only mode where analytic FLOPs describe the work exactly), plus the GHT paper's speed setting (beam
-5, batch 256, at most 10 output tokens). With `--pruned-export`, pruned vs unpruned speed (torch and
-ORT) next to the analytic FLOP ratio of the same work. Achieved GFLOP/s are set against a measured
-fp32 matmul roofline (torch.mm at the same thread count). Peak memory is the rise of the process's
-peak RSS (VmHWM, reset through /proc/self/clear_refs) over its RSS before one run of the point.
-With `--int8-export`, BLEU of fp32 vs INT8 ORT on the test split (paired bootstrap).
+5, batch 256, at most 10 output tokens). The headline is fixed-length beam 5 × batch 32 (30 tokens
+by default), always measured with at least 3 interleaved rounds and summarised last. With
+`--pruned-export`, pruned vs unpruned speed (torch and ORT) next to the analytic FLOP ratio of the
+same work. Achieved GFLOP/s are set against a measured fp32 matmul roofline (torch.mm at the same
+thread count). Peak memory in-process is the rise of the process's peak RSS (VmHWM, reset through
+/proc/self/clear_refs) over its RSS before one run of the point; what a torch-free server pays is
+measured in a fresh process per runtime and export (export/rss_probe.py: VmHWM after loading and
+after the headline work) next to the export's weight bytes. With `--int8-export`, BLEU of fp32 vs
+INT8 ORT on the test split (paired bootstrap).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import inspect
 import json
+import math
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import asdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, fields
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
+import onnx
 import torch
 
+from export import rss_probe
 from export.graph import ExportError
 from export.pruning import prune
 from export.runtime import ExportedModel, ExportRuntimeError, Search, load
@@ -47,6 +73,10 @@ from zoo.metrics import paired_bootstrap
 from zoo.model import Transformer
 
 TARGETS = {("greedy", 1): 1.5, ("beam5", 32): 1.2}  # ORT / torch sentences-per-second, natural mode
+HEADLINE_BEAM, HEADLINE_BATCH, HEADLINE_SENTENCES = 5, 32, 64  # the fixed-length point every run measures
+HEADLINE_MIN_ROUNDS = 3
+BASELINE_MODULE = "export_bench_baseline_runtime"  # the module name another runtime.py is imported under
+RUNTIME_FILE = Path(inspect.getfile(ExportedModel)).resolve()  # the runtime engine `ort` runs (export.runtime)
 
 
 # ---------------------------------------------------------------------------------------------- memory
@@ -72,13 +102,133 @@ def peak_rss_rise(fn: Callable[[], Any]) -> int | None:
     return max(0, _status("VmHWM") - base)
 
 
+def graph_weight_bytes(path: str | Path) -> int:
+    """Bytes of every initializer of an ONNX graph, from dims × element size: tensors kept in external data
+    files count without being read, and nothing is deduplicated (a tied embedding in both graphs counts twice)."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return sum(
+        math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in graph.initializer
+    )
+
+
+def export_weights(runtime: ExportedModel) -> dict[str, Any]:
+    """What the export weighs: initializer bytes per graph (what ORT holds), and the exported model's unique
+    parameters from the manifest (shared tensors once) at 4 bytes each — the fp32 model the graphs encode."""
+    graphs = runtime.manifest["graphs"]
+    per_graph = {k: graph_weight_bytes(runtime.directory / graphs[k]["file"]) for k in ("encoder", "decoder")}
+    params = runtime.manifest.get("size", {}).get("after", {}).get("params")
+    return {
+        "encoder_bytes": per_graph["encoder"],
+        "decoder_bytes": per_graph["decoder"],
+        "graph_bytes": sum(per_graph.values()),
+        "unique_params": params,
+        "unique_param_bytes_fp32": 4 * params if params is not None else None,
+    }
+
+
+def fresh_process_rss(
+    runtime_file: Path, export_dir: Path, batches: list[np.ndarray], threads: int, spinning: bool, fixed_len: int
+) -> dict[str, Any]:
+    """Peak RSS (MB) of a new interpreter that imports only `runtime_file`, loads the export and decodes
+    `batches` once with beam 5 to exactly `fixed_len` tokens (export/rss_probe.py): what a torch-free
+    server pays, which this process — torch, the checkpoint, every engine — cannot show."""
+    with tempfile.TemporaryDirectory(prefix="bench-rss-") as tmp:
+        work = Path(tmp) / "batches.npz"
+        np.savez(work, *batches)
+        command = [sys.executable, str(Path(rss_probe.__file__).resolve()), "--runtime", str(runtime_file)]
+        command += ["--export", str(export_dir), "--batches", str(work), "--threads", str(threads)]
+        command += ["--beam", str(HEADLINE_BEAM), "--fixed-len", str(fixed_len)]
+        command += ["--spinning"] if spinning else []
+        proc = subprocess.run(command, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ExportError(f"the memory probe failed ({' '.join(command)}): {proc.stderr.strip()[-2000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {
+        "after_load_mb": out["after_load_bytes"] / 1e6,
+        "peak_mb": out["peak_bytes"] / 1e6,
+        "seconds": out["seconds"],
+        "sentences": out["sentences"],
+        "torch_imported": out["torch_imported"],
+    }
+
+
+# ---------------------------------------------------------------------------------------------- baseline runtime
+def sha256_file(path: Path) -> str:
+    """Which runtime.py a report measured (paths move, worktrees get removed)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def resolve_runtime_file(given: str | Path) -> Path:
+    """The runtime.py `--baseline-runtime` names: the file itself, or a checkout (a `git worktree`) holding
+    export/runtime.py, or an export/ directory holding runtime.py."""
+    path = Path(given).expanduser()
+    fix = (
+        "give a runtime.py file or a checkout holding export/runtime.py "
+        "(e.g. `git worktree add /tmp/base <commit>`, then --baseline-runtime /tmp/base)"
+    )
+    if path.is_dir():
+        for candidate in (path / "export" / "runtime.py", path / "runtime.py"):
+            if candidate.is_file():
+                return candidate.resolve()
+        raise ExportError(f"--baseline-runtime {path}: no export/runtime.py or runtime.py in that directory; {fix}")
+    if not path.is_file():
+        raise ExportError(f"--baseline-runtime {path}: no such file; {fix}")
+    return path.resolve()
+
+
+def load_baseline_runtime(given: str | Path) -> tuple[Path, ModuleType]:
+    """Import another version of the runtime next to export.runtime (its own module name, its own classes)."""
+    path = resolve_runtime_file(given)
+    try:
+        module = rss_probe.load_runtime_file(path, BASELINE_MODULE)
+    except Exception as exc:  # anything the file raises on import: say which file and what
+        raise ExportError(
+            f"--baseline-runtime {path} cannot be imported ({type(exc).__name__}: {exc}); give a self-contained "
+            "export/runtime.py (stdlib, numpy, onnxruntime, sentencepiece)"
+        ) from exc
+    if not callable(getattr(module, "load", None)) or not hasattr(module, "Search"):
+        raise ExportError(
+            f"--baseline-runtime {path} does not define load() and Search; give the export/runtime.py of a checkout"
+        )
+    return path, module
+
+
+def load_with_baseline(module: ModuleType, file: Path, export_dir: str, threads: int, spinning: bool) -> Any:
+    """`module.load(export_dir)`, its failures as one line: the baseline's exceptions are its own classes (not
+    export.runtime's), and an old runtime may not read an export made for a newer runtime format."""
+    try:
+        return module.load(export_dir, threads=threads, spinning=spinning)
+    except Exception as exc:
+        raise ExportError(
+            f"the baseline runtime {file} cannot load {export_dir} ({type(exc).__name__}: {exc}); compare runtimes "
+            "on an export both can read (one made by the baseline's commit, if the export format changed since)"
+        ) from exc
+
+
+def search_for(engine: Any, search: Search) -> Any:
+    """`search` as the Search class of the runtime module that defined `engine` (a baseline runtime has its
+    own class; fields it does not know are left out)."""
+    cls = sys.modules[type(engine).__module__].Search
+    if cls is Search:
+        return search
+    known = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in asdict(search).items() if k in known})
+
+
 # ---------------------------------------------------------------------------------------------- work
-def load_sentences(payload: dict[str, Any], path: str | None, n: int) -> tuple[list[str], list[str] | None]:
+def load_sentences(
+    payload: dict[str, Any] | None, path: str | None, n: int, runtime: ExportedModel
+) -> tuple[list[str], list[str] | None]:
     """Source sentences (and references when known): a file, else the checkpoint's test split,
-    else its held-out sentences repeated."""
+    else its held-out sentences repeated (the export's own held-out sample without a checkpoint)."""
     if path:
         lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
         return (lines * (n // max(len(lines), 1) + 1))[:n], None
+    if payload is None:
+        if "heldout" not in runtime.manifest:
+            raise ExportError(f"{runtime.directory} has no held-out sample: give --src (or --checkpoint)")
+        held = json.loads((runtime.directory / runtime.manifest["heldout"]).read_text(encoding="utf-8"))["src"]
+        return (held * (n // len(held) + 1))[:n], None
     try:
         test = build_splits(payload["data_config"]).test
         if test:
@@ -153,18 +303,26 @@ def bench_point(
     flops_models: dict[str, Transformer] | None = None,
     out_len: int | None = None,
     pad: int = 0,
+    pairs: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
-    """Time engines {name: ("torch", model) | ("ort", runtime)} on the same batches and search."""
+    """Time engines {name: ("torch", model) | ("ort", runtime)} on the same batches and search; `pairs`
+    [(engine, its baseline), …] get a speed ratio and a hypothesis agreement each (default: the second
+    engine against the first). `ratio` is the first pair's."""
     torch_search = SearchConfig(**asdict(search))
     tensors = [torch.from_numpy(b) for b in batches]
     results: dict[str, list[list[int]]] = {}
 
     def runner(name: str, kind: str, engine: Any) -> Callable[[], None]:
-        def run() -> None:
-            if kind == "torch":
+        if kind == "torch":
+
+            def run() -> None:
                 results[name] = [h for src in tensors for h in generate(engine, src, torch_search)]
-            else:
-                results[name] = [h for src in batches for h in engine.generate(src, search)]
+
+        else:
+            own = search_for(engine, search)
+
+            def run() -> None:
+                results[name] = [h for src in batches for h in engine.generate(src, own)]
 
         return run
 
@@ -176,16 +334,15 @@ def bench_point(
         "sentences": sentences,
         "batch": len(batches[0]),
         "search": asdict(search),
+        "rounds": repeats,
         "engines": {},
     }
-    first = next(iter(results.values()))
     for name in engines:
         med = statistics.median(times[name])
         entry = {
             "median_s": med,
             "sentences_per_s": sentences / med,
             "times_s": times[name],
-            "identical_to_first": sum(a == b for a, b in zip(first, results[name], strict=True)),
             "peak_rss_rise_mb": None,
         }
         rise = peak_rss_rise(fns[name])
@@ -196,27 +353,65 @@ def bench_point(
             entry.update(gflops=flops / 1e9, gflops_per_s=flops / med / 1e9)
         point["engines"][name] = entry
     names = list(engines)
-    if len(names) >= 2:
-        a, b = point["engines"][names[0]], point["engines"][names[1]]
-        point["ratio"] = b["sentences_per_s"] / a["sentences_per_s"]  # second engine over first
+    if not pairs and len(names) >= 2:
+        pairs = [(names[1], names[0])]
+    point["pairs"] = [
+        {
+            "engine": new,
+            "baseline": base,
+            "ratio": point["engines"][new]["sentences_per_s"] / point["engines"][base]["sentences_per_s"],
+            "identical": sum(a == b for a, b in zip(results[base], results[new], strict=True)),
+        }
+        for new, base in pairs
+    ]
+    if point["pairs"]:
+        point["ratio"] = point["pairs"][0]["ratio"]
     return point
 
 
-def _line(p: dict[str, Any], roofline: float) -> str:
-    names = list(p["engines"])
+def pair(point: dict[str, Any], engine: str, baseline: str) -> dict[str, Any] | None:
+    """The point's comparison of `engine` against `baseline`, if it made one."""
+    return next((p for p in point["pairs"] if (p["engine"], p["baseline"]) == (engine, baseline)), None)
+
+
+def _pairs_text(p: dict[str, Any]) -> str:
+    same = p.get("same_model", True)
+    return ", ".join(
+        f"{q['engine']}/{q['baseline']} {q['ratio']:.2f}x"
+        + (f" (same hyps {q['identical']}/{p['sentences']})" if same else "")
+        for q in p["pairs"]
+    )
+
+
+def _line(p: dict[str, Any], roofline: float | None) -> str:
     parts = []
-    for n in names:
-        e = p["engines"][n]
+    for n, e in p["engines"].items():
         s = f"{n} {e['sentences_per_s']:8.1f} sent/s"
         if "gflops_per_s" in e:
-            s += f" ({e['gflops_per_s']:.2f} GFLOP/s = {100 * e['gflops_per_s'] / roofline:.1f}% of mm)"
+            s += f" ({e['gflops_per_s']:.2f} GFLOP/s"
+            s += f" = {100 * e['gflops_per_s'] / roofline:.1f}% of mm)" if roofline else ")"
         if e["peak_rss_rise_mb"] is not None:
             s += f" peak +{e['peak_rss_rise_mb']:.0f}MB"
         parts.append(s)
-    ratio = f"  ratio {p['ratio']:.2f}x" if "ratio" in p else ""
-    same = p["engines"][names[-1]]["identical_to_first"]
-    agree = f"  (same hyps {same}/{p['sentences']})" if p.get("same_model", True) else ""
-    return f"  {p['label']:<37} " + " | ".join(parts) + ratio + agree
+    ratios = f"  {_pairs_text(p)}" if p["pairs"] else ""
+    return f"  {p['label']:<37} " + " | ".join(parts) + ratios
+
+
+def _mb(n: float) -> str:
+    """Bytes as MB (1e6), whole above 10 MB; a tiny test model's weights would print as 0 otherwise."""
+    return f"{n / 1e6:.0f}" if n >= 1e7 else f"{n / 1e6:.2f}"
+
+
+def _memory_line(kind: str, fixed_len: int, entry: dict[str, Any]) -> str:
+    w = entry["weights"]
+    engines = ", ".join(
+        f"{name} peak {_mb(m['peak_mb'] * 1e6)} MB (after load {_mb(m['after_load_mb'] * 1e6)} MB)"
+        for name, m in entry["engines"].items()
+    )
+    unique = f"{_mb(w['unique_param_bytes_fp32'])} MB weights" if w["unique_params"] is not None else "weights"
+    graphs = f"unique fp32 parameters; encoder {_mb(w['encoder_bytes'])} + decoder {_mb(w['decoder_bytes'])} MB"
+    work = f"beam {HEADLINE_BEAM} × batch {HEADLINE_BATCH}, fixed {fixed_len}"
+    return f"memory (fresh process, {work}): {kind} {engines} for {unique} ({graphs} in the graphs)"
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -231,69 +426,136 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
+    baseline_file, base_rt = load_baseline_runtime(args.baseline_runtime) if args.baseline_runtime else (None, None)
     torch.set_num_threads(args.threads)
-    payload = load_checkpoint(args.checkpoint)
+    payload = load_checkpoint(args.checkpoint) if args.checkpoint else None
     runtime = load(args.export, threads=args.threads, spinning=args.ort_spinning)
     if args.pruned_export and runtime.manifest.get("heads_removed") and runtime.manifest.get("head_plan"):
         raise ExportError(
             "--export must be the unpruned model (exported with remove_heads=false) when --pruned-export is given"
         )
     # torch runs the very model the export holds: heads removed if the export removed them, else gated
-    model = prune(
-        model_from_checkpoint(payload),
-        runtime.manifest.get("head_plan") or {},
-        remove=bool(runtime.manifest.get("heads_removed", True)),
-    )[0]
-    texts, refs = load_sentences(payload, args.src, max(args.paper_batch, args.batch1_sentences, 64, *args.batches))
-    roofline = matmul_roofline(args.threads)
+    model = None
+    if payload is not None:
+        model = prune(
+            model_from_checkpoint(payload),
+            runtime.manifest.get("head_plan") or {},
+            remove=bool(runtime.manifest.get("heads_removed", True)),
+        )[0]
+    int8 = load(args.int8_export, threads=args.threads, spinning=args.ort_spinning) if args.int8_export else None
+    sizes = (args.paper_batch, args.batch1_sentences, HEADLINE_SENTENCES, 64, *args.batches)
+    texts, refs = load_sentences(payload, args.src, max(sizes), runtime)
+    roofline = matmul_roofline(args.threads) if model is not None else None
+
+    engines: dict[str, tuple[str, Any]] = {}
+    pairs: list[tuple[str, str]] = []
+    if not args.no_torch:
+        engines["torch"] = ("torch", model)
+    if base_rt is not None:
+        fp32_base = load_with_baseline(base_rt, baseline_file, args.export, args.threads, args.ort_spinning)
+        engines["ort-baseline"] = ("ort", fp32_base)
+        pairs.append(("ort", "ort-baseline"))
+    engines["ort"] = ("ort", runtime)
+    if base_rt is not None and int8 is not None:
+        int8_base = load_with_baseline(base_rt, baseline_file, args.int8_export, args.threads, args.ort_spinning)
+        engines["int8-baseline"] = ("ort", int8_base)
+        engines["int8"] = ("ort", int8)
+        pairs.append(("int8", "int8-baseline"))
+    if not args.no_torch:
+        pairs.append(("ort", "torch"))
+    flops_models = {name: model for name in engines} if model is not None else None
+
     report: dict[str, Any] = {
-        "checkpoint": payload["path"],
+        "checkpoint": payload["path"] if payload is not None else None,
         "export": str(args.export),
+        "int8_export": str(args.int8_export) if args.int8_export else None,
+        "runtime": {"path": str(RUNTIME_FILE), "sha256": sha256_file(RUNTIME_FILE)},
+        "baseline_runtime": (
+            {"path": str(baseline_file), "sha256": sha256_file(baseline_file)} if baseline_file is not None else None
+        ),
+        "engines": list(engines),
         "threads": args.threads,
         "ort_spinning": args.ort_spinning,
         "repeats": args.repeats,
+        "fixed_len": args.fixed_len,
         "matmul_roofline_gflops": roofline,
         "model": runtime.manifest["model_config"],
         "points": [],
     }
+    roof = f"fp32 matmul roofline {roofline:.1f} GFLOP/s (torch.mm 1024³), " if roofline else ""
+    base = f"; baseline runtime {baseline_file} (sha256 {report['baseline_runtime']['sha256'][:12]})" if base_rt else ""
     print(
-        f"{runtime.name}: threads {args.threads}, fp32 matmul roofline {roofline:.1f} GFLOP/s "
-        f"(torch.mm 1024³), medians of {args.repeats} interleaved runs"
+        f"{runtime.name}: engines {', '.join(engines)}; threads {args.threads}, {roof}"
+        f"medians of {args.repeats} interleaved runs{base}"
     )
-    engines = {"torch": ("torch", model), "ort": ("ort", runtime)}
     pad = runtime.pad_id
     per_batch = {1: args.batch1_sentences, 32: 64, 256: 256}
+
+    def measure(
+        label: str, batches: list[np.ndarray], search: Search, repeats: int, fixed: int | None
+    ) -> dict[str, Any]:
+        p = bench_point(label, engines, batches, search, repeats, flops_models if fixed else None, fixed, pad, pairs)
+        report["points"].append(p)
+        return p
+
     for mode in args.modes:
         for spec in args.searches:
             for batch in args.batches:
                 fixed = args.fixed_len if mode == "fixed" else None
-                search = _searches(spec, fixed)
                 batches = make_batches(runtime, texts, batch, per_batch.get(batch, batch))
-                p = bench_point(
-                    f"{mode} {spec} batch {batch}",
-                    engines,
-                    batches,
-                    search,
-                    args.repeats,
-                    {"torch": model, "ort": model} if fixed else None,
-                    fixed,
-                    pad,
-                )
+                p = measure(f"{mode} {spec} batch {batch}", batches, _searches(spec, fixed), args.repeats, fixed)
                 p["mode"] = mode
                 target = TARGETS.get((spec, batch)) if mode == "natural" else None
-                if target:
-                    p["target"], p["meets_target"] = target, p["ratio"] >= target
-                report["points"].append(p)
-                print(
-                    _line(p, roofline)
-                    + (f"  target ≥{target}x: {'met' if p['meets_target'] else 'MISSED'}" if target else ""),
-                    flush=True,
-                )
+                vs_torch = pair(p, "ort", "torch")
+                if target and vs_torch:
+                    p["target"], p["meets_target"] = target, vs_torch["ratio"] >= target
+                    met = "met" if p["meets_target"] else "MISSED"
+                    print(_line(p, roofline) + f"  target ≥{target}x: {met}", flush=True)
+                else:
+                    print(_line(p, roofline), flush=True)
+
+    # the headline: fixed-length beam 5 × batch 32, from the grid when it holds it with enough rounds
+    spec, batch = f"beam{HEADLINE_BEAM}", HEADLINE_BATCH
+    head_batches = make_batches(runtime, texts, batch, HEADLINE_SENTENCES)
+    label = f"fixed {spec} batch {batch}"
+    head = next((p for p in report["points"] if p["label"] == label and p["rounds"] >= HEADLINE_MIN_ROUNDS), None)
+    if head is None:
+        rounds = max(args.repeats, HEADLINE_MIN_ROUNDS)
+        head = measure(f"headline: {label}", head_batches, _searches(spec, args.fixed_len), rounds, args.fixed_len)
+        head["mode"] = "fixed"
+        print(_line(head, roofline), flush=True)
+    report["headline"] = {"label": head["label"], "rounds": head["rounds"], "pairs": head["pairs"]}
+    if head["pairs"]:
+        print(
+            f"headline (fixed beam {HEADLINE_BEAM} × batch {batch}, {args.fixed_len} tokens, median of "
+            f"{head['rounds']} interleaved rounds): {_pairs_text(head)}",
+            flush=True,
+        )
+
     paper = Search(beam_size=5, max_len_a=0.0, max_len_b=10)
     batches = make_batches(runtime, texts, args.paper_batch, args.paper_batch)
-    p = bench_point(f"paper: beam 5, batch {args.paper_batch}, max len 10", engines, batches, paper, args.repeats)
-    report["points"].append(p)
+    p = measure(f"paper: beam 5, batch {args.paper_batch}, max len 10", batches, paper, args.repeats, None)
     print(_line(p, roofline), flush=True)
+
+    # memory of a torch-free process per runtime and export, on the headline's batches
+    memory: dict[str, Any] = {
+        "beam": HEADLINE_BEAM,
+        "batch": HEADLINE_BATCH,
+        "sentences": HEADLINE_SENTENCES,
+        "fixed_len": args.fixed_len,
+    }
+    runtimes = {"ort": RUNTIME_FILE, **({"ort-baseline": baseline_file} if baseline_file else {})}
+    for kind, rt in (("fp32", runtime), ("int8", int8)):
+        if rt is None:
+            continue
+        entry: dict[str, Any] = {"export": str(rt.directory), "weights": export_weights(rt), "engines": {}}
+        for name, file in runtimes.items():
+            entry["engines"][name] = fresh_process_rss(
+                file, rt.directory, head_batches, args.threads, args.ort_spinning, args.fixed_len
+            )
+        memory[kind] = entry
+        print(_memory_line(kind, args.fixed_len, entry), flush=True)
+    report["memory"] = memory
 
     if args.pruned_export:
         pruned_rt = load(args.pruned_export, threads=args.threads, spinning=args.ort_spinning)
@@ -310,10 +572,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             "analytic_flops_ratio": flops["pruned"] / flops["unpruned"],
             "manifest_flops_ratio": pruned_rt.manifest["size"]["flops_ratio"],
         }
-        for kind, a, b in (
-            ("torch", ("torch", gated), ("torch", pruned_model)),
-            ("ort", ("ort", runtime), ("ort", pruned_rt)),
-        ):
+        kinds = [("ort", ("ort", runtime), ("ort", pruned_rt))]
+        if not args.no_torch:
+            kinds.insert(0, ("torch", ("torch", gated), ("torch", pruned_model)))
+        for kind, a, b in kinds:
             p = bench_point(
                 f"{kind} unpruned vs pruned (fixed 10)",
                 {f"{kind}": a, f"{kind}-pruned": b},
@@ -330,8 +592,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             )
         report["pruning"] = prune_report
 
-    if args.int8_export:
-        int8 = load(args.int8_export, threads=args.threads, spinning=args.ort_spinning)
+    if int8 is not None:
         if int8.manifest.get("head_plan") != runtime.manifest.get("head_plan"):
             print("  int8: --int8-export has another head plan than --export; its BLEU cost is not comparable")
         elif refs is None:
@@ -368,10 +629,16 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m export.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--checkpoint", required=True, help="run dir or .pt the export was made from")
+    ap.add_argument("--checkpoint", help="run dir or .pt the export was made from (needed unless --no-torch)")
     ap.add_argument("--export", required=True, help="export dir (python -m export …)")
     ap.add_argument("--pruned-export", help="an export of the same checkpoint with a head plan")
     ap.add_argument("--int8-export", help="an export of the same checkpoint with quantize=true (BLEU cost)")
+    ap.add_argument(
+        "--baseline-runtime",
+        help="another version's runtime.py (or a checkout holding export/runtime.py, e.g. from `git worktree add`): "
+        "timed against the working tree's runtime on the same exports",
+    )
+    ap.add_argument("--no-torch", action="store_true", help="leave out the PyTorch engine (and its long runs)")
     ap.add_argument("--src", help="source sentences file (default: the checkpoint's test split)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--ort-spinning", action="store_true", help="let ORT's idle threads spin-wait")
@@ -379,13 +646,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batches", default="1,32,256", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--searches", default="greedy,beam5", type=lambda s: s.split(","))
-    ap.add_argument("--fixed-len", type=int, default=20, help="output tokens in the fixed-length mode")
+    ap.add_argument("--fixed-len", type=int, default=30, help="output tokens in the fixed-length mode")
     ap.add_argument("--batch1-sentences", type=int, default=16, help="sentences decoded one by one per run")
     ap.add_argument("--paper-batch", type=int, default=256, help="batch of the paper's speed setting (beam 5, len 10)")
     ap.add_argument("--bleu-sentences", type=int, default=None, help="test sentences for the int8 BLEU check")
     ap.add_argument("--json", help="write the full report here")
+    args = ap.parse_args(argv)
+    if not args.checkpoint and not args.no_torch:
+        ap.error("--checkpoint is required unless --no-torch is given")
+    if args.pruned_export and not args.checkpoint:
+        ap.error("--pruned-export needs --checkpoint (the analytic FLOP ratio is computed on the torch models)")
     with one_line_errors(ExportRuntimeError):
-        run(ap.parse_args(argv))
+        run(args)
 
 
 if __name__ == "__main__":
