@@ -61,7 +61,10 @@ class BlsStepper(export_runtime._Stepper):
     def __init__(self, model: BlsModel, encoded: dict[str, np.ndarray], rows: np.ndarray) -> None:
         self.m = model
         self.sentence = rows
-        self.cross = {n: np.ascontiguousarray(encoded[n][rows]) for n in [*model.cross_names, "memory_pad_mask"]}
+        self.cross_sources = export_runtime.cross_rows(rows, model.cross_per_source)
+        self.cross = {
+            n: np.ascontiguousarray(encoded[n][self.cross_sources]) for n in [*model.cross_names, "memory_pad_mask"]
+        }
         self.state = {
             spec["name"]: np.zeros(model.cache_shape(spec, len(rows)), spec["dtype"]) for spec in model.self_specs
         }
@@ -109,6 +112,9 @@ class BlsModel(export_runtime.ExportedModel):
         self.self_names = [c["name"] for c in self.self_specs]
         self.next_names = [export_runtime._NEXT + n for n in self.self_names]
         self.cross_names = [c["name"] for c in m["caches"] if c["kind"] == "cross"]
+        # one cross-cache row per hypothesis, as before per-source caches: the composing decoder model's Triton
+        # config was written for one batch axis (the graph accepts both; per-source rows here are untested)
+        self.cross_per_source = False
         gen = m.get("generation", {})
         self.search = export_runtime.Search.from_generation(gen)
         self.max_tokens = gen.get("max_tokens", 6000)
