@@ -494,12 +494,7 @@ class _Stepper:
         self, model: ExportedModel, encoded: dict[str, np.ndarray], rows: np.ndarray, full: bool = False
     ) -> None:
         self.m = model
-        self.sentence = rows  # [N] source row of every decoder row
-        self.cross_sources = cross_rows(rows, model.cross_per_source)  # [sources or N] source of every cross row
-        self.cross = {
-            name: np.ascontiguousarray(encoded[name][self.cross_sources])
-            for name in [*model.cross_names, "memory_pad_mask"]
-        }
+        self._take_cross(encoded, rows)
         n = len(rows)
         self.state = [
             ort.OrtValue.ortvalue_from_numpy(np.zeros(model.cache_shape(spec, n), spec["dtype"]))
@@ -541,6 +536,15 @@ class _Stepper:
         self.state = list(out[len(names) :])
         self.order = np.arange(len(self.order), dtype=np.int64)
         return list(out[: len(names)])
+
+    def _take_cross(self, encoded: dict[str, np.ndarray], rows: np.ndarray) -> None:
+        """The cross-attention inputs (caches, memory_pad_mask) for decoder rows whose sources are `rows` [N]."""
+        self.sentence = rows  # [N] source row of every decoder row
+        self.cross_sources = cross_rows(rows, self.m.cross_per_source)  # [sources or N] source of every cross row
+        self.cross = {
+            name: np.ascontiguousarray(encoded[name][self.cross_sources])
+            for name in [*self.m.cross_names, "memory_pad_mask"]
+        }
 
     def select(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)

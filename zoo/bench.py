@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from zoo.attention import causal_mask
 from zoo.model import ModelConfig, Transformer, build_model, count_parameters, sinusoidal_positions
+from zoo.threads import wait_policy
 
 PAD, BOS, EOS = 0, 2, 3
 TARGET_RATIO = 1.25
@@ -221,8 +221,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     result = {
         "config": {k: v for k, v in vars(args).items() if k not in ("json", "profile")},
         "threads": torch.get_num_threads(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+        "openmp_wait": wait_policy(),
         "torch_version": torch.__version__,
         "tgt_tokens_per_batch": tokens,
         "src_pad_fraction": float(src.eq(PAD).float().mean()),
@@ -253,8 +252,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"ffn {c['ffn']}, vocab {c['vocab']}, batch {c['batch_sentences']} × src {c['src_len']} / tgt "
         f"{c['tgt_len']} ({result['tgt_tokens_per_batch']} tgt tokens, src pad {result['src_pad_fraction']:.0%}), "
         f"dropout {c['dropout']}, label smoothing {c['label_smoothing']}, {c.get('precision', 'fp32')}, "
-        f"threads {result['threads']} (OMP_WAIT_POLICY {result.get('omp_wait_policy')}, "
-        f"GOMP_SPINCOUNT {result.get('gomp_spincount')}), "
+        f"threads {result['threads']} (OpenMP wait {result['openmp_wait']}), "
         f"torch {result['torch_version']}",
         f"{c['warmup']} warm-up + {c['steps']} timed steps each, interleaved",
         "",

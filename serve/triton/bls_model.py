@@ -60,11 +60,7 @@ class BlsStepper(export_runtime._Stepper):
 
     def __init__(self, model: BlsModel, encoded: dict[str, np.ndarray], rows: np.ndarray) -> None:
         self.m = model
-        self.sentence = rows
-        self.cross_sources = export_runtime.cross_rows(rows, model.cross_per_source)
-        self.cross = {
-            n: np.ascontiguousarray(encoded[n][self.cross_sources]) for n in [*model.cross_names, "memory_pad_mask"]
-        }
+        self._take_cross(encoded, rows)
         self.state = {
             spec["name"]: np.zeros(model.cache_shape(spec, len(rows)), spec["dtype"]) for spec in model.self_specs
         }

@@ -150,7 +150,7 @@ class Attention(nn.Module):
         mask = None
         if key_padding_mask is not None:
             mask = ~key_padding_mask[:, None, None, :]  # [B, 1, 1, S]
-        if memory is not None and cache and x.shape[1] == 1:
+        if memory is not None and cache:
             out = per_source_step(q, cache_rows(kv), lambda grouped: self.attend(grouped, kv, mask, False))
         else:
             out = self.attend(q, kv, mask, causal)  # [B, H, T, dh]
@@ -218,8 +218,11 @@ def per_source_step(q: Tensor, sources: int, attend: Callable[[Tensor], Tensor])
     per query, as in zoo.generate). Each source's G queries attend to its cache together — `attend` maps
     [sources, H, G, dh] → [sources, H, G, dv] — instead of replicating the cache G times: the ONNX runtime keeps
     one cross cache per sentence (a beam of 5 over 32 sentences held 165 MB of copies) and the G query rows
-    become one small matrix product per head. Exact: cross-attention queries never see each other."""
-    n, h, _, d = q.shape
+    become one small matrix product per head. Exact: cross-attention queries never see each other. Queries of
+    several positions (teacher forcing through a cache) need a cache row per query and go to `attend` as they are."""
+    n, h, t, d = q.shape
+    if t != 1:
+        return attend(q)
     torch._check(n % sources == 0)  # the export's graphs get this as a runtime check on the two batch axes
     grouped = q.reshape(sources, n // sources, h, d).transpose(1, 2)  # [sources, H, G, dh]
     out = attend(grouped)  # [sources, H, G, dv]

@@ -117,10 +117,7 @@ class MixtureOfLinearKeys(MixtureKeyAttention):
         had_prefix = bool(cache)
         kv: Cache | None = None
         if memory is not None and had_prefix:  # cross-attention after the first step: cached sums
-            if x.shape[1] == 1:
-                out = per_source_step(q, cache_rows(cache), lambda grouped: self.attend(grouped, cache, None, False))
-            else:
-                out = self.attend(q, cache, None, False)
+            out = per_source_step(q, cache_rows(cache), lambda grouped: self.attend(grouped, cache, None, False))
         else:
             kv = self.project_memory(x if memory is None else memory)
             kv["k"] = _mask_keys(kv["k"], mask)  # padded keys: φ̃ = 0
