@@ -3,7 +3,8 @@ the runtime — on the same export.
 
     python -m export.bench --checkpoint runs/transformer-deen/<ts> --export exports/transformer-deen \
         [--pruned-export exports/transformer-deen-pruned] [--int8-export exports/transformer-deen-int8] \
-        [--baseline-runtime /tmp/old/export/runtime.py] [--no-torch] \
+        [--baseline-runtime /tmp/old/export/runtime.py [--baseline-export …] [--baseline-int8-export …]] \
+        [--no-torch] \
         [--threads 1] [--repeats 5] [--batches 1,32,256] [--searches greedy,beam5] [--fixed-len 30] \
         [--json bench.json]
 
@@ -21,8 +22,11 @@ hypotheses as the one it is compared with (the agreement is reported next to eve
 of the runtime as engine `ort-baseline` on the same export (and `int8-baseline` next to `int8` with
 `--int8-export`), so a runtime change is measured against its parent in one interleaved run: ratio
 ort/ort-baseline per point. That works because export/runtime.py imports nothing from the project:
-any commit's copy loads under its own module name. `--no-torch` drops the torch engine (its long runs
-and then the need for `--checkpoint`: sentences come from `--src` or the export's held-out sample).
+any commit's copy loads under its own module name. When the export format changed between the two
+(the runtime format in manifest.json), the baseline runs on exports its own commit made of the same
+checkpoint: `--baseline-export` / `--baseline-int8-export` (the checkpoint's sha256 must match).
+`--no-torch` drops the torch engine (its long runs and then the need for `--checkpoint`: sentences come
+from `--src` or the export's held-out sample).
 
 Points: greedy and beam 5 × batch 1/32/256 in the natural mode (each sentence stops at eos) and a
 fixed-length mode (eos banned until `--fixed-len`, then forced: equal work for every engine, and the
@@ -203,6 +207,17 @@ def load_with_baseline(module: ModuleType, file: Path, export_dir: str, threads:
             f"the baseline runtime {file} cannot load {export_dir} ({type(exc).__name__}: {exc}); compare runtimes "
             "on an export both can read (one made by the baseline's commit, if the export format changed since)"
         ) from exc
+
+
+def check_same_checkpoint(ours: ExportedModel, baseline: Any, flag: str) -> None:
+    """A baseline export must encode the model the compared export does: the same checkpoint (by sha256)."""
+    mine = ours.manifest["checkpoint"]["sha256"]
+    theirs = baseline.manifest.get("checkpoint", {}).get("sha256")
+    if mine != theirs:
+        raise ExportError(
+            f"{flag} {baseline.directory} was exported from another checkpoint (sha256 {str(theirs)[:12]}) "
+            f"than {ours.directory} ({mine[:12]}); export the same checkpoint with the baseline's commit"
+        )
 
 
 def search_for(engine: Any, search: Search) -> Any:
@@ -451,13 +466,20 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     pairs: list[tuple[str, str]] = []
     if not args.no_torch:
         engines["torch"] = ("torch", model)
+    baseline_exports: dict[str, Path] = {}  # kind → the export the baseline runtime reads
     if base_rt is not None:
-        fp32_base = load_with_baseline(base_rt, baseline_file, args.export, args.threads, args.ort_spinning)
+        directory = args.baseline_export or args.export
+        fp32_base = load_with_baseline(base_rt, baseline_file, directory, args.threads, args.ort_spinning)
+        check_same_checkpoint(runtime, fp32_base, "--baseline-export")
         engines["ort-baseline"] = ("ort", fp32_base)
+        baseline_exports["fp32"] = Path(directory)
         pairs.append(("ort", "ort-baseline"))
     engines["ort"] = ("ort", runtime)
     if base_rt is not None and int8 is not None:
-        int8_base = load_with_baseline(base_rt, baseline_file, args.int8_export, args.threads, args.ort_spinning)
+        directory = args.baseline_int8_export or args.int8_export
+        int8_base = load_with_baseline(base_rt, baseline_file, directory, args.threads, args.ort_spinning)
+        check_same_checkpoint(int8, int8_base, "--baseline-int8-export")
+        baseline_exports["int8"] = Path(directory)
         engines["int8-baseline"] = ("ort", int8_base)
         engines["int8"] = ("ort", int8)
         pairs.append(("int8", "int8-baseline"))
@@ -469,6 +491,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "checkpoint": payload["path"] if payload is not None else None,
         "export": str(args.export),
         "int8_export": str(args.int8_export) if args.int8_export else None,
+        "baseline_exports": {kind: str(path) for kind, path in baseline_exports.items()},
         "runtime": {"path": str(RUNTIME_FILE), "sha256": sha256_file(RUNTIME_FILE)},
         "baseline_runtime": (
             {"path": str(baseline_file), "sha256": sha256_file(baseline_file)} if baseline_file is not None else None
@@ -550,8 +573,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             continue
         entry: dict[str, Any] = {"export": str(rt.directory), "weights": export_weights(rt), "engines": {}}
         for name, file in runtimes.items():
+            directory = baseline_exports.get(kind, rt.directory) if name == "ort-baseline" else rt.directory
             entry["engines"][name] = fresh_process_rss(
-                file, rt.directory, head_batches, args.threads, args.ort_spinning, args.fixed_len
+                file, directory, head_batches, args.threads, args.ort_spinning, args.fixed_len
             )
         memory[kind] = entry
         print(_memory_line(kind, args.fixed_len, entry), flush=True)
@@ -638,6 +662,12 @@ def main(argv: list[str] | None = None) -> None:
         help="another version's runtime.py (or a checkout holding export/runtime.py, e.g. from `git worktree add`): "
         "timed against the working tree's runtime on the same exports",
     )
+    ap.add_argument(
+        "--baseline-export",
+        help="the export the baseline runtime reads (default: --export); an export of the same checkpoint made by "
+        "the baseline's commit, when the export format changed since",
+    )
+    ap.add_argument("--baseline-int8-export", help="as --baseline-export, for --int8-export")
     ap.add_argument("--no-torch", action="store_true", help="leave out the PyTorch engine (and its long runs)")
     ap.add_argument("--src", help="source sentences file (default: the checkpoint's test split)")
     ap.add_argument("--threads", type=int, default=1)

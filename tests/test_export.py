@@ -770,6 +770,24 @@ def test_bench_against_a_baseline_runtime_without_torch(exported, tmp_path, caps
     assert "memory (fresh process, beam 5 × batch 32, fixed 4): int8 ort peak " in text
 
 
+def test_bench_refuses_a_baseline_export_of_another_checkpoint(exported, capsys) -> None:
+    """--baseline-export (the export a baseline runtime of an older export format reads) must encode the same
+    checkpoint as --export, or the ratios compare two models: one `error:` line naming the fix, before timing."""
+    fp32, _ = exported("transformer")
+    other, _ = exported("mgk_4head")
+    runtime_file = REPO / "export" / "runtime.py"
+    with pytest.raises(SystemExit) as exc:
+        bench.main(
+            [
+                *("--export", str(fp32), "--no-torch", "--baseline-runtime", str(runtime_file)),
+                *("--baseline-export", str(other)),
+            ]
+        )
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert "was exported from another checkpoint" in err and "with the baseline's commit" in err, err
+
+
 def test_bench_refuses_a_missing_or_foreign_baseline_runtime(tmp_path, capsys) -> None:
     """A bad --baseline-runtime is one `error:` line naming the fix, before anything is loaded."""
     not_runtime = tmp_path / "other.py"
