@@ -197,20 +197,19 @@ def load_baseline_runtime(given: str | Path) -> tuple[Path, ModuleType]:
     return path, module
 
 
-def load_with_baseline(module: ModuleType, file: Path, export_dir: str, threads: int, spinning: bool) -> Any:
-    """`module.load(export_dir)`, its failures as one line: the baseline's exceptions are its own classes (not
+def load_with_baseline(
+    module: ModuleType, file: Path, export_dir: str, ours: ExportedModel, flag: str, threads: int, spinning: bool
+) -> Any:
+    """`module.load(export_dir)` — an export of the checkpoint `ours` encodes (sha256 checked: else the ratios
+    compare two models) — its failures as one line: the baseline's exceptions are its own classes (not
     export.runtime's), and an old runtime may not read an export made for a newer runtime format."""
     try:
-        return module.load(export_dir, threads=threads, spinning=spinning)
+        baseline = module.load(export_dir, threads=threads, spinning=spinning)
     except Exception as exc:
         raise ExportError(
             f"the baseline runtime {file} cannot load {export_dir} ({type(exc).__name__}: {exc}); compare runtimes "
             "on an export both can read (one made by the baseline's commit, if the export format changed since)"
         ) from exc
-
-
-def check_same_checkpoint(ours: ExportedModel, baseline: Any, flag: str) -> None:
-    """A baseline export must encode the model the compared export does: the same checkpoint (by sha256)."""
     mine = ours.manifest["checkpoint"]["sha256"]
     theirs = baseline.manifest.get("checkpoint", {}).get("sha256")
     if mine != theirs:
@@ -218,6 +217,7 @@ def check_same_checkpoint(ours: ExportedModel, baseline: Any, flag: str) -> None
             f"{flag} {baseline.directory} was exported from another checkpoint (sha256 {str(theirs)[:12]}) "
             f"than {ours.directory} ({mine[:12]}); export the same checkpoint with the baseline's commit"
         )
+    return baseline
 
 
 def search_for(engine: Any, search: Search) -> Any:
@@ -467,22 +467,20 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.no_torch:
         engines["torch"] = ("torch", model)
     baseline_exports: dict[str, Path] = {}  # kind → the export the baseline runtime reads
+
+    def add_baseline(kind: str, name: str, ours: ExportedModel, given: str | None, flag: str) -> None:
+        directory = given or str(ours.directory)
+        base = load_with_baseline(base_rt, baseline_file, directory, ours, flag, args.threads, args.ort_spinning)
+        engines[f"{name}-baseline"] = ("ort", base)
+        baseline_exports[kind] = Path(directory)
+        pairs.append((name, f"{name}-baseline"))
+
     if base_rt is not None:
-        directory = args.baseline_export or args.export
-        fp32_base = load_with_baseline(base_rt, baseline_file, directory, args.threads, args.ort_spinning)
-        check_same_checkpoint(runtime, fp32_base, "--baseline-export")
-        engines["ort-baseline"] = ("ort", fp32_base)
-        baseline_exports["fp32"] = Path(directory)
-        pairs.append(("ort", "ort-baseline"))
+        add_baseline("fp32", "ort", runtime, args.baseline_export, "--baseline-export")
     engines["ort"] = ("ort", runtime)
     if base_rt is not None and int8 is not None:
-        directory = args.baseline_int8_export or args.int8_export
-        int8_base = load_with_baseline(base_rt, baseline_file, directory, args.threads, args.ort_spinning)
-        check_same_checkpoint(int8, int8_base, "--baseline-int8-export")
-        baseline_exports["int8"] = Path(directory)
-        engines["int8-baseline"] = ("ort", int8_base)
+        add_baseline("int8", "int8", int8, args.baseline_int8_export, "--baseline-int8-export")
         engines["int8"] = ("ort", int8)
-        pairs.append(("int8", "int8-baseline"))
     if not args.no_torch:
         pairs.append(("ort", "torch"))
     flops_models = {name: model for name in engines} if model is not None else None
