@@ -428,7 +428,7 @@ def _suite(**changes):
         ({"speed.seed": 9}, "speed.seed"),
         ({"variants": {"transformer": {"entry": "transformer", "overrides": []}}}, "not an existing entry"),
         ({"variants": {"t2": {"entry": "nope", "overrides": []}}}, "expected {entry"),
-        ({"variants": {"t2": {"entry": "transformer", "overrides": ["trainer.lr=1"]}}}, "model.<key>=<value> only"),
+        ({"variants": {"t2": {"entry": "transformer", "overrides": ["trainer.lr=1"]}}}, "model.<key>=<value> or"),
         (
             {
                 "claims": [
@@ -474,6 +474,11 @@ def test_every_suite_file_is_valid_and_paper_mt_composes_the_paper_setting() -> 
         assert suite.baseline in suite.entries
     paper = suite_from_config(OmegaConf.load(REPO / "conf" / "suite" / "paper_mt.yaml"), REPO / "conf")
     assert "experiment=paper_mt" in paper.train_overrides("transformer", 1, Path("r"))
+    # a precision variant: the same entry and budget, recorded under its own name, trained under bf16 autocast
+    precision = suite_from_config(OmegaConf.load(REPO / "conf" / "suite" / "precision.yaml"), REPO / "conf")
+    args = precision.train_overrides("transformer_bf16", 1, Path("r"))
+    assert args[0] == "+model=transformer" and args[-2:] == ["model.name=transformer_bf16", "trainer.precision=bf16"]
+    assert "trainer.max_updates=1200" in args
 
 
 def test_parameter_matched_entries_are_within_three_percent_at_size_small() -> None:
