@@ -25,7 +25,7 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -158,10 +158,25 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def free_ports(count: int, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> list[int]:
+    """`count` distinct ports free on `host` now, none of them in `avoid`. All are held bound while they are
+    picked: picked one at a time (bind to port 0, close), the kernel may hand the same port out twice, and
+    tritonserver then refuses to start ("cannot listen to HTTP requests and metrics requests at the same
+    address and port")."""
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+            if port not in avoid:
+                ports.append(port)
+        return ports
+    finally:
+        for s in held:
+            s.close()
 
 
 def check_repository(repo: Path) -> list[str]:
@@ -293,16 +308,19 @@ class Server:
                 f"a server (pid {previous.pid}) already runs from {state}; stop it with "
                 f"`python -m serve.stop repo={repo}`"
             )
-        ports = {}
-        for key, port in (("http_port", http_port), ("grpc_port", grpc_port), ("metrics_port", metrics_port)):
+        ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
+        for key, port in ports.items():
             if port and not port_free(port, host):
                 raise ServerError(
                     f"port {port} ({key}) on {host} is busy (another tritonserver? "
                     f"`python -m serve.stop`); choose another with {key}=… or {key}=0 for a free one"
                 )
-            ports[key] = port or free_port(host)
-        triton_http = free_port("127.0.0.1") if proxy is not None else ports["http_port"]
-        triton_metrics = free_port("127.0.0.1") if proxy is not None and metrics else ports["metrics_port"]
+        unset = [key for key, port in ports.items() if not port]
+        ports.update(zip(unset, free_ports(len(unset), host, avoid=set(ports.values())), strict=True))
+        # behind the proxy, Triton's own HTTP (and metrics) listen on loopback ports of their own
+        inner = free_ports(1 + bool(metrics), "127.0.0.1", avoid=set(ports.values())) if proxy is not None else []
+        triton_http = inner[0] if inner else ports["http_port"]
+        triton_metrics = inner[1] if len(inner) > 1 else ports["metrics_port"]
         clean_stale_shm()
         prefix = f"{OUR_SHM}{secrets.token_hex(4)}_"
         log = state / "server.log"

@@ -40,7 +40,7 @@ from serve.client import Client, ClientError, translate
 from serve.model_config import read_manifest
 from serve.ngc import python_standins
 from serve.repository import ModelSettings, RepositoryError, write_repository
-from serve.server import OUR_SHM, SHM_DIR, Server, ServerError, _mapped_shm, free_port
+from serve.server import OUR_SHM, SHM_DIR, Server, ServerError, _mapped_shm, free_ports, port_free
 from serve.warmup import SAMPLE_FILE, WARMUP_DIR, plan_warmup, serialize_strings
 from tests.conftest import smoke_overrides
 from tests.zoo_testing import REPO, compose_train
@@ -289,8 +289,26 @@ def test_metrics_count_what_was_served(server, local, translator_export, protoco
     assert moved("zoo_refused_requests_total", reason="invalid") == 1
     assert moved("zoo_refused_requests_total", reason="busy") == 0
     assert moved("zoo_request_latency_seconds_count") == 2
-    # Triton counts the refused request as a success (the model answered it, with an error): ours tells them apart
+    # Triton counts the refused request as a success (the model answered it, with an error): ours tells them apart.
+    # Triton moves its own counters when it releases a request, which may come after the client has the response
+    # (ours move before the response is sent): read them again until they settle
+    deadline = time.monotonic() + 10
+    while moved("nv_inference_request_success") + moved("nv_inference_request_failure") < 3:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+        after = scrape(server.info.metrics_url)
     assert moved("nv_inference_request_success") + moved("nv_inference_request_failure") == 3
+
+
+def test_free_ports_are_distinct_and_avoid_the_given_ones() -> None:
+    """Ports picked for `port=0` are distinct (picked one at a time, bind-and-close may return one twice, and
+    tritonserver refuses an HTTP and a metrics listener on the same port) and never one the caller chose."""
+    taken = free_ports(1)[0]
+    for _ in range(50):
+        ports = free_ports(3, avoid={taken})
+        assert len(set(ports)) == 3 and taken not in ports
+        assert all(port_free(p) for p in ports)
 
 
 def test_repository_errors(translator_export, tmp_path) -> None:
@@ -848,7 +866,7 @@ def _start_cli(repo: Path, ports: list[int]) -> tuple[subprocess.Popen, str]:
 def test_start_stop_cli(translator_export, local, tmp_path) -> None:
     repo = tmp_path / "one"
     write_repository([translator_export], repo, ModelSettings(threads=1))
-    ports = [free_port(), free_port(), free_port()]
+    ports = free_ports(3)  # distinct: three free_port() calls may return one port twice
     proc, _ = _start_cli(repo, ports)
     info = json.loads((tmp_path / "one.serve" / "server.json").read_text())
     try:
