@@ -28,7 +28,8 @@ from torch.export import Dim
 
 from export.graph import (
     BATCH,
-    PREV_BATCH,
+    CELLS,
+    NEXT,
     SOURCES,
     SRC_LEN,
     STEPS,
@@ -39,6 +40,7 @@ from export.graph import (
     concrete_shape,
     decoder_io_names,
     encoder_io_names,
+    store_shape,
 )
 from export.runtime import GraphInfo, Graphs
 from zoo.model import Transformer
@@ -121,16 +123,11 @@ def _sdpa_translation(opset: int) -> Callable[..., Any]:
     return sdpa
 
 
-def _dynamic(spec: CacheSpec, dims: dict[str, Any], prev: bool = False) -> dict[int, Any]:
-    out = {}
-    for axis, size in enumerate(spec.shape):
-        if size == BATCH:
-            out[axis] = dims[PREV_BATCH if prev else BATCH]
-        elif size == SOURCES:
-            out[axis] = dims[SOURCES]
-        elif isinstance(size, str):
-            out[axis] = dims[size]
-    return out
+def _dynamic(spec: CacheSpec, dims: dict[str, Any]) -> dict[int, Any]:
+    """The dynamic axes of a cache input: a growing self cache's store has one, its cells (export.graph)."""
+    if spec.kind == "self" and spec.position_axis is not None:
+        return {0: dims[CELLS]}
+    return {axis: dims[size] for axis, size in enumerate(spec.shape) if isinstance(size, str)}
 
 
 def _rename(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
@@ -166,10 +163,79 @@ def _name_weights(model: onnx.ModelProto) -> None:
     _rename(graph, mapping)
 
 
+def _constant_ints(graph: onnx.GraphProto, name: str) -> list[int] | None:
+    """The int values of a graph constant (an initializer or a Constant node's tensor), None if not one."""
+    for init in graph.initializer:
+        if init.name == name:
+            return [int(v) for v in numpy_helper.to_array(init).reshape(-1)]
+    for node in graph.node:
+        if node.op_type == "Constant" and list(node.output) == [name]:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            return None if value is None else [int(v) for v in numpy_helper.to_array(value).reshape(-1)]
+    return None
+
+
+def _new_positions_from_concat(model: onnx.ModelProto) -> None:
+    """Return each growing self cache's new position as the Concat input it is, not as a Slice of the grown cache.
+
+    graph.step_output slices the last position off the grown cache: the generic way, as it does not know how a
+    mechanism grows it. Where the mechanism grows it by a two-input Concat along that axis and the Slice takes
+    exactly the last position, which the Concat's second input is (size 1 there), the Slice is that input — and as
+    a Slice it would keep every layer's grown cache alive until the end of the step. A mechanism that attends to
+    the past and the new position apart (Attention.attend_step) leaves that Concat without a reader: it is
+    dropped. Exact by construction; the export's verification runs on the rewritten graph."""
+    graph = model.graph
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    shapes = {v.name: v.type.tensor_type.shape for v in [*inferred.value_info, *inferred.input, *inferred.output]}
+    producer = {out: node for node in graph.node for out in node.output}
+    for output in graph.output:
+        node = producer.get(output.name)
+        if not output.name.startswith(NEXT) or node is None or node.op_type != "Slice" or len(node.input) < 4:
+            continue
+        concat = producer.get(node.input[0])
+        if concat is None or concat.op_type != "Concat" or len(concat.input) != 2:
+            continue
+        new_shape = shapes.get(concat.input[1])
+        if new_shape is None:
+            continue
+        rank = len(new_shape.dim)
+        axis = next(a.i for a in concat.attribute if a.name == "axis") % rank
+        starts, ends, axes = (_constant_ints(graph, name) for name in node.input[1:4])
+        steps = _constant_ints(graph, node.input[4]) if len(node.input) > 4 and node.input[4] else [1]
+        last_position = (
+            starts == [-1]
+            and axes is not None
+            and [a % rank for a in axes] == [axis]
+            and ends is not None
+            and ends[0] >= 2**31 - 1
+            and steps == [1]
+            and new_shape.dim[axis].HasField("dim_value")
+            and new_shape.dim[axis].dim_value == 1
+        )
+        if not last_position:
+            continue
+        node.op_type = "Identity"
+        del node.input[:]
+        node.input.append(concat.input[1])
+    # what is left without a reader: the Concats no mechanism reads, then constants only they or the Slices read
+    while True:
+        used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+        dead = [n for n in graph.node if not set(n.output) & used and n.op_type in ("Concat", "Constant")]
+        if not dead:
+            break
+        for node in dead:
+            graph.node.remove(node)
+    used = {name for node in graph.node for name in node.input}
+    for init in [i for i in graph.initializer if i.name not in used and i.name not in {o.name for o in graph.output}]:
+        graph.initializer.remove(init)
+
+
 def _finish_graph(path: Path, metadata: dict[str, str]) -> GraphInfo:
-    """Readable weight names and the export's metadata written into the graph file; its manifest entry."""
+    """Readable weight names, new cache positions straight from their Concat, the export's metadata written
+    into the graph file; its manifest entry."""
     model = onnx.load(str(path))
     _name_weights(model)
+    _new_positions_from_concat(model)
     for key, value in metadata.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
@@ -197,14 +263,14 @@ def export_graphs(
     # see declared, or it reports a constraint violation)
     dims = {
         BATCH: Dim(BATCH),
-        PREV_BATCH: Dim(PREV_BATCH),
+        CELLS: Dim(CELLS),
         SOURCES: Dim(SOURCES),
         SRC_LEN: Dim(SRC_LEN, max=cfg.max_positions),
         STEPS: Dim(STEPS, max=cfg.max_positions),
     }
     # example sizes: distinct from each other and from 0/1, which torch.export would specialise on; the decoder
     # gets rows = 2 beams × b sources
-    b, s, prev_b, steps, beams = 3, 7, 5, 2, 2
+    b, s, slots, steps, beams = 3, 7, 11, 2, 2
     src = torch.randint(4, cfg.vocab_size, (b, s)) if cfg.vocab_size > 4 else torch.full((b, s), 3)
     src[0, -2:] = cfg.pad_id
     cross_specs = [c for c in specs if c.kind == "cross"]
@@ -233,24 +299,32 @@ def export_graphs(
                 **kwargs,
             )
         outputs = encoder(src)
-        caches = (*outputs[2:], *[torch.randn(concrete_shape(c, prev_b, steps)) for c in self_specs])
-        # tokens [N, 1] (N = beams × b rows), step [1], beam_order [N] into the prev_b rows, topk [1],
-        # memory_pad_mask [b, S], *caches (cross: b rows, one per source; self: prev_b rows)
+        rows = beams * b
+        # self: growing caches as stores of steps × slots cells (slots ≥ rows: hypotheses that left keep theirs),
+        # running sums one row per hypothesis; history: row i's cell at each earlier position
+        stores = [
+            torch.randn(store_shape(c, steps * slots) if c.position_axis is not None else concrete_shape(c, rows))
+            for c in self_specs
+        ]
+        history = torch.arange(steps)[None, :] * slots + torch.tensor([4, 0, 2, 1, 3, 4])[:, None]  # [rows, steps]
+        # tokens [N, 1] (N = beams × b rows), step [1], history [N, steps], topk [1],
+        # memory_pad_mask [b, S], *caches (cross: b rows, one per source; self: stores / rows)
         args = (
-            torch.full((beams * b, 1), cfg.eos_id),
+            torch.full((rows, 1), cfg.eos_id),
             torch.tensor([steps]),
-            torch.tensor([4, 0, 2, 1, 3, 4]),
+            history,
             torch.tensor([min(3, cfg.vocab_size)]),
             outputs[1],
-            *caches,
+            *outputs[2:],
+            *stores,
         )
         dynamic = (
             {0: dims[BATCH]},
             None,
-            {0: dims[BATCH]},
+            {0: dims[BATCH], 1: dims[STEPS]},
             None,
             {0: dims[SOURCES], 1: dims[SRC_LEN]},
-            (*[_dynamic(c, dims) for c in cross_specs], *[_dynamic(c, dims, prev=True) for c in self_specs]),
+            (*[_dynamic(c, dims) for c in cross_specs], *[_dynamic(c, dims) for c in self_specs]),
         )
         with _export_errors("decoder", cfg.attention):
             torch.onnx.export(
