@@ -224,13 +224,17 @@ class DecoderStepGraph(nn.Module):
         state: list[dict[str, dict[str, Tensor]]] = [{"self": {}, "cross": {}} for _ in m.decoder.layers]
         for spec, value in zip(self.cross, cross, strict=True):
             state[spec.layer]["cross"][spec.key] = value  # [N, ...]
-        for spec, value in zip(self.self_specs, prev, strict=True):
-            # a store [cells, ...] -> every row's past [N, ..., t, ...]; running sums are in row order already
-            state[spec.layer]["self"][spec.key] = value if spec.position_axis is None else past(spec, value, history)
         # Transformer.decode with a tensor offset: positions table indexed by `step` [1]
         x = m.tgt_embed(tokens) * self.embed_scale + m.positions.index_select(0, step)  # [N, 1, D]
         unused_memory = memory_pad_mask  # cross-attention reads its cache, never the memory itself
         for i, layer in enumerate(m.decoder.layers):
+            # a store [cells, ...] -> every row's past [N, ..., t, ...], gathered right before its layer runs (the
+            # graph's node order is onnxruntime's run order: gathered up front, every layer's past would be alive
+            # at once); running sums are in row order already
+            for spec, value in zip(self.self_specs, prev, strict=True):
+                if spec.layer == i:
+                    gathered = value if spec.position_axis is None else past(spec, value, history)
+                    state[i]["self"][spec.key] = gathered
             x = layer(x, unused_memory, memory_pad_mask, state[i])
         x = m.decoder.final_norm(x)
         weight = m.output_proj.weight if m.output_proj is not None else m.tgt_embed.weight

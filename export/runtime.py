@@ -62,7 +62,6 @@ OPTIMIZATION_LEVELS = {
 }
 _NEXT = "next."  # decoder output name prefix of what a step adds to a self-attention state
 _BANNED = 3  # tokens the search may ban from a row (pad, bos, eos): fetch this many extra best tokens
-_TRIM_FROM = 8 << 20  # stored self-attention bytes from which each step hands freed heap pages back
 
 
 class ExportRuntimeError(Exception):
@@ -531,12 +530,6 @@ class SelfCache:
     def steps(self) -> int:
         return self.history.shape[1]
 
-    @property
-    def stored_bytes(self) -> int:
-        """Bytes of the stores' filled cells (what a step gathers from, about)."""
-        filled = self.steps * self.width
-        return sum(filled * store[:1].nbytes for store in self.stores if store is not None)
-
     def feeds(self) -> dict[str, np.ndarray]:
         """The state the next step reads, by graph input name (plus `history`)."""
         for i, value in enumerate(self.sums):
@@ -641,11 +634,6 @@ class _Stepper:
         values = {name: ort.OrtValue.ortvalue_from_numpy(v) for name, v in feeds.items() if name in used}
         out = self.m.decoder.run_with_ort_values([*names, *self.m.next_names], values)
         self.cache.update([v.numpy() for v in out[len(names) :]])
-        if self.cache.stored_bytes >= _TRIM_FROM:
-            # the step's transients (every layer's gathered past, a position longer each step) were freed, but
-            # glibc keeps the pages of blocks the next, larger ones do not fit: measured on a 6-layer d512 model
-            # at beam 5 × 32 sentences × 30 tokens, peak RSS 481–493 → 451–456 MB fp32, 373 → 342–345 MB INT8
-            _release_free_heap()
         return list(out[: len(names)])
 
     def _take_cross(self, encoded: dict[str, np.ndarray], rows: np.ndarray) -> None:
