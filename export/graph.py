@@ -20,8 +20,8 @@ decoder.onnx (one incremental step, every step)
          topk             int64 [1]                         how many best tokens per row to return (k)
          memory_pad_mask  bool  [sources, src_len]
          Lk.cross.<name>  f32   [sources, ...]              one row per source: rows = sources × G, G rows each
-         Lk.self.<name>   f32   [cells, ...]                growing caches: the host's store, one cell per
-                                                            (position, slot), the batch and position axes dropped
+         Lk.self.<name>   f32   [cells·a, b]                growing caches [batch, a..., steps, b...]: the
+                                                            host's store, a rows per (position, slot) cell
                         or f32  [batch, ...]                running sums (no position axis, MLK): row i's state
     out  logits           f32   [batch, vocab]
          log_probs        f32   [batch, vocab]              log_softmax(logits)
@@ -60,6 +60,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.errors import ZooError
@@ -248,26 +249,34 @@ class DecoderStepGraph(nn.Module):
         return (logits, log_probs, top_log_probs, top_tokens, *added)
 
 
-def store_shape(spec: CacheSpec, cells: int) -> list[int]:
-    """The host store of a growing self cache [batch, a..., steps, b...]: [cells, a..., b...]."""
+def cell_split(spec: CacheSpec) -> tuple[int, int]:
+    """(a, b) of a growing self cache [batch, a..., steps, b...]: the sizes before and after its position axis."""
     axis = spec.position_axis
     assert axis is not None
-    return [cells, *[int(s) for s in spec.shape[1:axis]], *[int(s) for s in spec.shape[axis + 1 :]]]
+    return math.prod(int(s) for s in spec.shape[1:axis]), math.prod(int(s) for s in spec.shape[axis + 1 :])
+
+
+def store_shape(spec: CacheSpec, cells: int) -> list[int]:
+    """The host store of a growing self cache [batch, a..., steps, b...] with `cells` cells: [cells·a, b], the
+    rows a gather takes whole (a cell's a slices of b values each)."""
+    a, b = cell_split(spec)
+    return [cells * a, b]
 
 
 def past(spec: CacheSpec, store: Tensor, history: Tensor) -> Tensor:
-    """Every row's cached positions from the store: store [cells, a..., b...], history [N, t] (row i's cell at
-    each earlier position) -> [N, a..., t, b...], the layout the mechanism cached (one index_select)."""
+    """Every row's cached positions from the store: store [cells·a, b], history [N, t] (row i's cell at each
+    earlier position) -> [N, a..., t, b...], the layout the mechanism cached: one Gather whose index already has
+    the layout, so no reshape runs for the usual [batch, heads, steps, head size] caches."""
     axis = spec.position_axis
     assert axis is not None
-    inner = [int(s) for s in spec.shape[1:axis]]  # a...: e.g. heads
-    outer = [int(s) for s in spec.shape[axis + 1 :]]  # b...: e.g. head size
-    a, b = math.prod(inner), math.prod(outer)
-    n, t = history.shape
-    # the store as [cells·a, b]: cell c's slice i (of a) is row c·a + i
+    a, _ = cell_split(spec)
+    # cell c's slice i (of a) is store row c·a + i
     rows = history[:, None, :] * a + torch.arange(a, dtype=history.dtype)[None, :, None]  # [N, a, t]
-    gathered = store.reshape(-1, b).index_select(0, rows.reshape(-1))  # [N·a·t, b]
-    return gathered.reshape(n, *inner, t, *outer)
+    gathered = F.embedding(rows, store)  # [N, a, t, b]
+    if axis == 2 and len(spec.shape) == 4:
+        return gathered
+    n, t = history.shape
+    return gathered.reshape(n, *[int(s) for s in spec.shape[1:axis]], t, *[int(s) for s in spec.shape[axis + 1 :]])
 
 
 def step_output(spec: CacheSpec, state: Tensor) -> Tensor:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -493,30 +494,36 @@ def cross_rows(sentence: np.ndarray, per_source: bool) -> np.ndarray:
 class SelfCache:
     """The decoder's self-attention state between steps, owned by the host (export/graph.py has the why).
 
-    A growing cache (one with a position axis, [rows, a..., steps, b...]) is a store [cells, a..., b...]:
-    position j of the hypothesis in row s at step j is cell j·W + s, written once by `update` and never moved
-    (W slots per position: the most rows a step has had). `history` [rows, steps] lists each row's cells;
-    `select(rows)` — beam reordering, finished sentences leaving — picks rows of it, not of the store. Running
-    sums (no position axis, MLK) are replaced by every step's output and reordered on the host. `feeds()` is
-    what the next step reads: contiguous arrays (the stores' filled prefixes are views), so onnxruntime takes
+    A growing cache (one with a position axis, [rows, a..., steps, b...]) is a store [cells·a, b]: position j
+    of the hypothesis in row s at step j is cell j·W + s (its a store rows from a·(j·W + s) on), written once by
+    `update` and never moved (W slots per position: the most rows a step has had). `history` [rows, steps]
+    lists each row's cells; `select(rows)` — beam reordering, finished sentences leaving — picks rows of it,
+    not of the store. Running sums (no position axis, MLK) are replaced by every step's output and reordered on
+    the host. `feeds()` is what the next step reads: contiguous arrays (the stores' filled prefixes are views),
+    so onnxruntime takes
     them without a copy.
     """
 
     def __init__(self, specs: Sequence[dict[str, Any]], rows: int, steps: int = 0) -> None:
         self.names = [spec["name"] for spec in specs]
         self.dtypes = [np.dtype(spec["dtype"]) for spec in specs]
-        # per tensor: the position axis, and a store cell's shape (a..., b...) or a running sum's row shape
+        # per tensor: the position axis, and a store cell's split (a, b) or a running sum's row shape
         self.axes: list[int | None] = []
         self.cells: list[tuple[int, ...]] = []
         for spec in specs:
             shape = spec["shape"]
             axis = shape.index("steps") if "steps" in shape else None
             self.axes.append(axis)
-            self.cells.append(tuple(int(s) for i, s in enumerate(shape) if i != 0 and i != axis))
+            if axis is None:
+                self.cells.append(tuple(int(s) for s in shape[1:]))
+            else:  # [batch, a..., steps, b...]: a cell is a rows of b values
+                self.cells.append(
+                    (math.prod(int(s) for s in shape[1:axis]), math.prod(int(s) for s in shape[axis + 1 :]))
+                )
         self.width = max(rows, 1)  # W: slots per position
         self.capacity = max(steps, 1)  # positions the stores hold before they grow
         self.stores = [
-            np.zeros((self.capacity * self.width, *cell), dtype) if axis is not None else None
+            np.zeros((self.capacity * self.width * cell[0], cell[1]), dtype) if axis is not None else None
             for axis, cell, dtype in zip(self.axes, self.cells, self.dtypes, strict=True)
         ]
         self.sums = [
@@ -539,8 +546,8 @@ class SelfCache:
         self.order = np.arange(len(self.order), dtype=np.int64)
         filled = self.steps * self.width
         out = {"history": self.history}
-        for name, store, value in zip(self.names, self.stores, self.sums, strict=True):
-            out[name] = store[:filled] if store is not None else value
+        for name, store, value, cell in zip(self.names, self.stores, self.sums, self.cells, strict=True):
+            out[name] = store[: filled * cell[0]] if store is not None else value
         return out
 
     def update(self, added: Sequence[np.ndarray]) -> None:
@@ -557,7 +564,8 @@ class SelfCache:
             if store is None:
                 self.sums[i] = value
             else:
-                store[first : first + rows] = value.reshape(rows, *self.cells[i])
+                a, b = self.cells[i]
+                store[first * a : (first + rows) * a] = value.reshape(rows * a, b)
         cells = np.arange(first, first + rows, dtype=np.int64)[:, None]
         self.history = np.concatenate([self.history, cells], axis=1)
         self.order = np.arange(rows, dtype=np.int64)
@@ -571,7 +579,7 @@ class SelfCache:
         """Room for `capacity` positions (the stores keep their filled cells)."""
         for i, store in enumerate(self.stores):
             if store is not None:
-                grown = np.zeros((capacity * self.width, *store.shape[1:]), store.dtype)
+                grown = np.zeros((capacity * self.width * self.cells[i][0], store.shape[1]), store.dtype)
                 grown[: len(store)] = store
                 self.stores[i] = grown
         self.capacity = capacity
@@ -580,9 +588,10 @@ class SelfCache:
         """`width` slots per position: a step has more rows than any before it (cells renumbered)."""
         for i, store in enumerate(self.stores):
             if store is not None:
-                wide = np.zeros((self.capacity, width, *store.shape[1:]), store.dtype)
-                wide[:, : self.width] = store.reshape(self.capacity, self.width, *store.shape[1:])
-                self.stores[i] = wide.reshape(self.capacity * width, *store.shape[1:])
+                a, b = self.cells[i]
+                wide = np.zeros((self.capacity, width, a * b), store.dtype)
+                wide[:, : self.width] = store.reshape(self.capacity, self.width, a * b)
+                self.stores[i] = wide.reshape(self.capacity * width * a, b)
         self.history = self.history // self.width * width + self.history % self.width
         self.width = width
 

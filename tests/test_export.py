@@ -194,9 +194,10 @@ def test_export_with_pruning_verifies_for_every_entry(entry: str, exported, smok
         # self caches: a row per hypothesis; cross caches: a row per source, shared by its beams
         assert cache["shape"][0] == ("batch" if cache["kind"] == "self" else "sources")
         assert cache["shape"][1] == manifest["heads"][module]["num_heads"], cache
-        # growing self caches come as the host's store: [cells, ...] with the batch and position axes dropped
+        # growing self caches come as the host's store: [cells·a, b], b the sizes after the position axis
         store = cache["kind"] == "self" and "steps" in cache["shape"]
-        expected = [d for d in cache["shape"][1:] if d != "steps"] if store else cache["shape"][1:]
+        after = cache["shape"][cache["shape"].index("steps") + 1 :] if store else []
+        expected = [math.prod(after)] if store else cache["shape"][1:]
         assert [d if isinstance(d, int) else None for d in inputs[cache["name"]][1:]] == [
             d if isinstance(d, int) else None for d in expected
         ]
