@@ -73,7 +73,7 @@ DECODER_FIXED_OUTPUTS = ("logits", "log_probs", "top_log_probs", "top_tokens")
 
 NEXT = "next."  # prefix of the self-attention state outputs (ONNX names must be unique)
 BATCH, SRC_LEN, STEPS = "batch", "src_len", "steps"
-CELLS = "cells"  # axis 0 of a growing self cache's store: one cell per (position, slot)
+CELLS = "cells"  # axis 0 of a growing self cache's store: `cells_x<a>`, a rows per (position, slot) cell
 SOURCES = "sources"  # the cross caches' batch axis: one row per source sentence, shared by its beams
 
 

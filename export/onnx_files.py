@@ -37,6 +37,7 @@ from export.graph import (
     DecoderStepGraph,
     EncoderGraph,
     ExportError,
+    cell_split,
     concrete_shape,
     decoder_io_names,
     encoder_io_names,
@@ -124,9 +125,14 @@ def _sdpa_translation(opset: int) -> Callable[..., Any]:
 
 
 def _dynamic(spec: CacheSpec, dims: dict[str, Any]) -> dict[int, Any]:
-    """The dynamic axes of a cache input: a growing self cache's store has one, its cells (export.graph)."""
+    """The dynamic axes of a cache input. A growing self cache's store has one, its rows: cells·a, so stores
+    whose cells hold different numbers a of rows (MGK's key sets, pruned layers' head counts) get their own."""
     if spec.kind == "self" and spec.position_axis is not None:
-        return {0: dims[CELLS]}
+        a, _ = cell_split(spec)
+        name = f"{CELLS}_x{a}"
+        if name not in dims:
+            dims[name] = Dim(name)
+        return {0: dims[name]}
     return {axis: dims[size] for axis, size in enumerate(spec.shape) if isinstance(size, str)}
 
 
@@ -263,7 +269,6 @@ def export_graphs(
     # see declared, or it reports a constraint violation)
     dims = {
         BATCH: Dim(BATCH),
-        CELLS: Dim(CELLS),
         SOURCES: Dim(SOURCES),
         SRC_LEN: Dim(SRC_LEN, max=cfg.max_positions),
         STEPS: Dim(STEPS, max=cfg.max_positions),
