@@ -29,7 +29,6 @@ from torch.export import Dim
 from export.graph import (
     BATCH,
     CELLS,
-    NEXT,
     SOURCES,
     SRC_LEN,
     STEPS,
@@ -43,6 +42,7 @@ from export.graph import (
     encoder_io_names,
     store_shape,
 )
+from export.rewrites import drop_multiplications_by_one, drop_unread, new_positions_from_concat
 from export.runtime import GraphInfo, Graphs
 from zoo.model import Transformer
 
@@ -169,79 +169,14 @@ def _name_weights(model: onnx.ModelProto) -> None:
     _rename(graph, mapping)
 
 
-def _constant_ints(graph: onnx.GraphProto, name: str) -> list[int] | None:
-    """The int values of a graph constant (an initializer or a Constant node's tensor), None if not one."""
-    for init in graph.initializer:
-        if init.name == name:
-            return [int(v) for v in numpy_helper.to_array(init).reshape(-1)]
-    for node in graph.node:
-        if node.op_type == "Constant" and list(node.output) == [name]:
-            value = next((a.t for a in node.attribute if a.name == "value"), None)
-            return None if value is None else [int(v) for v in numpy_helper.to_array(value).reshape(-1)]
-    return None
-
-
-def _new_positions_from_concat(model: onnx.ModelProto) -> None:
-    """Return each growing self cache's new position as the Concat input it is, not as a Slice of the grown cache.
-
-    graph.step_output slices the last position off the grown cache: the generic way, as it does not know how a
-    mechanism grows it. Where the mechanism grows it by a two-input Concat along that axis and the Slice takes
-    exactly the last position, which the Concat's second input is (size 1 there), the Slice is that input — and as
-    a Slice it would keep every layer's grown cache alive until the end of the step. A mechanism that attends to
-    the past and the new position apart (Attention.attend_step) leaves that Concat without a reader: it is
-    dropped. Exact by construction; the export's verification runs on the rewritten graph."""
-    graph = model.graph
-    inferred = onnx.shape_inference.infer_shapes(model).graph
-    shapes = {v.name: v.type.tensor_type.shape for v in [*inferred.value_info, *inferred.input, *inferred.output]}
-    producer = {out: node for node in graph.node for out in node.output}
-    for output in graph.output:
-        node = producer.get(output.name)
-        if not output.name.startswith(NEXT) or node is None or node.op_type != "Slice" or len(node.input) < 4:
-            continue
-        concat = producer.get(node.input[0])
-        if concat is None or concat.op_type != "Concat" or len(concat.input) != 2:
-            continue
-        new_shape = shapes.get(concat.input[1])
-        if new_shape is None:
-            continue
-        rank = len(new_shape.dim)
-        axis = next(a.i for a in concat.attribute if a.name == "axis") % rank
-        starts, ends, axes = (_constant_ints(graph, name) for name in node.input[1:4])
-        steps = _constant_ints(graph, node.input[4]) if len(node.input) > 4 and node.input[4] else [1]
-        last_position = (
-            starts == [-1]
-            and axes is not None
-            and [a % rank for a in axes] == [axis]
-            and ends is not None
-            and ends[0] >= 2**31 - 1
-            and steps == [1]
-            and new_shape.dim[axis].HasField("dim_value")
-            and new_shape.dim[axis].dim_value == 1
-        )
-        if not last_position:
-            continue
-        node.op_type = "Identity"
-        del node.input[:]
-        node.input.append(concat.input[1])
-    # what is left without a reader: the Concats no mechanism reads, then constants only they or the Slices read
-    while True:
-        used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
-        dead = [n for n in graph.node if not set(n.output) & used and n.op_type in ("Concat", "Constant")]
-        if not dead:
-            break
-        for node in dead:
-            graph.node.remove(node)
-    used = {name for node in graph.node for name in node.input}
-    for init in [i for i in graph.initializer if i.name not in used and i.name not in {o.name for o in graph.output}]:
-        graph.initializer.remove(init)
-
-
 def _finish_graph(path: Path, metadata: dict[str, str]) -> GraphInfo:
-    """Readable weight names, new cache positions straight from their Concat, the export's metadata written
+    """Readable weight names, the exact rewrites of export/rewrites.py, the export's metadata written
     into the graph file; its manifest entry."""
     model = onnx.load(str(path))
     _name_weights(model)
-    _new_positions_from_concat(model)
+    new_positions_from_concat(model)
+    drop_multiplications_by_one(model)
+    drop_unread(model)
     for key, value in metadata.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
