@@ -42,7 +42,12 @@ from export.graph import (
     encoder_io_names,
     store_shape,
 )
-from export.rewrites import drop_multiplications_by_one, drop_unread, new_positions_from_concat
+from export.rewrites import (
+    drop_multiplications_by_one,
+    drop_unread,
+    new_positions_from_concat,
+    outputs_from_their_producers,
+)
 from export.runtime import GraphInfo, Graphs
 from zoo.model import Transformer
 
@@ -176,6 +181,7 @@ def _finish_graph(path: Path, metadata: dict[str, str]) -> GraphInfo:
     _name_weights(model)
     new_positions_from_concat(model)
     drop_multiplications_by_one(model)
+    outputs_from_their_producers(model)
     drop_unread(model)
     for key, value in metadata.items():
         entry = model.metadata_props.add()

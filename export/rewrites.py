@@ -122,6 +122,28 @@ def drop_multiplications_by_one(model: onnx.ModelProto) -> None:
                 break
 
 
+def outputs_from_their_producers(model: onnx.ModelProto) -> None:
+    """A graph output that is an Identity of another node's output becomes that node's output itself (renamed,
+    its other readers rewired): one copy kernel fewer per output. The rewrites above leave one Identity per
+    growing self cache whose new position is also read inside the step (a value the attention weights)."""
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    inputs = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    producer = {out: node for node in graph.node for out in node.output}
+    for node in list(graph.node):
+        if node.op_type != "Identity" or node.output[0] not in outputs:
+            continue
+        source, name = node.input[0], node.output[0]
+        if source in inputs or source in outputs or source not in producer:
+            continue  # an input or another output: the Identity is the only way to return it under this name
+        origin = producer[source]
+        origin.output[:] = [name if o == source else o for o in origin.output]
+        for reader in graph.node:
+            reader.input[:] = [name if i == source else i for i in reader.input]
+        graph.node.remove(node)
+        producer[name] = origin
+
+
 def drop_unread(model: onnx.ModelProto) -> None:
     """Remove what the rewrites above left without a reader: pure nodes whose outputs nobody reads (Concats a
     split attention no longer reads, the constants only they read), then unread initializers."""
