@@ -483,6 +483,7 @@ def test_runtime_imports_no_torch_and_stays_self_contained(exported) -> None:
         "ctypes",  # glibc's malloc_trim after loading (a no-op elsewhere)
         "hashlib",
         "json",
+        "math",
         "os",
         "collections",
         "dataclasses",
