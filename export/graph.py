@@ -16,23 +16,35 @@ encoder.onnx
 decoder.onnx (one incremental step, every step)
     in   tokens           int64 [batch, 1]                  last token of every live hypothesis
          step             int64 [1]                         its position (0 = bos), indexes the positions table
-         beam_order       int64 [batch]                     rows of the *previous* self caches to continue from
+         history          int64 [batch, steps]              row i's cell of every earlier position (see below)
          topk             int64 [1]                         how many best tokens per row to return (k)
          memory_pad_mask  bool  [sources, src_len]
          Lk.cross.<name>  f32   [sources, ...]              one row per source: rows = sources × G, G rows each
-         Lk.self.<name>   f32   [prev_batch, ...]           self-attention state before this step
+         Lk.self.<name>   f32   [cells·a, b]                growing caches [batch, a..., steps, b...]: the
+                                                            host's store, a rows per (position, slot) cell
+                        or f32  [batch, ...]                running sums (no position axis, MLK): row i's state
     out  logits           f32   [batch, vocab]
          log_probs        f32   [batch, vocab]              log_softmax(logits)
          top_log_probs    f32   [batch, k]                  the k largest log-probs per row, descending
          top_tokens       int64 [batch, k]                  their token ids (ties: lower id first)
-         next.Lk.self.<name> f32 [batch, ...]               state after this step (fed back as Lk.self.<name>)
+         next.Lk.self.<name> f32 [batch, ...]               what the step adds: the new position (size 1 on
+                                                            "steps") of a growing cache, the new running sums
 
 The search consumes only top_log_probs/top_tokens (k = 2·beam + 3: whatever the host bans — pad, bos,
 eos — at most 3 of a row's best tokens are lost, so the 2·beam best allowed candidates of every row
-are always there), so no [rows, vocab] array crosses into numpy per step. The self caches are
-reordered *inside* the graph (`index_select(beam_order)`), so beam search never
-copies caches on the host; at step 0 they are empty along their position axis (or zeros for
-position-less running sums); the export's verification compares step 0 against torch's empty cache.
+are always there), so no [rows, vocab] array crosses into numpy per step.
+
+The self-attention caches that grow by a position per step live in a store the host owns
+(export.runtime.SelfCache): position j's keys of the hypothesis in row s at that step sit in cell j·W + s
+(W slots per position), written once, in place, never moved. Beam search reorders no cache: a hypothesis is
+the list of cells its ancestors wrote, `history` [batch, steps], and the graph gathers each row's past
+from the store (an index_select, DESIGN §4) straight into the [batch, ..., steps, ...] layout attention
+reads. A graph that took the cache in row order and returned it grown would hold it twice at its peak (input
+and output: 118 MB more at beam 5 × 32 sentences × 30 tokens of a 6-layer d512 model) and copy it twice per
+step (the reorder and the concatenation); here the one copy is the gather, and MHA attends to the past and
+the new position apart (Attention.attend_step), so the grown cache is never built. At step 0 `history`
+has no columns and the store no cells. Running sums are small and fixed-size: the host keeps them in row
+order and reorders them itself. The export's verification compares step 0 against torch's empty cache.
 The cross caches and memory_pad_mask have one row per *source*: the decoder's rows (batch = sources × G)
 come in G consecutive rows per source (a sentence's beams), and cross-attention groups each source's G
 queries against its one cache row (zoo.attention.base.per_source_step). A caller that replicates the caches
@@ -48,6 +60,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.errors import ZooError
@@ -55,11 +68,12 @@ from zoo.model import Transformer
 
 ENCODER_INPUTS = ("src_tokens",)
 ENCODER_FIXED_OUTPUTS = ("memory", "memory_pad_mask")
-DECODER_FIXED_INPUTS = ("tokens", "step", "beam_order", "topk", "memory_pad_mask")
+DECODER_FIXED_INPUTS = ("tokens", "step", "history", "topk", "memory_pad_mask")
 DECODER_FIXED_OUTPUTS = ("logits", "log_probs", "top_log_probs", "top_tokens")
 
-NEXT = "next."  # prefix of the updated self-attention state outputs (ONNX names must be unique)
-BATCH, PREV_BATCH, SRC_LEN, STEPS = "batch", "prev_batch", "src_len", "steps"
+NEXT = "next."  # prefix of the self-attention state outputs (ONNX names must be unique)
+BATCH, SRC_LEN, STEPS = "batch", "src_len", "steps"
+CELLS = "cells"  # axis 0 of a growing self cache's store: `cells_x<a>`, a rows per (position, slot) cell
 SOURCES = "sources"  # the cross caches' batch axis: one row per source sentence, shared by its beams
 
 
@@ -204,19 +218,24 @@ class DecoderStepGraph(nn.Module):
         self.embed_scale = math.sqrt(model.cfg.d_model)
 
     def forward(
-        self, tokens: Tensor, step: Tensor, beam_order: Tensor, topk: Tensor, memory_pad_mask: Tensor, *caches: Tensor
+        self, tokens: Tensor, step: Tensor, history: Tensor, topk: Tensor, memory_pad_mask: Tensor, *caches: Tensor
     ) -> tuple[Tensor, ...]:
         m = self.model
         cross, prev = caches[: len(self.cross)], caches[len(self.cross) :]
         state: list[dict[str, dict[str, Tensor]]] = [{"self": {}, "cross": {}} for _ in m.decoder.layers]
         for spec, value in zip(self.cross, cross, strict=True):
             state[spec.layer]["cross"][spec.key] = value  # [N, ...]
-        for spec, value in zip(self.self_specs, prev, strict=True):
-            state[spec.layer]["self"][spec.key] = value.index_select(0, beam_order)  # [N_prev, ...] -> [N, ...]
         # Transformer.decode with a tensor offset: positions table indexed by `step` [1]
         x = m.tgt_embed(tokens) * self.embed_scale + m.positions.index_select(0, step)  # [N, 1, D]
         unused_memory = memory_pad_mask  # cross-attention reads its cache, never the memory itself
         for i, layer in enumerate(m.decoder.layers):
+            # a store [cells, ...] -> every row's past [N, ..., t, ...], gathered right before its layer runs (the
+            # graph's node order is onnxruntime's run order: gathered up front, every layer's past would be alive
+            # at once); running sums are in row order already
+            for spec, value in zip(self.self_specs, prev, strict=True):
+                if spec.layer == i:
+                    gathered = value if spec.position_axis is None else past(spec, value, history)
+                    state[i]["self"][spec.key] = gathered
             x = layer(x, unused_memory, memory_pad_mask, state[i])
         x = m.decoder.final_norm(x)
         weight = m.output_proj.weight if m.output_proj is not None else m.tgt_embed.weight
@@ -226,8 +245,47 @@ class DecoderStepGraph(nn.Module):
         torch._check(k >= 1)
         torch._check(k <= log_probs.shape[1])
         top_log_probs, top_tokens = torch.topk(log_probs, k, dim=-1)  # [N, k] each
-        new_state = [state[s.layer]["self"][s.key] for s in self.self_specs]
-        return (logits, log_probs, top_log_probs, top_tokens, *new_state)
+        added = [step_output(s, state[s.layer]["self"][s.key]) for s in self.self_specs]
+        return (logits, log_probs, top_log_probs, top_tokens, *added)
+
+
+def cell_split(spec: CacheSpec) -> tuple[int, int]:
+    """(a, b) of a growing self cache [batch, a..., steps, b...]: the sizes before and after its position axis."""
+    axis = spec.position_axis
+    assert axis is not None
+    return math.prod(int(s) for s in spec.shape[1:axis]), math.prod(int(s) for s in spec.shape[axis + 1 :])
+
+
+def store_shape(spec: CacheSpec, cells: int) -> list[int]:
+    """The host store of a growing self cache [batch, a..., steps, b...] with `cells` cells: [cells·a, b], the
+    rows a gather takes whole (a cell's a slices of b values each)."""
+    a, b = cell_split(spec)
+    return [cells * a, b]
+
+
+def past(spec: CacheSpec, store: Tensor, history: Tensor) -> Tensor:
+    """Every row's cached positions from the store: store [cells·a, b], history [N, t] (row i's cell at each
+    earlier position) -> [N, a..., t, b...], the layout the mechanism cached: one Gather whose index already has
+    the layout, so no reshape runs for the usual [batch, heads, steps, head size] caches."""
+    axis = spec.position_axis
+    assert axis is not None
+    a, _ = cell_split(spec)
+    # cell c's slice i (of a) is store row c·a + i
+    rows = history[:, None, :] * a + torch.arange(a, dtype=history.dtype)[None, :, None]  # [N, a, t]
+    gathered = F.embedding(rows, store)  # [N, a, t, b]
+    if axis == 2 and len(spec.shape) == 4:
+        return gathered
+    n, t = history.shape
+    return gathered.reshape(n, *[int(s) for s in spec.shape[1:axis]], t, *[int(s) for s in spec.shape[axis + 1 :]])
+
+
+def step_output(spec: CacheSpec, state: Tensor) -> Tensor:
+    """What one decoder step returns of a self-attention state after it: the last position (size 1 on the
+    position axis) where the state grows by a position per step — the host stores it — else the whole state."""
+    axis = spec.position_axis
+    if axis is None:
+        return state  # running sums: fixed size, replaced every step
+    return state[(slice(None),) * axis + (slice(-1, None),)]  # [N, ..., 1, ...]
 
 
 def decoder_io_names(specs: list[CacheSpec]) -> tuple[list[str], list[str]]:

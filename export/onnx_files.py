@@ -28,7 +28,7 @@ from torch.export import Dim
 
 from export.graph import (
     BATCH,
-    PREV_BATCH,
+    CELLS,
     SOURCES,
     SRC_LEN,
     STEPS,
@@ -36,9 +36,17 @@ from export.graph import (
     DecoderStepGraph,
     EncoderGraph,
     ExportError,
+    cell_split,
     concrete_shape,
     decoder_io_names,
     encoder_io_names,
+    store_shape,
+)
+from export.rewrites import (
+    drop_multiplications_by_one,
+    drop_unread,
+    new_positions_from_concat,
+    outputs_from_their_producers,
 )
 from export.runtime import GraphInfo, Graphs
 from zoo.model import Transformer
@@ -121,16 +129,16 @@ def _sdpa_translation(opset: int) -> Callable[..., Any]:
     return sdpa
 
 
-def _dynamic(spec: CacheSpec, dims: dict[str, Any], prev: bool = False) -> dict[int, Any]:
-    out = {}
-    for axis, size in enumerate(spec.shape):
-        if size == BATCH:
-            out[axis] = dims[PREV_BATCH if prev else BATCH]
-        elif size == SOURCES:
-            out[axis] = dims[SOURCES]
-        elif isinstance(size, str):
-            out[axis] = dims[size]
-    return out
+def _dynamic(spec: CacheSpec, dims: dict[str, Any]) -> dict[int, Any]:
+    """The dynamic axes of a cache input. A growing self cache's store has one, its rows: cells·a, so stores
+    whose cells hold different numbers a of rows (MGK's key sets, pruned layers' head counts) get their own."""
+    if spec.kind == "self" and spec.position_axis is not None:
+        a, _ = cell_split(spec)
+        name = f"{CELLS}_x{a}"
+        if name not in dims:
+            dims[name] = Dim(name)
+        return {0: dims[name]}
+    return {axis: dims[size] for axis, size in enumerate(spec.shape) if isinstance(size, str)}
 
 
 def _rename(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
@@ -167,9 +175,14 @@ def _name_weights(model: onnx.ModelProto) -> None:
 
 
 def _finish_graph(path: Path, metadata: dict[str, str]) -> GraphInfo:
-    """Readable weight names and the export's metadata written into the graph file; its manifest entry."""
+    """Readable weight names, the exact rewrites of export/rewrites.py, the export's metadata written
+    into the graph file; its manifest entry."""
     model = onnx.load(str(path))
     _name_weights(model)
+    new_positions_from_concat(model)
+    drop_multiplications_by_one(model)
+    outputs_from_their_producers(model)
+    drop_unread(model)
     for key, value in metadata.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
@@ -197,14 +210,13 @@ def export_graphs(
     # see declared, or it reports a constraint violation)
     dims = {
         BATCH: Dim(BATCH),
-        PREV_BATCH: Dim(PREV_BATCH),
         SOURCES: Dim(SOURCES),
         SRC_LEN: Dim(SRC_LEN, max=cfg.max_positions),
         STEPS: Dim(STEPS, max=cfg.max_positions),
     }
     # example sizes: distinct from each other and from 0/1, which torch.export would specialise on; the decoder
     # gets rows = 2 beams × b sources
-    b, s, prev_b, steps, beams = 3, 7, 5, 2, 2
+    b, s, slots, steps, beams = 3, 7, 11, 2, 2
     src = torch.randint(4, cfg.vocab_size, (b, s)) if cfg.vocab_size > 4 else torch.full((b, s), 3)
     src[0, -2:] = cfg.pad_id
     cross_specs = [c for c in specs if c.kind == "cross"]
@@ -233,24 +245,32 @@ def export_graphs(
                 **kwargs,
             )
         outputs = encoder(src)
-        caches = (*outputs[2:], *[torch.randn(concrete_shape(c, prev_b, steps)) for c in self_specs])
-        # tokens [N, 1] (N = beams × b rows), step [1], beam_order [N] into the prev_b rows, topk [1],
-        # memory_pad_mask [b, S], *caches (cross: b rows, one per source; self: prev_b rows)
+        rows = beams * b
+        # self: growing caches as stores of steps × slots cells (slots ≥ rows: hypotheses that left keep theirs),
+        # running sums one row per hypothesis; history: row i's cell at each earlier position
+        stores = [
+            torch.randn(store_shape(c, steps * slots) if c.position_axis is not None else concrete_shape(c, rows))
+            for c in self_specs
+        ]
+        history = torch.arange(steps)[None, :] * slots + torch.tensor([4, 0, 2, 1, 3, 4])[:, None]  # [rows, steps]
+        # tokens [N, 1] (N = beams × b rows), step [1], history [N, steps], topk [1],
+        # memory_pad_mask [b, S], *caches (cross: b rows, one per source; self: stores / rows)
         args = (
-            torch.full((beams * b, 1), cfg.eos_id),
+            torch.full((rows, 1), cfg.eos_id),
             torch.tensor([steps]),
-            torch.tensor([4, 0, 2, 1, 3, 4]),
+            history,
             torch.tensor([min(3, cfg.vocab_size)]),
             outputs[1],
-            *caches,
+            *outputs[2:],
+            *stores,
         )
         dynamic = (
             {0: dims[BATCH]},
             None,
-            {0: dims[BATCH]},
+            {0: dims[BATCH], 1: dims[STEPS]},
             None,
             {0: dims[SOURCES], 1: dims[SRC_LEN]},
-            (*[_dynamic(c, dims) for c in cross_specs], *[_dynamic(c, dims, prev=True) for c in self_specs]),
+            (*[_dynamic(c, dims) for c in cross_specs], *[_dynamic(c, dims) for c in self_specs]),
         )
         with _export_errors("decoder", cfg.attention):
             torch.onnx.export(

@@ -62,8 +62,9 @@ def graph_parity(
 ) -> dict[str, float]:
     """ORT vs torch on one batch: encoder outputs, then teacher-forced decoder steps.
 
-    With `reorder`, step 2 reverses the rows (beam reordering: in-graph `beam_order` plus host
-    re-slicing of the cross caches) and step 4 drops the last row (a finished sentence leaving).
+    With `reorder`, step 2 reverses the rows (beam reordering: the self caches' `history` plus host
+    re-slicing of the cross caches) and step 4 drops the last row (a finished sentence leaving). The store
+    starts with room for 2 positions, so later steps also exercise its growth.
     """
     enc = runtime.encode(src.numpy(), with_memory=True)
     memory, pad = model.encode(src)
@@ -77,7 +78,7 @@ def graph_parity(
             ref = per_layer[spec["layer"]][spec["key"]]
             scale = max(1.0, float(ref.abs().max())) if ref.numel() else 1.0
             diffs["cross_cache_rel"] = max(diffs["cross_cache_rel"], _max_diff(enc[spec["name"]], ref) / scale)
-    step = runtime.stepper(enc, full=True)
+    step = runtime.stepper(enc, full=True, steps=2)
     state = model.init_state()
     rows = torch.arange(src.shape[0])
     logits_diff = lprobs_diff = 0.0

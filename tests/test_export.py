@@ -24,18 +24,21 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 import export
 from export import bench
+from export import graph as export_graph
 from export import runtime as rt
 from export.exporter import export_checkpoint
-from export.graph import ExportError
+from export.graph import CacheSpec, ExportError
 from export.pruning import active_heads, head_importance, plan_from_importance, prune, validate_plan
+from export.rewrites import drop_multiplications_by_one, drop_unread, outputs_from_their_producers
 from export.verify import encode_pairs, graph_parity
 from tests.zoo_testing import ENTRIES, REPO, random_batch, tiny_model
 from zoo import evaluation
@@ -193,8 +196,12 @@ def test_export_with_pruning_verifies_for_every_entry(entry: str, exported, smok
         # self caches: a row per hypothesis; cross caches: a row per source, shared by its beams
         assert cache["shape"][0] == ("batch" if cache["kind"] == "self" else "sources")
         assert cache["shape"][1] == manifest["heads"][module]["num_heads"], cache
+        # growing self caches come as the host's store: [cells·a, b], b the sizes after the position axis
+        store = cache["kind"] == "self" and "steps" in cache["shape"]
+        after = cache["shape"][cache["shape"].index("steps") + 1 :] if store else []
+        expected = [math.prod(after)] if store else cache["shape"][1:]
         assert [d if isinstance(d, int) else None for d in inputs[cache["name"]][1:]] == [
-            d if isinstance(d, int) else None for d in cache["shape"][1:]
+            d if isinstance(d, int) else None for d in expected
         ]
     assert manifest["name"] == f"{manifest['entry']}-smoke" and manifest["entry"] == entry
     assert all(
@@ -476,6 +483,7 @@ def test_runtime_imports_no_torch_and_stays_self_contained(exported) -> None:
         "ctypes",  # glibc's malloc_trim after loading (a no-op elsewhere)
         "hashlib",
         "json",
+        "math",
         "os",
         "collections",
         "dataclasses",
@@ -485,6 +493,112 @@ def test_runtime_imports_no_torch_and_stays_self_contained(exported) -> None:
         "onnxruntime",
         "sentencepiece",
     }, imported
+
+
+def test_self_cache_store_and_history_are_concatenation_then_index_select() -> None:
+    """The host-owned self cache against its definition: each step appends the graph's new position and
+    `select` picks rows (beam reordering, finished sentences leaving). What the decoder graph gathers from
+    `feeds()` (export.graph.past, the graph's own code) must be that cache, over 40 steps with duplicate rows,
+    shrinking and growing batches (wider than the store: renumbered cells) and store growth from 2 positions;
+    running sums (no position axis) are replaced, then reordered."""
+    rng = np.random.default_rng(0)
+    dicts = [
+        {"name": "k", "kind": "self", "layer": 0, "key": "k", "shape": ["batch", 2, "steps", 3], "dtype": "float32"},
+        {"name": "s", "kind": "self", "layer": 0, "key": "s", "shape": ["batch", 2, 3], "dtype": "float32"},
+    ]
+    specs = [CacheSpec(**{**d, "shape": tuple(d["shape"])}) for d in dicts]
+    rows = 6
+    cache = rt.SelfCache(dicts, rows, steps=2)
+    ref_k, ref_sums = np.zeros((rows, 2, 0, 3), np.float32), np.zeros((rows, 2, 3), np.float32)
+    for t in range(40):
+        feeds = cache.feeds()
+        assert all(v.flags.c_contiguous for v in feeds.values())  # fed to onnxruntime without a copy
+        history = torch.from_numpy(feeds["history"])
+        got = export_graph.past(specs[0], torch.from_numpy(feeds["k"]), history).numpy()
+        assert np.array_equal(got, ref_k) and np.array_equal(feeds["s"], ref_sums), t
+        n = len(ref_k)
+        new_k = rng.standard_normal((n, 2, 1, 3)).astype(np.float32)
+        sums = rng.standard_normal((n, 2, 3)).astype(np.float32)
+        cache.update([new_k, sums])
+        ref_k, ref_sums = np.concatenate([ref_k, new_k], axis=2), sums
+        for _ in range(t % 3):  # none, one or two selections between steps
+            size = rows + 3 if t == 20 else max(1, len(ref_k) - (t % 7 == 3))  # step 20: more rows than ever
+            keep = rng.integers(0, len(ref_k), size=size)
+            cache.select(keep)
+            ref_k, ref_sums = ref_k[keep], ref_sums[keep]
+    assert cache.width > rows and cache.capacity >= 40
+
+
+def test_decoder_gathers_the_past_and_returns_only_new_positions(exported, tmp_path) -> None:
+    """The decoder graph reads the growing self caches from the host's store through `history` (no
+    beam_order), returns only what a step adds — each new position straight from where it is computed, so
+    no grown cache is built (MHA attends to the past and the new position apart) — and the runtime refuses an
+    export made for the old format with a one-line message naming the fix."""
+    out, manifest = exported("transformer")
+    graph = onnx.load(str(out / manifest["graphs"]["decoder"]["file"])).graph
+    inputs = {i.name for i in graph.input}
+    assert "history" in inputs and "beam_order" not in inputs and manifest["runtime_format"] == rt.RUNTIME_FORMAT
+    producer = {o: n for n in graph.node for o in n.output}
+    for spec in (c for c in manifest["caches"] if c["kind"] == "self"):
+        node = producer[rt._NEXT + spec["name"]]  # the new position as computed, never cut off a grown cache
+        assert node.op_type not in ("Concat", "Slice", "Identity"), (spec["name"], node.op_type)
+    assert not [n for n in graph.node if n.op_type == "Concat" and any(".self." in i for i in n.input)]
+    runtime = export.load(out, threads=1)
+    src = runtime.pad(runtime.encode_texts(["Guten Morgen.", "Das Haus ist klein."]))
+    step = runtime.stepper(runtime.encode(src), np.repeat(np.arange(2), 3), steps=4)
+    step(np.full(6, runtime.bos_id), 0, 4)
+    step.select(np.array([2, 2, 0, 5, 4, 3]))
+    step(np.full(6, 5), 1, 4)
+    assert step.cache.history.shape == (6, 2) and step.cache.width == 6
+    old = _tampered(out, tmp_path, lambda m: m.update(runtime_format=1))
+    with pytest.raises(rt.ExportedModelError, match=r"re-export it with `python -m export") as err:
+        export.load(old)
+    assert "\n" not in str(err.value)
+
+
+def test_graph_rewrites_drop_multiplications_by_one_and_output_identities_exactly() -> None:
+    """export/rewrites.py on a hand-built graph: a Mul by ones that keeps its operand's shape is gone, one that
+    widens it (broadcast) or multiplies by something else stays, an output Identity of a computed value becomes
+    that value's producer — and onnxruntime computes the same outputs before and after (inf and NaN included)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 3, 5])
+    narrow = helper.make_tensor_value_info("narrow", TensorProto.FLOAT, [2, 1, 3, 5])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "wide", "twice", "copy")]
+    inits = [
+        numpy_helper.from_array(np.ones((1, 4, 1, 1), np.float32), "gate"),
+        numpy_helper.from_array(np.full((1, 4, 1, 1), 2.0, np.float32), "two"),
+    ]
+    nodes = [
+        helper.make_node("Mul", ["x", "gate"], ["gated"]),  # a head gate of ones: the operand itself
+        helper.make_node("Relu", ["gated"], ["y"]),
+        helper.make_node("Mul", ["gate", "narrow"], ["wide"]),  # broadcasts [2,1,3,5] to [2,4,3,5]: kept
+        helper.make_node("Mul", ["x", "two"], ["twice"]),  # not ones: kept
+        helper.make_node("Neg", ["x"], ["negated"]),
+        helper.make_node("Identity", ["negated"], ["copy"]),  # an output copy of a computed value
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x, narrow], outs, inits),
+        opset_imports=[helper.make_opsetid("", 20)],
+        ir_version=10,
+    )
+    feeds = {"x": np.random.default_rng(0).normal(size=(2, 4, 3, 5)).astype(np.float32)}
+    feeds["narrow"] = feeds["x"][:, :1].copy()
+    feeds["x"][0, 0, 0, :2] = [np.inf, np.nan]
+
+    def run(m: onnx.ModelProto) -> list[np.ndarray]:
+        return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+    before = run(model)
+    drop_multiplications_by_one(model)
+    outputs_from_their_producers(model)
+    drop_unread(model)
+    ops = [(n.op_type, list(n.input)) for n in model.graph.node]
+    assert (
+        ("Identity", ["x"]) in ops and ["x", "two"] in [i for _, i in ops] and ["gate", "narrow"] in [i for _, i in ops]
+    )
+    producer = {o: n for n in model.graph.node for o in n.output}
+    assert producer["copy"].op_type == "Neg" and producer["copy"].input[0] == "x"
+    for a, b in zip(before, run(model), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_runtime_refuses_a_corrupt_export(exported, tmp_path) -> None:

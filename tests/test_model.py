@@ -41,6 +41,21 @@ def test_incremental_decoding_equals_full_forward(entry: str) -> None:
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
+def test_exported_decoding_step_equals_full_forward(entry: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a graph is exported, self-attention steps go through `attend_step` (MHA attends to the cached and
+    the new positions apart, so the exported step never reads the grown cache): still the full forward."""
+    model = tiny_model(entry)
+    src, tgt = random_batch()
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    with torch.no_grad():
+        full = model(src, tgt)  # [B, T, V]
+        memory, pad = model.encode(src)
+        state = model.init_state()
+        steps = [model.decode(tgt[:, i : i + 1], memory, pad, state, offset=i) for i in range(tgt.shape[1])]
+    assert torch.allclose(full, torch.cat(steps, dim=1), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
 def test_cross_caches_shared_by_beams_equal_replicated_ones(entry: str) -> None:
     """The export's decoder keeps one cross-attention cache row per source and groups each source's beams
     against it (zoo.attention.base.per_source_step); the logits must equal those of a cache replicated per

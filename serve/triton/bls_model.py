@@ -8,9 +8,10 @@ export/runtime.py): `BlsModel` subclasses its `ExportedModel` and only replaces 
 those of `export.load(dir).translate` for the same batch.
 
 Interface, defined results and per-request errors are those of the python variant (`translator_model.py`).
-Decoder state tensors are passed back to the decoder model each step (beam reordering happens in the graph
-through its `beam_order` input). Outputs are requested in CPU memory, so on a GPU the state crosses PCIe each
-step; keeping it on device would need a DLPack array library in the stub (not assumed here).
+The self-attention state is the runtime's own host-owned `SelfCache`: each step sends its stores and `history`
+to the decoder model and writes back the new positions the step returns (beam reordering reorders `history`).
+Outputs are requested in CPU memory, so on a GPU the state crosses PCIe each step; keeping it on device would
+need a DLPack array library in the stub (not assumed here).
 """
 
 from __future__ import annotations
@@ -48,23 +49,13 @@ def _call(model: str, inputs: dict[str, Any], outputs: list[str]) -> dict[str, A
     return {t.name(): t for t in response.output_tensors()}
 
 
-def _renamed(tensor: Any, name: str) -> Any:
-    """A decoder output (`next.X`) as the next step's input `X`, without copying."""
-    if tensor.is_cpu():
-        return pb_utils.Tensor(name, tensor.as_numpy())
-    return pb_utils.Tensor.from_dlpack(name, tensor.to_dlpack())
-
-
 class BlsStepper(export_runtime._Stepper):
     """`export_runtime._Stepper` with its decoder step made by BLS calls (`select(rows)` is inherited)."""
 
-    def __init__(self, model: BlsModel, encoded: dict[str, np.ndarray], rows: np.ndarray) -> None:
+    def __init__(self, model: BlsModel, encoded: dict[str, np.ndarray], rows: np.ndarray, steps: int = 0) -> None:
         self.m = model
         self._take_cross(encoded, rows)
-        self.state = {
-            spec["name"]: np.zeros(model.cache_shape(spec, len(rows)), spec["dtype"]) for spec in model.self_specs
-        }
-        self.order = np.arange(len(rows), dtype=np.int64)
+        self.cache = export_runtime.SelfCache(model.self_specs, len(rows), steps)
 
     def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         log_probs, tokens = self._step(last, t, k, ["top_log_probs", "top_tokens"])
@@ -79,15 +70,13 @@ class BlsStepper(export_runtime._Stepper):
         feeds = {
             "tokens": np.ascontiguousarray(last, dtype=np.int64).reshape(-1, 1),
             "step": np.array([t], dtype=np.int64),
-            "beam_order": self.order,
             "topk": np.array([min(k, self.m.vocab_size)], dtype=np.int64),
             **self.cross,
+            **self.cache.feeds(),
         }
         inputs = {n: v for n, v in feeds.items() if n in self.m.decoder_inputs}
-        inputs.update(self.state)
         out = _call(self.m.decoder_model, inputs, [*outputs, *self.m.next_names])
-        self.state = {n: _renamed(out[export_runtime._NEXT + n], n) for n in self.m.self_names}
-        self.order = np.arange(len(self.order), dtype=np.int64)
+        self.cache.update([out[name].as_numpy().copy() for name in self.m.next_names])
         return [out[name].as_numpy().copy() for name in outputs]
 
 
@@ -126,12 +115,14 @@ class BlsModel(export_runtime.ExportedModel):
         out = _call(self.encoder_model, {"src_tokens": np.ascontiguousarray(src, dtype=np.int64)}, names)
         return {n: out[n].as_numpy() for n in names}
 
-    def stepper(self, encoded: dict[str, np.ndarray], rows: np.ndarray | None = None, full: bool = False) -> BlsStepper:
+    def stepper(
+        self, encoded: dict[str, np.ndarray], rows: np.ndarray | None = None, full: bool = False, steps: int = 0
+    ) -> BlsStepper:
         if full:
             raise NotImplementedError("full logits are a verification feature of the local runtime")
         if rows is None:
             rows = np.arange(len(encoded["memory_pad_mask"]), dtype=np.int64)
-        return BlsStepper(self, encoded, np.asarray(rows, dtype=np.int64))
+        return BlsStepper(self, encoded, np.asarray(rows, dtype=np.int64), steps)
 
 
 class TritonPythonModel(TextModel):

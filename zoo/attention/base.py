@@ -112,6 +112,16 @@ class Attention(nn.Module):
             return dict(new)
         return {name: torch.cat([cache[name], new[name]], dim=2) for name in new}
 
+    def attend_step(self, q: Tensor, past: Cache, new: Cache, grown: Cache) -> Tensor:
+        """One decoding step of self-attention: q [B, H, 1, dh] over the cached positions `past` plus its own
+        `new` ones; `grown` is `extend_cache(past, new)`. Returns [B, H, 1, dv].
+
+        Called only while a graph is exported (torch.compiler.is_exporting). A mechanism may override it to
+        attend to `past` and `new` apart, so the exported decoder step never materialises the grown cache: the
+        export runtime owns the cache and appends the new position itself (export/graph.py), and a grown copy
+        per layer and step is both the largest transient of a beam search and a copy of the whole cache."""
+        return self.attend(q, grown, None, False)
+
     def extra_loss(self) -> Tensor | None:
         """Auxiliary loss of this module (e.g. Mixhead orthogonality), or None."""
         return None
@@ -133,10 +143,12 @@ class Attention(nn.Module):
         projections once and reuses them.
         """
         q = self._split(self.q_proj(x))  # [B, H, T, dh]
+        past: Cache = {}
         if memory is None:
-            kv = self.project_memory(x)
+            kv = new = self.project_memory(x)
             if cache is not None:
-                kv = self.extend_cache(cache, kv)
+                past = dict(cache)
+                kv = self.extend_cache(cache, new)
                 cache.clear()
                 cache.update(kv)
                 if x.shape[1] == 1:
@@ -152,6 +164,8 @@ class Attention(nn.Module):
             mask = ~key_padding_mask[:, None, None, :]  # [B, 1, 1, S]
         if memory is not None and cache:
             out = per_source_step(q, cache_rows(kv), lambda grouped: self.attend(grouped, kv, mask, False))
+        elif past and mask is None and x.shape[1] == 1 and torch.compiler.is_exporting():
+            out = self.attend_step(q, past, new, kv)  # [B, H, 1, dh]
         else:
             out = self.attend(q, kv, mask, causal)  # [B, H, T, dh]
         if self.capture:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -31,3 +32,18 @@ class MultiHeadAttention(Attention):
         attn = scores.softmax(dim=-1)
         self.captured["A"] = attn
         return F.dropout(attn, p, self.training) @ v
+
+    def attend_step(self, q: Tensor, past: Cache, new: Cache, grown: Cache) -> Tensor:
+        """softmax over [q k_pastᵀ, q k_newᵀ] / √dh, then the past values and the new one weighted apart:
+        the same attention as over `grown`, without reading it (see `Attention.attend_step`). Written so the
+        exported step stays small at batch 1, where every extra kernel shows: the scale sits on each product
+        (onnxruntime folds it into the MatMul), and the new value is weighted by a MatMul, not a broadcast Mul
+        (which onnxruntime's transpose optimizer wraps in two Transposes)."""
+        if "A" in self.capture or self.training:
+            return super().attend_step(q, past, new, grown)
+        scale = 1.0 / math.sqrt(self.head_dim)
+        scores = torch.cat(
+            [(q @ past["k"].transpose(-1, -2)) * scale, (q @ new["k"].transpose(-1, -2)) * scale], dim=-1
+        )  # [B, H, 1, t + 1]
+        attn = scores.softmax(dim=-1)
+        return attn[..., :-1] @ past["v"] + attn[..., -1:] @ new["v"]  # [B, H, 1, dh]

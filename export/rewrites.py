@@ -1,0 +1,162 @@
+"""Exact rewrites of an exported ONNX graph: nodes the torch modules have to compute in general, but that a
+particular export does not need (the optimize step between writing a graph and saving it).
+
+Every rewrite here changes no output value by construction — it replaces a node by what it provably returns —
+and the export's verification (ORT against torch) runs on the rewritten graph. They matter at batch 1, where a
+decoder step is a few hundred small kernels and each one costs its launch overhead whatever it computes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from export.graph import NEXT
+
+
+def constant_array(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
+    """The value of a graph constant (an initializer or a Constant node's tensor), None if `name` is not one."""
+    for init in graph.initializer:
+        if init.name == name:
+            return numpy_helper.to_array(init)
+    for node in graph.node:
+        if node.op_type == "Constant" and list(node.output) == [name]:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            return None if value is None else numpy_helper.to_array(value)
+    return None
+
+
+def constant_ints(graph: onnx.GraphProto, name: str) -> list[int] | None:
+    """The int values of a graph constant, flattened; None if `name` is not one."""
+    value = constant_array(graph, name)
+    return None if value is None else [int(v) for v in value.reshape(-1)]
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, onnx.TensorShapeProto]:
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    return {v.name: v.type.tensor_type.shape for v in [*inferred.value_info, *inferred.input, *inferred.output]}
+
+
+def _to_identity(node: onnx.NodeProto, source: str) -> None:
+    """Turn `node` into Identity(source), keeping its output name (onnxruntime removes it unless it is a graph
+    output)."""
+    node.op_type = "Identity"
+    node.domain = ""
+    del node.attribute[:]
+    del node.input[:]
+    node.input.append(source)
+
+
+def new_positions_from_concat(model: onnx.ModelProto) -> None:
+    """Return each growing self cache's new position as the Concat input it is, not as a Slice of the grown cache.
+
+    graph.step_output slices the last position off the grown cache: the generic way, as it does not know how a
+    mechanism grows it. Where the mechanism grows it by a two-input Concat along that axis and the Slice takes
+    exactly the last position, which the Concat's second input is (size 1 there), the Slice is that input — and as
+    a Slice it would keep every layer's grown cache alive until the end of the step. A mechanism that attends to
+    the past and the new position apart (Attention.attend_step) leaves that Concat without a reader, and
+    `drop_unread` removes it."""
+    graph = model.graph
+    shapes = _shapes(model)
+    producer = {out: node for node in graph.node for out in node.output}
+    for output in graph.output:
+        node = producer.get(output.name)
+        if not output.name.startswith(NEXT) or node is None or node.op_type != "Slice" or len(node.input) < 4:
+            continue
+        concat = producer.get(node.input[0])
+        if concat is None or concat.op_type != "Concat" or len(concat.input) != 2:
+            continue
+        new_shape = shapes.get(concat.input[1])
+        if new_shape is None:
+            continue
+        rank = len(new_shape.dim)
+        axis = next(a.i for a in concat.attribute if a.name == "axis") % rank
+        starts, ends, axes = (constant_ints(graph, name) for name in node.input[1:4])
+        steps = constant_ints(graph, node.input[4]) if len(node.input) > 4 and node.input[4] else [1]
+        last_position = (
+            starts == [-1]
+            and axes is not None
+            and [a % rank for a in axes] == [axis]
+            and ends is not None
+            and ends[0] >= 2**31 - 1
+            and steps == [1]
+            and new_shape.dim[axis].HasField("dim_value")
+            and new_shape.dim[axis].dim_value == 1
+        )
+        if last_position:
+            _to_identity(node, concat.input[1])
+
+
+def _broadcasts_into(small: tuple[int, ...], shape: onnx.TensorShapeProto) -> bool:
+    """Whether multiplying a tensor of `shape` by one of shape `small` leaves its shape as it is: `small` has no
+    more axes, and each of its axes (aligned from the right) is 1 or the same known size."""
+    dims = shape.dim
+    if len(small) > len(dims):
+        return False
+    for size, dim in zip(reversed(small), reversed(dims), strict=False):
+        if size != 1 and not (dim.HasField("dim_value") and dim.dim_value == size):
+            return False
+    return True
+
+
+def drop_multiplications_by_one(model: onnx.ModelProto) -> None:
+    """Mul by a constant of ones that does not widen the other operand is that operand (x·1 = x exactly in IEEE
+    arithmetic, NaN, ±inf and −0 included).
+
+    Every attention module multiplies its heads' outputs by its head gate (zoo.attention.base: the gated model
+    that head pruning trains); after physical pruning every kept gate is 1, so in an export each gate Mul is a
+    no-op kernel per attention per step — 12 of a 6-layer decoder step's ~300."""
+    graph = model.graph
+    shapes = _shapes(model)
+    for node in graph.node:
+        if node.op_type != "Mul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+            continue
+        for ones, other in ((node.input[1], node.input[0]), (node.input[0], node.input[1])):
+            value = constant_array(graph, ones)
+            shape = shapes.get(other)
+            if value is None or shape is None or not np.all(value == 1):
+                continue
+            if _broadcasts_into(tuple(int(s) for s in value.shape), shape):
+                _to_identity(node, other)
+                break
+
+
+def outputs_from_their_producers(model: onnx.ModelProto) -> None:
+    """A graph output that is an Identity of another node's output becomes that node's output itself (renamed,
+    its other readers rewired): one copy kernel fewer per output. The rewrites above leave one Identity per
+    growing self cache whose new position is also read inside the step (a value the attention weights)."""
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    inputs = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    producer = {out: node for node in graph.node for out in node.output}
+    for node in list(graph.node):
+        if node.op_type != "Identity" or node.output[0] not in outputs:
+            continue
+        source, name = node.input[0], node.output[0]
+        if source in inputs or source in outputs or source not in producer:
+            continue  # an input or another output: the Identity is the only way to return it under this name
+        origin = producer[source]
+        origin.output[:] = [name if o == source else o for o in origin.output]
+        for reader in graph.node:
+            reader.input[:] = [name if i == source else i for i in reader.input]
+        graph.node.remove(node)
+        producer[name] = origin
+
+
+def drop_unread(model: onnx.ModelProto) -> None:
+    """Remove what the rewrites above left without a reader: pure nodes whose outputs nobody reads (Concats a
+    split attention no longer reads, the constants only they read), then unread initializers."""
+    graph = model.graph
+    pure = ("Concat", "Constant", "Slice", "Identity", "Unsqueeze", "Reshape")
+    outputs = {o.name for o in graph.output}
+    while True:
+        used = {name for node in graph.node for name in node.input} | outputs
+        dead = [n for n in graph.node if not set(n.output) & used and n.op_type in pure]
+        if not dead:
+            break
+        for node in dead:
+            graph.node.remove(node)
+    used = {name for node in graph.node for name in node.input}
+    for init in [i for i in graph.initializer if i.name not in used and i.name not in outputs]:
+        graph.initializer.remove(init)
