@@ -500,8 +500,7 @@ class SelfCache:
     lists each row's cells; `select(rows)` — beam reordering, finished sentences leaving — picks rows of it,
     not of the store. Running sums (no position axis, MLK) are replaced by every step's output and reordered on
     the host. `feeds()` is what the next step reads: contiguous arrays (the stores' filled prefixes are views),
-    so onnxruntime takes
-    them without a copy.
+    so onnxruntime takes them without a copy.
     """
 
     def __init__(self, specs: Sequence[dict[str, Any]], rows: int, steps: int = 0) -> None:
@@ -645,9 +644,13 @@ class _Stepper:
             **self.cache.feeds(),
         }
         used = self.m.decoder_inputs
-        out = self.m.decoder.run([*names, *self.m.next_names], {n: v for n, v in feeds.items() if n in used})
+        out = self._decode([*names, *self.m.next_names], {n: v for n, v in feeds.items() if n in used})
         self.cache.update(out[len(names) :])
         return out[: len(names)]
+
+    def _decode(self, outputs: list[str], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Run the decoder graph once: `outputs` as arrays, in order (the BLS variant calls another model)."""
+        return self.m.decoder.run(outputs, inputs)
 
     def _take_cross(self, encoded: dict[str, np.ndarray], rows: np.ndarray) -> None:
         """The cross-attention inputs (caches, memory_pad_mask) for decoder rows whose sources are `rows` [N]."""
@@ -744,10 +747,6 @@ class ExportedModel:
         self._special = frozenset((self.pad_id, self.bos_id, self.eos_id))
 
     # ------------------------------------------------------------------ building blocks
-    def cache_shape(self, spec: dict[str, Any], batch: int, steps: int = 0, src_len: int = 0) -> list[int]:
-        sizes = {"batch": batch, "sources": batch, "steps": steps, "src_len": src_len}
-        return [sizes[s] if isinstance(s, str) else int(s) for s in spec["shape"]]
-
     def encode(self, src: np.ndarray, with_memory: bool = False) -> dict[str, np.ndarray]:
         """src [B, S] int64 (pad-right) → memory_pad_mask [B, S] and every cross cache (+ memory)."""
         names = (["memory"] if with_memory else []) + ["memory_pad_mask", *self.cross_names]

@@ -30,14 +30,19 @@ def test_forward_backward_no_nan(entry: str) -> None:
 
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_incremental_decoding_equals_full_forward(entry: str) -> None:
-    model = tiny_model(entry)
+    full, steps = _full_and_stepwise(tiny_model(entry))
+    assert torch.allclose(full, steps, atol=1e-5, rtol=0)
+
+
+def _full_and_stepwise(model) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits [B, T, V] of one random batch, from the full forward and from incremental decoding."""
     src, tgt = random_batch()
     with torch.no_grad():
         full = model(src, tgt)  # [B, T, V]
         memory, pad = model.encode(src)
         state = model.init_state()
         steps = [model.decode(tgt[:, i : i + 1], memory, pad, state, offset=i) for i in range(tgt.shape[1])]
-    assert torch.allclose(full, torch.cat(steps, dim=1), atol=1e-5, rtol=0)
+    return full, torch.cat(steps, dim=1)
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -45,14 +50,9 @@ def test_exported_decoding_step_equals_full_forward(entry: str, monkeypatch: pyt
     """While a graph is exported, self-attention steps go through `attend_step` (MHA attends to the cached and
     the new positions apart, so the exported step never reads the grown cache): still the full forward."""
     model = tiny_model(entry)
-    src, tgt = random_batch()
     monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
-    with torch.no_grad():
-        full = model(src, tgt)  # [B, T, V]
-        memory, pad = model.encode(src)
-        state = model.init_state()
-        steps = [model.decode(tgt[:, i : i + 1], memory, pad, state, offset=i) for i in range(tgt.shape[1])]
-    assert torch.allclose(full, torch.cat(steps, dim=1), atol=1e-5, rtol=0)
+    full, steps = _full_and_stepwise(model)
+    assert torch.allclose(full, steps, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("entry", ENTRIES)

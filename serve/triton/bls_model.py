@@ -50,33 +50,11 @@ def _call(model: str, inputs: dict[str, Any], outputs: list[str]) -> dict[str, A
 
 
 class BlsStepper(export_runtime._Stepper):
-    """`export_runtime._Stepper` with its decoder step made by BLS calls (`select(rows)` is inherited)."""
+    """`export_runtime._Stepper` with the decoder graph run by a BLS call to the decoder model (feeds, the
+    self-attention store, `select(rows)` are all inherited)."""
 
-    def __init__(self, model: BlsModel, encoded: dict[str, np.ndarray], rows: np.ndarray, steps: int = 0) -> None:
-        self.m = model
-        self._take_cross(encoded, rows)
-        self.cache = export_runtime.SelfCache(model.self_specs, len(rows), steps)
-
-    def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-        log_probs, tokens = self._step(last, t, k, ["top_log_probs", "top_tokens"])
-        return log_probs, tokens
-
-    def distribution(self, last: np.ndarray, t: int) -> np.ndarray:
-        """Every row's full next-token log-probs [N, V] (forced decoding reads the decoder's `log_probs`)."""
-        return self._step(last, t, 1, ["log_probs"])[0]
-
-    def _step(self, last: np.ndarray, t: int, k: int, outputs: list[str]) -> list[np.ndarray]:
-        """One decoder step by a BLS call fetching `outputs` (+ the next state, kept for the next step)."""
-        feeds = {
-            "tokens": np.ascontiguousarray(last, dtype=np.int64).reshape(-1, 1),
-            "step": np.array([t], dtype=np.int64),
-            "topk": np.array([min(k, self.m.vocab_size)], dtype=np.int64),
-            **self.cross,
-            **self.cache.feeds(),
-        }
-        inputs = {n: v for n, v in feeds.items() if n in self.m.decoder_inputs}
-        out = _call(self.m.decoder_model, inputs, [*outputs, *self.m.next_names])
-        self.cache.update([out[name].as_numpy().copy() for name in self.m.next_names])
+    def _decode(self, outputs: list[str], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        out = _call(self.m.decoder_model, inputs, outputs)
         return [out[name].as_numpy().copy() for name in outputs]
 
 
@@ -122,7 +100,7 @@ class BlsModel(export_runtime.ExportedModel):
             raise NotImplementedError("full logits are a verification feature of the local runtime")
         if rows is None:
             rows = np.arange(len(encoded["memory_pad_mask"]), dtype=np.int64)
-        return BlsStepper(self, encoded, np.asarray(rows, dtype=np.int64), steps)
+        return BlsStepper(self, encoded, np.asarray(rows, dtype=np.int64), steps=steps)
 
 
 class TritonPythonModel(TextModel):
