@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,9 @@ def write_provenance(run_dir: Path, cfg: DictConfig) -> None:
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         sha, dirty = "", ""
+    if not sha and os.environ.get("ZOO_GIT_SHA"):
+        # a tree copied without .git (a container image, a remote GPU machine): the copier names the commit
+        sha = f"{os.environ['ZOO_GIT_SHA']} (from ZOO_GIT_SHA: tree copied without .git)"
     (run_dir / "git_sha.txt").write_text(f"{sha or 'unknown'}{' (dirty)' if dirty else ''}\n")
     try:
         freeze = subprocess.run(
