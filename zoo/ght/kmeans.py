@@ -23,10 +23,8 @@ class KMeansResult:
 def canonical_labels(labels: Tensor) -> Tensor:
     """Renumber groups in order of first appearance (group of point 0 is 0, …)."""
     mapping: dict[int, int] = {}
-    out = torch.empty_like(labels)
-    for i, g in enumerate(labels.tolist()):
-        out[i] = mapping.setdefault(g, len(mapping))
-    return out
+    renumbered = [mapping.setdefault(g, len(mapping)) for g in labels.tolist()]
+    return torch.tensor(renumbered, dtype=labels.dtype, device=labels.device)
 
 
 def group_means(points: Tensor, labels: Tensor, k: int) -> Tensor:
@@ -37,6 +35,8 @@ def group_means(points: Tensor, labels: Tensor, k: int) -> Tensor:
 
 
 def _kmeans_pp(points: Tensor, k: int, gen: torch.Generator) -> Tensor:
+    """k-means++ seeding; `gen` is a CPU generator whatever the points' device, so a seed picks the same
+    centres on a GPU as on the CPU (up to the distances' rounding)."""
     n = points.shape[0]
     first = int(torch.randint(n, (1,), generator=gen))
     centres = [points[first]]
@@ -45,7 +45,7 @@ def _kmeans_pp(points: Tensor, k: int, gen: torch.Generator) -> Tensor:
         if float(d2.sum()) <= 0:
             idx = int(torch.randint(n, (1,), generator=gen))
         else:
-            idx = int(torch.multinomial(d2 / d2.sum(), 1, generator=gen))
+            idx = int(torch.multinomial((d2 / d2.sum()).cpu(), 1, generator=gen))
         centres.append(points[idx])
     return torch.stack(centres)
 
@@ -60,14 +60,14 @@ def kmeans(points: Tensor, k: int, iters: int = 50, seed: int = 0, init_labels: 
     points = points.detach().float()
     n = points.shape[0]
     if k >= n:
-        labels = torch.arange(n)
+        labels = torch.arange(n, device=points.device)
         return KMeansResult(labels, points.clone(), 0.0)
     gen = torch.Generator().manual_seed(seed)
     if init_labels is not None and int(init_labels.max()) < k:
-        centres = group_means(points, init_labels.long(), k)
+        centres = group_means(points, init_labels.long().to(points.device), k)
     else:
         centres = _kmeans_pp(points, k, gen)
-    labels = torch.full((n,), -1, dtype=torch.long)
+    labels = torch.full((n,), -1, dtype=torch.long, device=points.device)
     for _ in range(iters):
         dist = torch.cdist(points, centres)  # [N, k]
         new = dist.argmin(dim=1)

@@ -168,7 +168,7 @@ class GHTProcedure(Procedure):
             if name not in self.labels or self.step % self.options.kmeans_every == 0:
                 self.labels[name] = self._cluster(p, self.labels.get(name)).labels.tolist()
             loss, hom, div = group_constraint_loss(
-                p.float(), torch.tensor(self.labels[name]), self.options.groups, alpha, beta
+                p.float(), torch.tensor(self.labels[name], device=p.device), self.options.groups, alpha, beta
             )
             losses.append(loss)
             homs.append(float(hom))

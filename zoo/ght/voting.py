@@ -22,7 +22,7 @@ RENAMED = {"random": "random_in_group (the paper's 'w/o PS stay') or random_head
 
 def fixed_groups(points: Tensor, labels: list[int], k: int) -> KMeansResult:
     """The given grouping with its centres in this batch's points: [H, F] points → centres [k, F]."""
-    label_tensor = torch.tensor(labels, dtype=torch.long)
+    label_tensor = torch.tensor(labels, dtype=torch.long, device=points.device)
     centres = group_means(points.detach().float(), label_tensor, k)
     return KMeansResult(labels=label_tensor, centres=centres, inertia=0.0)
 
