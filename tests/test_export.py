@@ -614,6 +614,21 @@ def test_runtime_refuses_a_corrupt_export(exported, tmp_path) -> None:
         export.load(tmp_path)
 
 
+def test_runtime_providers_name_the_fix(exported) -> None:
+    """provider=cpu is the default; provider=cuda asks for CUDA with TF32 off (the export's parity), and where
+    this onnxruntime has no CUDA provider, loading says to install onnxruntime-gpu instead of falling back."""
+    out, _ = exported("transformer")
+    assert export.load(out, provider="cpu").decoder.get_providers() == ["CPUExecutionProvider"]
+    with pytest.raises(rt.ExportRuntimeError, match=r"provider='tpu': choose one of \['cpu', 'cuda'\]"):
+        export.load(out, provider="tpu")
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        cuda = rt.execution_providers("cuda", device_id=1)[0]
+        assert cuda == ("CUDAExecutionProvider", {"device_id": 1, "use_tf32": "0"})
+    else:
+        with pytest.raises(rt.ExportRuntimeError, match="install onnxruntime-gpu"):
+            export.load(out, provider="cuda")
+
+
 def _tampered(out: Path, tmp_path: Path, edit) -> Path:
     copy = tmp_path / "tampered"
     shutil.copytree(out, copy)

@@ -12,8 +12,6 @@ import os
 import sys
 from typing import Any
 
-import onnxruntime as ort
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import export_runtime
 from model_common import TextModel
@@ -23,25 +21,11 @@ class TritonPythonModel(TextModel):
     """The export runtime's ORT sessions (CPU, or CUDA with provider=cuda) in this model instance."""
 
     def load(self, directory: str, params: dict[str, str], args: dict[str, str]) -> Any:
-        model = export_runtime.load(
+        return export_runtime.load(
             directory,
             threads=int(params.get("threads", "0")) or None,
             optimization=params.get("optimization") or None,
             check_files=params.get("check_files", "true") == "true",
+            provider=params.get("provider", "cpu"),
+            device_id=int(args.get("model_instance_device_id", "0")),
         )
-        if params.get("provider", "cpu") == "cuda":
-            self._use_cuda(model, int(args.get("model_instance_device_id", "0")))
-        return model
-
-    @staticmethod
-    def _use_cuda(model: Any, device: int) -> None:
-        """Swap the runtime's CPU sessions for CUDA ones (the runtime itself is CPU-only by design)."""
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise RuntimeError(
-                "provider=cuda but this onnxruntime has no CUDAExecutionProvider; "
-                "install onnxruntime-gpu in the server's Python environment"
-            )
-        providers = [("CUDAExecutionProvider", {"device_id": device}), "CPUExecutionProvider"]
-        graphs = model.manifest["graphs"]
-        for attr in ("encoder", "decoder"):
-            setattr(model, attr, ort.InferenceSession(str(model.directory / graphs[attr]["file"]), providers=providers))
