@@ -36,6 +36,7 @@ from export.manifest import (
     build_manifest,
     checksums,
     manifest_dict,
+    shared_weights,
     summary_table,
     write_manifest,
 )
@@ -376,6 +377,7 @@ def _quantize(
         fp32_out = fp32.translate(eval_src)
     quantize_graphs(directory)
     manifest["files"] = checksums(directory, manifest["graphs"])
+    manifest["shared_weights"] = shared_weights(directory, manifest["graphs"])
     write_manifest(directory, manifest)
     with _ort_errors("int8"):
         int8 = ExportedModel(directory, threads=cfg.runtime.threads)

@@ -36,6 +36,7 @@ from export.runtime import (
     Manifest,
     RuntimeDefaults,
     Search,
+    SharedWeight,
     SizeInfo,
     Vocab,
     _sha256,
@@ -84,6 +85,35 @@ def checksums(directory: Path, graphs: Graphs) -> dict[str, str]:
     """sha256 of every file of the export but the manifest: the graphs, the tokenizer, the held-out sample."""
     names = (graphs["encoder"]["file"], graphs["decoder"]["file"], TOKENIZER_FILE, HELDOUT_FILE)
     return {name: _sha256(directory / name) for name in names}
+
+
+SHARED_MIN_BYTES = 4096  # smaller tensors are not worth a separate copy (and may occur more than once in a file)
+
+
+def shared_weights(directory: Path, graphs: Graphs) -> list[SharedWeight]:
+    """The initializers the encoder and decoder graphs both hold, same name and same bytes (the tied embedding,
+    the positions table), each located in the encoder's file, where the runtime reads one copy for both sessions
+    without an ONNX parser. A tensor whose bytes occur more than once in the file is left to each graph."""
+    encoder_path = directory / graphs["encoder"]["file"]
+    encoder = onnx.load(str(encoder_path), load_external_data=False).graph.initializer
+    decoder = onnx.load(str(directory / graphs["decoder"]["file"]), load_external_data=False).graph.initializer
+    in_decoder = {init.name: init for init in decoder}
+    data = encoder_path.read_bytes()
+    shared = []
+    for init in encoder:
+        twin = in_decoder.get(init.name)
+        if twin is None or len(init.raw_data) < SHARED_MIN_BYTES:
+            continue
+        if twin.raw_data != init.raw_data or twin.data_type != init.data_type or twin.dims != init.dims:
+            continue
+        offset = data.find(init.raw_data)
+        if offset < 0 or data.find(init.raw_data, offset + 1) >= 0:
+            continue
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
+        shared.append(
+            SharedWeight(name=init.name, dtype=dtype.name, shape=list(init.dims), file=encoder_path.name, offset=offset)
+        )
+    return shared
 
 
 def build_manifest(
@@ -143,6 +173,7 @@ def build_manifest(
         runtime=RuntimeDefaults(graph_optimization_level=optimization_level, threads=threads),
         versions=versions(),
         files=checksums(directory, graphs),
+        shared_weights=shared_weights(directory, graphs),
     )
 
 

@@ -614,6 +614,29 @@ def test_runtime_refuses_a_corrupt_export(exported, tmp_path) -> None:
         export.load(tmp_path)
 
 
+def test_shared_weights_are_read_once_for_both_sessions(exported, tmp_path) -> None:
+    """The weights both graphs hold (tied embedding, positions) are located in the encoder file and given to both
+    sessions from one array; decoding is bit-identical to each session keeping its own copy."""
+    out, manifest = exported("transformer")
+    shared = {w["name"]: w for w in manifest["shared_weights"]}
+    assert "positions" in shared
+    graphs = [{i.name: i for i in onnx.load(str(out / f"{g}.onnx")).graph.initializer} for g in ("encoder", "decoder")]
+    for name, w in shared.items():
+        in_file = np.fromfile(out / w["file"], np.dtype(w["dtype"]), math.prod(w["shape"]), offset=w["offset"])
+        for g in graphs:
+            np.testing.assert_array_equal(in_file.reshape(w["shape"]), numpy_helper.to_array(g[name]))
+    model = export.load(out)
+    assert model.shared.keys() == shared.keys()
+    own = _tampered(out, tmp_path, lambda m: m.pop("shared_weights"))
+    alone = export.load(own)
+    assert alone.shared == {}
+    src = model.pad(model.encode_texts(["ein kleiner Test .", "noch ein Satz"]))
+    one, two = model.encode(src, with_memory=True), alone.encode(src, with_memory=True)
+    for name in one:
+        np.testing.assert_array_equal(one[name], two[name])
+    assert model.generate(src) == alone.generate(src)
+
+
 def test_runtime_providers_name_the_fix(exported) -> None:
     """provider=cpu is the default; provider=cuda asks for CUDA with TF32 off (the export's parity), and where
     this onnxruntime has no CUDA provider, loading says to install onnxruntime-gpu instead of falling back."""
@@ -657,6 +680,10 @@ def _add_file(name: str):
         (lambda m: m.pop("vocab"), "missing key 'vocab.pad_id'"),
         (lambda m: m.update(max_positions="512"), "'max_positions' has the wrong type"),
         (lambda m: m.update(caches=[{"name": "x"}]), r"caches\[0\]"),
+        (lambda m: m["shared_weights"][0].update(offset=10**12), "reaches past the end"),
+        (lambda m: m["shared_weights"][0].update(file="../encoder.onnx"), "not a plain file name"),
+        (lambda m: m["shared_weights"][0].update(dtype="object"), "has dtype 'object'"),
+        (lambda m: m["shared_weights"].append({"name": "x"}), r"shared_weights\[\d+\] needs name"),
     ],
 )
 def test_runtime_refuses_a_manifest_that_points_outside_or_lacks_keys(exported, tmp_path, edit, message) -> None:
