@@ -307,7 +307,11 @@ def _fold_weight_transposes(model: onnx.ModelProto) -> None:
 
 
 def quantize_graphs(directory: Path) -> None:
-    """Dynamic INT8 quantisation of MatMul weights in place (activations stay fp32, quantised per call)."""
+    """Dynamic INT8 quantisation in place of MatMul weights (activations stay fp32, quantised per call) and of the
+    embedding and positions tables read by Gather (rows dequantised as they are read): the fp32 tables were a
+    quarter of an INT8 export's memory. On the 36.7M model, peak RSS at beam 5 × batch 32 350 → 325 MB, speed within
+    1–3%; on a trained transformer_4head the test BLEU of INT8 against fp32 was 12.35 with the tables quantised,
+    12.37 without (fp32 12.34, neither difference significant)."""
     for name in (ENCODER_FILE, DECODER_FILE):
         path = directory / name
         model = onnx.load(str(path))
@@ -315,5 +319,7 @@ def quantize_graphs(directory: Path) -> None:
         onnx.save(model, str(path))
         tmp = directory / f"{name}.int8"
         with _quiet_exporter():
-            quantize_dynamic(str(path), str(tmp), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+            quantize_dynamic(
+                str(path), str(tmp), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gather"]
+            )
         os.replace(tmp, path)
