@@ -757,28 +757,8 @@ class ExportedModel:
         provider: str = "cpu",
         device_id: int = 0,
     ) -> None:
-        self.directory = Path(directory)
-        self.manifest: Manifest = read_manifest(self.directory, check_files=check_files)
+        self._read_export(Path(directory), read_manifest(directory, check_files=check_files))
         m = self.manifest
-        vocab = m["vocab"]
-        self.pad_id, self.unk_id, self.bos_id, self.eos_id = (
-            vocab[k] for k in ("pad_id", "unk_id", "bos_id", "eos_id")
-        )
-        self.vocab_size: int = vocab["size"]
-        self.max_positions: int = m["max_positions"]
-        self.name: str = m["name"]
-        self.self_specs = [c for c in m["caches"] if c["kind"] == "self"]
-        self.self_names = [c["name"] for c in self.self_specs]
-        self.next_names = [_NEXT + n for n in self.self_names]
-        self.cross_names = [c["name"] for c in m["caches"] if c["kind"] == "cross"]
-        # exports since the per-source cross caches name their batch axis "sources"; older ones get a row per hypothesis
-        self.cross_per_source = bool(self.cross_names) and all(
-            c["shape"][0] == "sources" for c in m["caches"] if c["kind"] == "cross"
-        )
-        gen = m.get("generation", {})
-        self.search = Search.from_generation(gen)
-        self.max_tokens: int = gen.get("max_tokens", 6000)
-        self.max_sentences: int = gen.get("max_sentences", 128)
 
         defaults = m.get("runtime", {})
         options = ort.SessionOptions()
@@ -822,6 +802,31 @@ class ExportedModel:
         missing = sorted({*self.self_names, "tokens", "step", "topk"} - self.decoder_inputs)
         if missing:
             raise ExportedModelError(f"{graphs['decoder']['file']} lacks inputs {missing}; re-export the model")
+
+    def _read_export(self, directory: Path, manifest: Manifest) -> None:
+        """What the search needs of an export besides its graphs: ids, limits, cache names, search defaults and
+        the tokenizer (also the whole setup of serve/triton/bls_model.py, whose graphs run elsewhere)."""
+        self.directory = directory
+        self.manifest = m = manifest
+        vocab = m["vocab"]
+        self.pad_id, self.unk_id, self.bos_id, self.eos_id = (
+            vocab[k] for k in ("pad_id", "unk_id", "bos_id", "eos_id")
+        )
+        self.vocab_size: int = vocab["size"]
+        self.max_positions: int = m["max_positions"]
+        self.name: str = m["name"]
+        self.self_specs = [c for c in m["caches"] if c["kind"] == "self"]
+        self.self_names = [c["name"] for c in self.self_specs]
+        self.next_names = [_NEXT + n for n in self.self_names]
+        self.cross_names = [c["name"] for c in m["caches"] if c["kind"] == "cross"]
+        # exports since the per-source cross caches name their batch axis "sources"; older ones get a row per hypothesis
+        self.cross_per_source = bool(self.cross_names) and all(
+            c["shape"][0] == "sources" for c in m["caches"] if c["kind"] == "cross"
+        )
+        gen = m.get("generation", {})
+        self.search = Search.from_generation(gen)
+        self.max_tokens: int = gen.get("max_tokens", 6000)
+        self.max_sentences: int = gen.get("max_sentences", 128)
         self.sp = spm.SentencePieceProcessor()
         self.sp.LoadFromSerializedProto((self.directory / m["tokenizer"]).read_bytes())
         self._special = frozenset((self.pad_id, self.bos_id, self.eos_id))

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import sentencepiece as spm
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -62,31 +61,13 @@ class BlsModel(export_runtime.ExportedModel):
     """The export runtime's search with the graphs running in other Triton models (no local ORT sessions)."""
 
     def __init__(self, directory: str, encoder_model: str, decoder_model: str, decoder_inputs: list[str]) -> None:
-        self.directory = Path(directory)
-        self.manifest = m = json.loads((self.directory / export_runtime.MANIFEST).read_text(encoding="utf-8"))
-        vocab = m["vocab"]
-        self.pad_id, self.unk_id, self.bos_id, self.eos_id = (
-            vocab[k] for k in ("pad_id", "unk_id", "bos_id", "eos_id")
-        )
-        self.vocab_size = vocab["size"]
-        self.max_positions = m["max_positions"]
-        self.name = m["name"]
-        self.self_specs = [c for c in m["caches"] if c["kind"] == "self"]
-        self.self_names = [c["name"] for c in self.self_specs]
-        self.next_names = [export_runtime._NEXT + n for n in self.self_names]
-        self.cross_names = [c["name"] for c in m["caches"] if c["kind"] == "cross"]
+        manifest = json.loads((Path(directory) / export_runtime.MANIFEST).read_text(encoding="utf-8"))
+        self._read_export(Path(directory), manifest)
         # one cross-cache row per hypothesis, as before per-source caches: the composing decoder model's Triton
         # config was written for one batch axis (the graph accepts both; per-source rows here are untested)
         self.cross_per_source = False
-        gen = m.get("generation", {})
-        self.search = export_runtime.Search.from_generation(gen)
-        self.max_tokens = gen.get("max_tokens", 6000)
-        self.max_sentences = gen.get("max_sentences", 128)
         self.encoder_model, self.decoder_model = encoder_model, decoder_model
         self.decoder_inputs = frozenset(decoder_inputs)
-        self.sp = spm.SentencePieceProcessor()
-        self.sp.LoadFromSerializedProto((self.directory / m["tokenizer"]).read_bytes())
-        self._special = frozenset((self.pad_id, self.bos_id, self.eos_id))
 
     def encode(self, src: np.ndarray, with_memory: bool = False) -> dict[str, np.ndarray]:
         names = (["memory"] if with_memory else []) + ["memory_pad_mask", *self.cross_names]
