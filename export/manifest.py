@@ -95,10 +95,10 @@ def shared_weights(directory: Path, graphs: Graphs) -> list[SharedWeight]:
     the positions table), each located in the encoder's file, where the runtime reads one copy for both sessions
     without an ONNX parser. A tensor whose bytes occur more than once in the file is left to each graph."""
     encoder_path = directory / graphs["encoder"]["file"]
-    encoder = onnx.load(str(encoder_path), load_external_data=False).graph.initializer
+    data = encoder_path.read_bytes()
+    encoder = onnx.load_from_string(data).graph.initializer
     decoder = onnx.load(str(directory / graphs["decoder"]["file"]), load_external_data=False).graph.initializer
     in_decoder = {init.name: init for init in decoder}
-    data = encoder_path.read_bytes()
     shared = []
     for init in encoder:
         twin = in_decoder.get(init.name)
