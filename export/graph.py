@@ -239,7 +239,10 @@ class DecoderStepGraph(nn.Module):
             x = layer(x, unused_memory, memory_pad_mask, state[i])
         x = m.decoder.final_norm(x)
         weight = m.output_proj.weight if m.output_proj is not None else m.tgt_embed.weight
-        logits = (x @ weight.t())[:, 0]  # [N, V]
+        # [N, 1, D] -> [N, D] before the projection: a Squeeze onnxruntime does without copying, where selecting
+        # position 0 of the [N, 1, V] product was a Gather that copied all the logits (2.1 of 112 ms a beam-5 × 32
+        # step of the 36.7M model, and a 6.4 MB buffer more)
+        logits = x.squeeze(1) @ weight.t()  # [N, V]
         log_probs = torch.log_softmax(logits, dim=-1)
         k = topk.item()  # a graph input: one graph serves greedy (k=4) and every beam size
         torch._check(k >= 1)

@@ -45,6 +45,7 @@ from export.graph import (
 from export.rewrites import (
     drop_multiplications_by_one,
     drop_unread,
+    layout_preserving_transposes_to_reshapes,
     new_positions_from_concat,
     outputs_from_their_producers,
 )
@@ -182,6 +183,7 @@ def _finish_graph(path: Path, metadata: dict[str, str]) -> GraphInfo:
     new_positions_from_concat(model)
     drop_multiplications_by_one(model)
     outputs_from_their_producers(model)
+    layout_preserving_transposes_to_reshapes(model)
     drop_unread(model)
     for key, value in metadata.items():
         entry = model.metadata_props.add()
