@@ -43,7 +43,10 @@ import ctypes
 import hashlib
 import json
 import math
+import mmap
 import os
+import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -396,6 +399,52 @@ def _release_free_heap() -> None:
         pass
 
 
+_SHARED_ARENA_TRIED = False  # whether _use_shared_cpu_arena registered the arena in this process
+
+
+def _use_shared_cpu_arena(options: ort.SessionOptions) -> None:
+    """Let a session allocate from the CPU arena this process' onnxruntime environment shares between sessions
+    (registered by the first session this runtime makes).
+
+    Why an arena: the state that grows during a search (the self-attention store, the cross caches) is the host's,
+    so what onnxruntime allocates per step are the step's transients — a few MB each (gathered past, logits). From
+    glibc's heap they left holes that later, larger ones grew around: at the end of a beam-5 × batch-32 search of
+    the 36.7M model 45–85 MB of freed heap stayed resident, a peak RSS of 437–479 MB that changed from run to
+    run. The arena reuses its blocks: 440 MB in every run with a session's own arena, 432 MB with one arena for
+    the encoder and the decoder (the encoder's transients are the decoder's later). Why not earlier: while the
+    graphs returned the grown caches, each step's differently sized caches stayed in the arena (700 vs 601 MB)."""
+    global _SHARED_ARENA_TRIED
+    if not _SHARED_ARENA_TRIED:
+        _SHARED_ARENA_TRIED = True
+        info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+        try:  # arguments: no memory limit, grow by powers of two (default), default first chunk and dead bytes
+            ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, 0, -1, -1))
+        except RuntimeError:  # an onnxruntime that refuses it: each session keeps an arena of its own
+            pass
+    options.add_session_config_entry("session.use_env_allocators", "1")
+
+
+def mapped_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A zero array in an anonymous memory mapping of its own, with transparent huge pages asked for.
+
+    For the self-attention store, the largest buffer of a beam search (118 MB at beam 5 × batch 32 × 30 tokens of
+    a 6-layer d512 model), which every step extends by a new position and gathers from at random cells:
+    - its pages are touched a step at a time; with 4 KiB pages each step faulted in ~1000 of them
+      (`SelfCache.update` 3.7–4.3 ms a step of that search on 2 AVX2 cores), with 2 MiB pages a few (2.0 ms);
+    - freed, a mapping goes back to the system at once; a malloc'ed store stayed in the heap after its search.
+    Where huge pages are not available (madvise unsupported, THP off) the mapping has ordinary pages."""
+    dtype = np.dtype(dtype)
+    count = math.prod(shape)
+    # private and anonymous: zero-filled, resident only once touched (a shared mapping would be shmem, no THP)
+    buffer = mmap.mmap(-1, max(count * dtype.itemsize, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            buffer.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    return np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
+
+
 def _plain_name(value: Any, key: str) -> str:
     """A file name the manifest may refer to: a plain name inside the export directory. An export is
     untrusted input (downloaded, shared): `../x`, `/etc/x` or `sub/x` would make loading or serving it read
@@ -538,6 +587,43 @@ def cross_rows(sentence: np.ndarray, per_source: bool) -> np.ndarray:
     return sentence
 
 
+class StorePool:
+    """Memory for self-attention stores, kept by a model between its searches and handed out again.
+
+    A beam search's store is its largest buffer (118 MB at beam 5 × batch 32 × 30 tokens of the 36.7M model), and
+    fresh memory is paid for page by page as a search first writes it; on the 2-core VM that is about 50 ms per
+    64 MB, so a new store per search cost 3–6% of a beam-5 × 32 search. A finished search's buffers come back here
+    (`SelfCache` gives them back when it is freed) and the next search takes the smallest that is big enough. A
+    search that needs more than any free buffer drops the smallest free one for each new buffer it makes, so the
+    pool holds about what the latest searches used; like onnxruntime's arena, it keeps that between requests.
+    Buffers are not cleared: a store cell is always written before any history refers to it."""
+
+    def __init__(self) -> None:
+        self._free: list[np.ndarray] = []  # flat uint8 buffers (mapped_zeros), each owned by nobody
+        self._lock = threading.Lock()  # searches of one model may run in several threads
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A flat uint8 buffer of at least `nbytes` bytes, no longer in the pool."""
+        with self._lock:
+            by_size = sorted(range(len(self._free)), key=lambda i: self._free[i].nbytes)
+            fit = next((i for i in by_size if self._free[i].nbytes >= nbytes), None)
+            if fit is not None:
+                return self._free.pop(fit)
+            if by_size:
+                del self._free[by_size[0]]  # superseded: a search needs more than it holds
+        return mapped_zeros((max(nbytes, 1),), np.uint8)
+
+    def give(self, buffers: Sequence[np.ndarray | None]) -> None:
+        """Buffers back into the pool (their arrays must no longer be used)."""
+        with self._lock:
+            self._free.extend(b for b in buffers if b is not None)
+
+    @property
+    def free_bytes(self) -> int:
+        with self._lock:
+            return sum(b.nbytes for b in self._free)
+
+
 class SelfCache:
     """The decoder's self-attention state between steps, owned by the host (export/graph.py has the why).
 
@@ -550,7 +636,17 @@ class SelfCache:
     so onnxruntime takes them without a copy.
     """
 
-    def __init__(self, specs: Sequence[dict[str, Any]], rows: int, steps: int = 0) -> None:
+    def __init__(
+        self,
+        specs: Sequence[dict[str, Any]],
+        rows: int,
+        steps: int = 0,
+        slots: int = 0,
+        pool: StorePool | None = None,
+    ) -> None:
+        self.pool = pool if pool is not None else StorePool()
+        self.buffers: list[np.ndarray | None] = [None] * len(specs)  # the pool's buffer under each store
+        weakref.finalize(self, self.pool.give, self.buffers)  # back to the pool when this cache is freed
         self.names = [spec["name"] for spec in specs]
         self.dtypes = [np.dtype(spec["dtype"]) for spec in specs]
         # per tensor: the position axis, and a store cell's split (a, b) or a running sum's row shape
@@ -566,11 +662,11 @@ class SelfCache:
                 self.cells.append(
                     (math.prod(int(s) for s in shape[1:axis]), math.prod(int(s) for s in shape[axis + 1 :]))
                 )
-        self.width = max(rows, 1)  # W: slots per position
+        self.width = max(rows, slots, 1)  # W: slots per position (`slots`: the most rows a step will have)
         self.capacity = max(steps, 1)  # positions the stores hold before they grow
-        self.stores = [
-            np.zeros((self.capacity * self.width * cell[0], cell[1]), dtype) if axis is not None else None
-            for axis, cell, dtype in zip(self.axes, self.cells, self.dtypes, strict=True)
+        self.stores: list[np.ndarray | None] = [
+            self._store(i, (self.capacity * self.width * cell[0], cell[1])) if axis is not None else None
+            for i, (axis, cell) in enumerate(zip(self.axes, self.cells, strict=True))
         ]
         self.sums = [
             np.zeros((rows, *cell), dtype) if axis is None else None
@@ -625,9 +721,11 @@ class SelfCache:
         """Room for `capacity` positions (the stores keep their filled cells)."""
         for i, store in enumerate(self.stores):
             if store is not None:
-                grown = np.zeros((capacity * self.width * self.cells[i][0], store.shape[1]), store.dtype)
+                old = self.buffers[i]
+                grown = self._store(i, (capacity * self.width * self.cells[i][0], store.shape[1]))
                 grown[: len(store)] = store
                 self.stores[i] = grown
+                self.pool.give([old])
         self.capacity = capacity
 
     def _widen(self, width: int) -> None:
@@ -635,11 +733,20 @@ class SelfCache:
         for i, store in enumerate(self.stores):
             if store is not None:
                 a, b = self.cells[i]
-                wide = np.zeros((self.capacity, width, a * b), store.dtype)
+                old = self.buffers[i]
+                wide = self._store(i, (self.capacity, width, a * b))
                 wide[:, : self.width] = store.reshape(self.capacity, self.width, a * b)
                 self.stores[i] = wide.reshape(self.capacity * width * a, b)
+                self.pool.give([old])
         self.history = self.history // self.width * width + self.history % self.width
         self.width = width
+
+    def _store(self, i: int, shape: tuple[int, ...]) -> np.ndarray:
+        """An uncleared array of `shape` for store i, on a buffer from the pool (recorded to give back)."""
+        dtype = self.dtypes[i]
+        nbytes = math.prod(shape) * dtype.itemsize
+        self.buffers[i] = buffer = self.pool.take(nbytes)
+        return buffer[:nbytes].view(dtype).reshape(shape)
 
 
 class _Stepper:
@@ -652,11 +759,17 @@ class _Stepper:
     """
 
     def __init__(
-        self, model: ExportedModel, encoded: dict[str, np.ndarray], rows: np.ndarray, full: bool = False, steps: int = 0
+        self,
+        model: ExportedModel,
+        encoded: dict[str, np.ndarray],
+        rows: np.ndarray,
+        full: bool = False,
+        steps: int = 0,
+        slots: int = 0,
     ) -> None:
         self.m = model
         self._take_cross(encoded, rows)
-        self.cache = SelfCache(model.self_specs, len(rows), steps)
+        self.cache = SelfCache(model.self_specs, len(rows), steps, slots, model.store_pool)
         self.full = full
         self.logits: np.ndarray | None = None  # [N, V] of the last step when `full`
         self.log_probs: np.ndarray | None = None
@@ -703,10 +816,15 @@ class _Stepper:
         """The cross-attention inputs (caches, memory_pad_mask) for decoder rows whose sources are `rows` [N]."""
         self.sentence = rows  # [N] source row of every decoder row
         self.cross_sources = cross_rows(rows, self.m.cross_per_source)  # [sources or N] source of every cross row
-        self.cross = {
-            name: np.ascontiguousarray(encoded[name][self.cross_sources])
-            for name in [*self.m.cross_names, "memory_pad_mask"]
-        }
+        names = [*self.m.cross_names, "memory_pad_mask"]
+        n = len(encoded["memory_pad_mask"])
+        if np.array_equal(self.cross_sources, np.arange(n)):
+            # every source once, in order (beam search and greedy over a fresh batch): the encoder's own arrays.
+            # A copy would hold the cross caches twice while it is made (33 MB of the 36.7M model's 42-token batch
+            # of 32) and leave that much freed but resident heap behind for the rest of the search
+            self.cross = {name: np.ascontiguousarray(encoded[name]) for name in names}
+        else:
+            self.cross = {name: np.ascontiguousarray(encoded[name][self.cross_sources]) for name in names}
 
     def select(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
@@ -775,13 +893,14 @@ class ExportedModel:
         # by default no spin-waiting after a run: the host does real work between steps and the cores may be
         # shared (other processes, torch in the same process); spinning trades that CPU for wake-up latency
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-        # No arena and no memory pattern: every decoder step has new shapes (the self caches grow by one
-        # position, beams finish), so an arena keeps each step's differently sized blocks and patterns never
-        # repeat. Measured on a 36.7M-parameter export, beam 5 × batch 32 × 30 tokens: peak RSS 700 → 601 MB
-        # without the arena, 585 MB with the pattern off and the heap trimmed after loading too, the speed
-        # unchanged (export.bench reports both).
-        options.enable_cpu_mem_arena = False
+        # No memory pattern: every decoder step has new shapes (the past grows by one position, beams finish),
+        # so patterns never repeat. On the CPU, both sessions allocate from the one arena of the process
+        # (`_use_shared_cpu_arena`): see there why an arena, and why one.
         options.enable_mem_pattern = False
+        if provider == "cpu":
+            _use_shared_cpu_arena(options)
+        else:
+            options.enable_cpu_mem_arena = False
         providers = execution_providers(provider, device_id)
         self.shared = shared_initializers(self.directory, m.get("shared_weights", []))
         for name, (_, value) in self.shared.items():
@@ -830,6 +949,7 @@ class ExportedModel:
         self.sp = spm.SentencePieceProcessor()
         self.sp.LoadFromSerializedProto((self.directory / m["tokenizer"]).read_bytes())
         self._special = frozenset((self.pad_id, self.bos_id, self.eos_id))
+        self.store_pool = StorePool()  # self-attention store memory reused from search to search
 
     # ------------------------------------------------------------------ building blocks
     def encode(self, src: np.ndarray, with_memory: bool = False) -> dict[str, np.ndarray]:
@@ -839,14 +959,20 @@ class ExportedModel:
         return dict(zip(names, out, strict=True))
 
     def stepper(
-        self, encoded: dict[str, np.ndarray], rows: np.ndarray | None = None, full: bool = False, steps: int = 0
+        self,
+        encoded: dict[str, np.ndarray],
+        rows: np.ndarray | None = None,
+        full: bool = False,
+        steps: int = 0,
+        slots: int = 0,
     ) -> _Stepper:
         """A decoding state over source rows `rows` (default: every row once); `full` also fetches
-        the [N, V] logits and log-probs of every step (verification); `steps`: the most steps expected (the
-        self-attention store is sized for them and grows if a caller goes on)."""
+        the [N, V] logits and log-probs of every step (verification); `steps`: the most steps expected and
+        `slots` the most rows a step will have (the self-attention store is sized for them and grows if a caller
+        goes beyond)."""
         if rows is None:
             rows = np.arange(len(encoded["memory_pad_mask"]), dtype=np.int64)
-        return _Stepper(self, encoded, np.asarray(rows, dtype=np.int64), full, steps)
+        return _Stepper(self, encoded, np.asarray(rows, dtype=np.int64), full, steps, slots)
 
     def _mask(self, lp: np.ndarray, tok: np.ndarray, t: int, at_limit: np.ndarray, search: Search) -> None:
         """zoo.generate's bans on a row's best-token list: pad and bos always, eos before min_len;
@@ -909,22 +1035,30 @@ class ExportedModel:
         k = search.beam_size
         b = src.shape[0]
         max_len = max_lengths((src != self.pad_id).sum(1), search, self.max_positions)  # [B]
-        step = self.stepper(self.encode(src), np.repeat(np.arange(b, dtype=np.int64), k), steps=int(max_len.max()))
+        # The first step runs one row per sentence, not K: all K beams start as the same bos hypothesis, and
+        # zoo.generate's first step takes its 2K candidates from beam 0 alone (the others score -inf) — so a row
+        # per sentence gives the same candidates for 1/K of the step (on the 36.7M model at beam 5 × batch 32,
+        # 4/5 of one step of 30, of the paper's 10). It needs 2K allowed tokens in a row's list: a vocabulary
+        # smaller than that (test models) starts with K rows as zoo.generate does.
+        g = 1 if min(2 * k + _BANNED, self.vocab_size) - _BANNED >= 2 * k else k  # rows per sentence this step
+        step = self.stepper(
+            self.encode(src), np.repeat(np.arange(b, dtype=np.int64), g), steps=int(max_len.max()), slots=b * k
+        )
         active = np.arange(b)  # original sentence ids still searching
-        tokens = np.full((b * k, 1), self.bos_id, dtype=np.int64)
-        scores = np.full((b, k), -np.inf, dtype=np.float32)
+        tokens = np.full((b * g, 1), self.bos_id, dtype=np.int64)
+        scores = np.full((b, g), -np.inf, dtype=np.float32)
         scores[:, 0] = 0.0  # all beams start identical: keep one so the first step yields distinct ones
         finals: list[list[Hypothesis]] = [[] for _ in range(b)]
         arange2k = np.arange(2 * k)
         for t in range(int(max_len.max())):
             n = active.size
-            lp, tok = step(tokens[:, -1], t, 2 * k + _BANNED)  # [n*K, c] best first per row
+            lp, tok = step(tokens[:, -1], t, 2 * k + _BANNED)  # [n*g, c] best first per row
             c = lp.shape[1]
-            self._mask(lp, tok, t, np.repeat(max_len[active] <= t + 1, k), search)
+            self._mask(lp, tok, t, np.repeat(max_len[active] <= t + 1, g), search)
             # torch.topk(2K) over [n, K*V] finds the same finite candidates among each row's c best
-            cand = (scores.reshape(-1, 1) + lp).reshape(n, k * c)
-            flat_tok = tok.reshape(n, k * c)
-            flat_id = (np.arange(k * c) // c)[None, :] * self.vocab_size + flat_tok  # beam*V + token: tie order
+            cand = (scores.reshape(-1, 1) + lp).reshape(n, g * c)
+            flat_tok = tok.reshape(n, g * c)
+            flat_id = (np.arange(g * c) // c)[None, :] * self.vocab_size + flat_tok  # beam*V + token: tie order
             top = np.lexsort((flat_id, -cand), axis=1)[:, : 2 * k]  # [n, 2K] sorted by score desc
             top_scores = np.take_along_axis(cand, top, 1)
             beam_idx, token_idx = top // c, np.take_along_axis(flat_tok, top, 1)
@@ -932,7 +1066,7 @@ class ExportedModel:
             done = np.zeros(n, dtype=bool)
             if is_eos.any():
                 norm = float(t + 1) ** search.len_penalty
-                prefix = tokens.reshape(n, k, -1)
+                prefix = tokens.reshape(n, g, -1)
                 for r, j in zip(*np.nonzero(is_eos), strict=True):
                     bucket = finals[int(active[r])]
                     if len(bucket) < k and j < k:  # only eos among the top K counts, as fairseq
@@ -947,11 +1081,12 @@ class ExportedModel:
             live = np.nonzero(~done)[0]
             if live.size == 0:
                 break
-            rows = (live[:, None] * k + new_beams[live]).reshape(-1)  # rows of tokens/cache to continue
+            rows = (live[:, None] * g + new_beams[live]).reshape(-1)  # rows of tokens/cache to continue
             tokens = np.concatenate([tokens[rows], new_tokens[live].reshape(-1, 1)], axis=1)
             scores = new_scores[live]
             active = active[live]
             step.select(rows)
+            g = k
         return [sorted(bucket, key=lambda h: -h.score) for bucket in finals]  # stable: first finished wins ties
 
     def generate(self, src: np.ndarray, search: Search | None = None) -> list[list[int]]:

@@ -38,7 +38,12 @@ from export import runtime as rt
 from export.exporter import export_checkpoint
 from export.graph import CacheSpec, ExportError
 from export.pruning import active_heads, head_importance, plan_from_importance, prune, validate_plan
-from export.rewrites import drop_multiplications_by_one, drop_unread, outputs_from_their_producers
+from export.rewrites import (
+    drop_multiplications_by_one,
+    drop_unread,
+    layout_preserving_transposes_to_reshapes,
+    outputs_from_their_producers,
+)
 from export.verify import encode_pairs, graph_parity
 from tests.zoo_testing import ENTRIES, REPO, random_batch, tiny_model
 from zoo import evaluation
@@ -599,6 +604,100 @@ def test_graph_rewrites_drop_multiplications_by_one_and_output_identities_exactl
     assert producer["copy"].op_type == "Neg" and producer["copy"].input[0] == "x"
     for a, b in zip(before, run(model), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_transposes_that_move_only_unit_axes_become_reshapes_exactly() -> None:
+    """A Transpose that moves only size-1 axes keeps memory order: it becomes a Reshape (which onnxruntime runs
+    without a copy) with the batch axis left dynamic; Transposes that move data, or whose target shape would need
+    two unknown sizes, stay. onnxruntime computes the same outputs before and after, at several batch sizes."""
+    n = "n"
+    specs = {  # input name: (shape, perm, becomes a Reshape)
+        "heads_split": ([n, 1, 8, 4], [0, 2, 1, 3], True),  # [N, 1, H, dh] -> [N, H, 1, dh]: one query position
+        "key_t": ([n, 8, 1, 4], [0, 1, 3, 2], True),  # [N, H, 1, dh] -> [N, H, dh, 1]
+        "moves_data": ([n, 3, 8, 4], [0, 2, 1, 3], False),
+        "two_unknowns": ([1, n, "m"], [1, 2, 0], False),  # [1, N, M] -> [N, M, 1]: order kept, two -1 sizes
+    }
+    inputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, shape) for k, (shape, _, _) in specs.items()]
+    outputs = [helper.make_tensor_value_info(f"{k}_out", TensorProto.FLOAT, None) for k in specs]
+    nodes = [helper.make_node("Transpose", [k], [f"{k}_out"], perm=perm) for k, (_, perm, _) in specs.items()]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", inputs, outputs), opset_imports=[helper.make_opsetid("", 20)], ir_version=10
+    )
+    rng = np.random.default_rng(0)
+
+    def run(m: onnx.ModelProto, batch: int) -> list[np.ndarray]:
+        sizes = {n: batch, "m": 3}
+        feeds = {
+            k: rng.standard_normal([sizes.get(d, d) for d in shape]).astype(np.float32)
+            for k, (shape, _, _) in specs.items()
+        }
+        session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        return [feeds, *session.run(None, feeds)]
+
+    before = [run(model, batch) for batch in (1, 5)]
+    layout_preserving_transposes_to_reshapes(model)
+    ops = {node.input[0]: node.op_type for node in model.graph.node}
+    assert ops == {k: "Reshape" if reshape else "Transpose" for k, (_, _, reshape) in specs.items()}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feeds, *expected in before:
+        for a, b in zip(expected, session.run(None, feeds), strict=True):
+            np.testing.assert_array_equal(a, b)
+    layout_preserving_transposes_to_reshapes(model)  # idempotent: nothing left to rewrite
+    assert [node.op_type for node in model.graph.node].count("Reshape") == 2
+
+
+def test_beam_search_runs_its_first_step_on_one_row_per_sentence(exported, monkeypatch) -> None:
+    """All beams of a sentence start as the same bos hypothesis, so the runtime's first beam step decodes one row
+    per sentence and the next ones beam-size rows (the search itself is checked against zoo.generate by the
+    beam-equality tests); the self-attention store is sized for the full width from the start."""
+    out, _ = exported("transformer")
+    runtime = export.load(out, threads=1)
+    src = runtime.pad(runtime.encode_texts(["Guten Morgen.", "Das Haus ist klein.", "Ja."]))
+    rows: list[int] = []
+    widths: list[int] = []
+    decode = rt._Stepper._decode
+
+    def spy(self, outputs, inputs):
+        rows.append(len(inputs["tokens"]))
+        widths.append(self.cache.width)
+        return decode(self, outputs, inputs)
+
+    monkeypatch.setattr(rt._Stepper, "_decode", spy)
+    hyps = runtime.generate_nbest(src, rt.Search(beam_size=4, max_len_a=0.0, max_len_b=6, min_len=6), 4)
+    assert rows[:3] == [3, 12, 12] and set(widths) == {12}
+    assert all(len(h) == 4 and all(len(x.tokens) == 5 for x in h) for h in hyps)
+
+
+def test_mapped_zeros_are_writable_zeros_that_the_store_uses() -> None:
+    zeros = rt.mapped_zeros((3, 5), np.float32)
+    assert zeros.shape == (3, 5) and zeros.dtype == np.float32 and not zeros.any() and zeros.flags.writeable
+    zeros[1, 2] = 7.0
+    assert zeros.sum() == 7.0
+    spec = {"name": "k", "kind": "self", "layer": 0, "key": "k", "shape": ["batch", 2, "steps", 3], "dtype": "float32"}
+    cache = rt.SelfCache([spec], rows=2, steps=4, slots=5)
+    assert cache.width == 5 and cache.stores[0].shape == (4 * 5 * 2, 3) and not cache.stores[0].any()
+
+
+def test_store_pool_hands_a_finished_search_buffers_to_the_next() -> None:
+    """A freed SelfCache gives its store buffers back to the model's pool; the next search of the same size takes
+    those very buffers (no new memory), a larger one makes new ones and drops the smaller free ones instead of
+    piling them up, and a store grown or widened mid-search gives its old buffer back at once."""
+    spec = {"name": "k", "kind": "self", "layer": 0, "key": "k", "shape": ["batch", 2, "steps", 3], "dtype": "float32"}
+    pool = rt.StorePool()
+    cache = rt.SelfCache([spec, {**spec, "name": "v"}], rows=4, steps=5, pool=pool)
+    first = [id(b) for b in cache.buffers]
+    del cache
+    assert pool.free_bytes == 2 * 5 * 4 * 2 * 3 * 4
+    cache = rt.SelfCache([spec, {**spec, "name": "v"}], rows=4, steps=5, pool=pool)
+    assert sorted(id(b) for b in cache.buffers) == sorted(first) and pool.free_bytes == 0
+    del cache
+    big = rt.SelfCache([spec, {**spec, "name": "v"}], rows=8, steps=5, pool=pool)
+    assert pool.free_bytes == 0 and all(b.nbytes == 5 * 8 * 2 * 3 * 4 for b in big.buffers)
+    before = id(big.buffers[0])
+    for _ in range(6):  # a sixth position: the stores grow, their old buffers go back
+        big.update([np.ones((8, 2, 1, 3), np.float32)] * 2)
+    assert id(big.buffers[0]) != before and pool.free_bytes > 0
+    np.testing.assert_array_equal(big.feeds()["k"], 1.0)
 
 
 def test_runtime_refuses_a_corrupt_export(exported, tmp_path) -> None:

@@ -72,16 +72,22 @@ class BlsModel(export_runtime.ExportedModel):
     def encode(self, src: np.ndarray, with_memory: bool = False) -> dict[str, np.ndarray]:
         names = (["memory"] if with_memory else []) + ["memory_pad_mask", *self.cross_names]
         out = _call(self.encoder_model, {"src_tokens": np.ascontiguousarray(src, dtype=np.int64)}, names)
-        return {n: out[n].as_numpy() for n in names}
+        # copies: the stepper keeps the encoder's arrays as its cross inputs, and these belong to the response
+        return {n: out[n].as_numpy().copy() for n in names}
 
     def stepper(
-        self, encoded: dict[str, np.ndarray], rows: np.ndarray | None = None, full: bool = False, steps: int = 0
+        self,
+        encoded: dict[str, np.ndarray],
+        rows: np.ndarray | None = None,
+        full: bool = False,
+        steps: int = 0,
+        slots: int = 0,
     ) -> BlsStepper:
         if full:
             raise NotImplementedError("full logits are a verification feature of the local runtime")
         if rows is None:
             rows = np.arange(len(encoded["memory_pad_mask"]), dtype=np.int64)
-        return BlsStepper(self, encoded, np.asarray(rows, dtype=np.int64), steps=steps)
+        return BlsStepper(self, encoded, np.asarray(rows, dtype=np.int64), steps=steps, slots=slots)
 
 
 class TritonPythonModel(TextModel):
