@@ -489,7 +489,10 @@ def test_runtime_imports_no_torch_and_stays_self_contained(exported) -> None:
         "hashlib",
         "json",
         "math",
+        "mmap",  # the self-attention stores' own mappings
         "os",
+        "threading",  # the store pool's lock
+        "weakref",  # a freed SelfCache gives its buffers back
         "collections",
         "dataclasses",
         "pathlib",
