@@ -3,9 +3,13 @@ rendered REPORT.md must equal a fresh render of its `results/<name>/` — a hand
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 from omegaconf import OmegaConf
 
+from export import bench_table
 from tests.zoo_testing import REPO
 from zoo.report.publish import publish
 from zoo.report.readme import read_block, readme_suites, replace_block
@@ -42,3 +46,18 @@ def test_block_replacement_touches_only_the_block() -> None:
         replace_block(text, "y", "new\n")
     prose = "Publish it as its own block (`<!-- results:z -->` … `<!-- /results:z -->`).\n"
     assert readme_suites(prose + text) == ["x"]  # markers quoted in prose are not blocks
+
+
+def test_readme_runtime_table_is_the_render_of_its_report(capsys) -> None:
+    """The runtime's memory and speed table is `python -m export.bench_table <report>`'s output for the stored
+    export.bench report the block names; a report that cannot be read is refused naming what to give."""
+    block = bench_table.read_block(README_TEXT)
+    source = re.search(r"`python -m export\.bench_table (\S+)`", block)
+    assert source is not None, "the bench:runtime block must name the report it renders"
+    report = json.loads((REPO / source.group(1)).read_text(encoding="utf-8"))
+    assert block == bench_table.render(report, source.group(1)), (
+        f"README.md's bench:runtime block differs from its report: run `python -m export.bench_table "
+        f"{source.group(1)} --readme`"
+    )
+    with pytest.raises(SystemExit, match=r"cannot render .*python -m export\.bench"):
+        bench_table.main(["no-such-report.json"])

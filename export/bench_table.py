@@ -1,0 +1,114 @@
+"""The README's runtime table, rendered from a stored `python -m export.bench --baseline-runtime … --json` report.
+
+    python -m export.bench_table results/runtime/<report>.json            # print the table
+    python -m export.bench_table results/runtime/<report>.json --readme   # rewrite README.md's block
+
+Why: a published number is the render of a stored measurement, never typed (DESIGN.md §3b'). The block between
+`<!-- bench:runtime -->` and `<!-- /bench:runtime -->` in README.md is this module's output for the report it
+names, and tests/test_export.py checks that it still is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BLOCK = "bench:runtime"
+KINDS = (("fp32", "ort", "ort-baseline"), ("INT8", "int8", "int8-baseline"))
+TARGETS_MB = {"fp32": 450, "int8": 330}  # issue 23: peak RSS of a fresh process at the headline point
+TARGET_RATIO = 1.25
+
+
+def _ratio(point: dict[str, Any], engine: str) -> str:
+    pair = next((p for p in point["pairs"] if p["engine"] == engine), None)
+    if pair is None:
+        return "—"
+    return f"{pair['ratio']:.2f}× ({pair['identical']}/{point['sentences']} same)"
+
+
+def _memory(report: dict[str, Any], kind: str) -> str:
+    entry = report.get("memory", {}).get(kind)
+    if not entry:
+        return "—"
+    engines = entry["engines"]
+    new, old = engines["ort"], engines.get("ort-baseline")
+    text = f"{new['peak_mb']:.0f} MB" if old is None else f"{old['peak_mb']:.0f} → {new['peak_mb']:.0f} MB"
+    return text + f" (after loading {new['after_load_mb']:.0f})"
+
+
+def render(report: dict[str, Any], source: str) -> str:
+    """Markdown: the machine and settings, then per point the new/baseline speed ratio of the fp32 and INT8
+    runtimes (with how many hypotheses were the same), then the fresh-process peak RSS."""
+    machine = report.get("machine", {})
+    baseline = report.get("baseline_runtime") or {}
+    head = report["headline"]["label"]
+    lines = [
+        f"Rendered by `python -m export.bench_table {source}` from that report: "
+        f"{machine.get('cpu', 'CPU not recorded')}, {machine.get('cores', '?')} cores, {report['threads']} threads, "
+        f"medians of {report['repeats']} interleaved rounds (the headline {report['headline']['rounds']}); "
+        f"baseline: the runtime with sha256 {baseline.get('sha256', '?')[:12]} on its own export.",
+        "",
+        "| new / baseline runtime | fp32 | INT8 |",
+        "|---|---|---|",
+    ]
+    for point in report["points"]:
+        label = point["label"].removeprefix("headline: ")
+        if label == head.removeprefix("headline: "):
+            label = f"**{label} × {report['fixed_len']} tokens** (target ≥ {TARGET_RATIO})"
+        lines.append(f"| {label} | {_ratio(point, 'ort')} | {_ratio(point, 'int8')} |")
+    memory = report.get("memory", {})
+    if memory:
+        lines.append(
+            f"| peak RSS, fresh process, beam {memory['beam']} × batch {memory['batch']} × {memory['fixed_len']} "
+            f"tokens (target {TARGETS_MB['fp32']} / {TARGETS_MB['int8']} MB) | {_memory(report, 'fp32')} | "
+            f"{_memory(report, 'int8')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _pattern() -> re.Pattern[str]:
+    name = re.escape(BLOCK)
+    return re.compile(rf"(^<!-- {name} -->\n)(.*?)(^<!-- /{name} -->$)", re.DOTALL | re.MULTILINE)
+
+
+def read_block(text: str) -> str:
+    match = _pattern().search(text)
+    if match is None:
+        raise ValueError(f"README.md has no block <!-- {BLOCK} --> … <!-- /{BLOCK} -->: add the two marker lines")
+    return match.group(2)
+
+
+def replace_block(text: str, block: str) -> str:
+    read_block(text)
+    return _pattern().sub(lambda m: m.group(1) + block + m.group(3), text, count=1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m export.bench_table", description=__doc__.split("\n\n")[0])
+    ap.add_argument("report", help="an export.bench --json report made with --baseline-runtime")
+    ap.add_argument("--readme", action="store_true", help="rewrite README.md's bench:runtime block with the table")
+    args = ap.parse_args(argv)
+    path = Path(args.report)
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        table = render(report, args.report)
+    except (OSError, ValueError, KeyError) as exc:
+        sys.exit(f"cannot render {path}: {exc!r}; give a report written by `python -m export.bench ... --json`")
+    if not args.readme:
+        print(table, end="")
+        return
+    text = README.read_text(encoding="utf-8")
+    try:
+        README.write_text(replace_block(text, table), encoding="utf-8")
+    except ValueError as exc:
+        sys.exit(str(exc))
+    print(f"README.md: {BLOCK} block rendered from {path}")
+
+
+if __name__ == "__main__":
+    main()
