@@ -816,15 +816,14 @@ class _Stepper:
         """The cross-attention inputs (caches, memory_pad_mask) for decoder rows whose sources are `rows` [N]."""
         self.sentence = rows  # [N] source row of every decoder row
         self.cross_sources = cross_rows(rows, self.m.cross_per_source)  # [sources or N] source of every cross row
-        names = [*self.m.cross_names, "memory_pad_mask"]
-        n = len(encoded["memory_pad_mask"])
-        if np.array_equal(self.cross_sources, np.arange(n)):
-            # every source once, in order (beam search and greedy over a fresh batch): the encoder's own arrays.
-            # A copy would hold the cross caches twice while it is made (33 MB of the 36.7M model's 42-token batch
-            # of 32) and leave that much freed but resident heap behind for the rest of the search
-            self.cross = {name: np.ascontiguousarray(encoded[name]) for name in names}
-        else:
-            self.cross = {name: np.ascontiguousarray(encoded[name][self.cross_sources]) for name in names}
+        # every source once, in order (beam search and greedy over a fresh batch): the encoder's own arrays. A copy
+        # would hold the cross caches twice while it is made (33 MB of the 36.7M model's 42-token batch of 32) and
+        # leave that much freed but resident heap behind for the rest of the search
+        whole = np.array_equal(self.cross_sources, np.arange(len(encoded["memory_pad_mask"])))
+        self.cross = {
+            name: np.ascontiguousarray(encoded[name] if whole else encoded[name][self.cross_sources])
+            for name in [*self.m.cross_names, "memory_pad_mask"]
+        }
 
     def select(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
@@ -864,6 +863,8 @@ def execution_providers(provider: str, device_id: int = 0) -> list[Any]:
 
 class ExportedModel:
     """An export directory loaded into two onnxruntime sessions plus its sentencepiece model."""
+
+    stepper_class: type[_Stepper] = _Stepper  # what `stepper` makes (the BLS model's runs its graphs elsewhere)
 
     def __init__(
         self,
@@ -972,7 +973,7 @@ class ExportedModel:
         goes beyond)."""
         if rows is None:
             rows = np.arange(len(encoded["memory_pad_mask"]), dtype=np.int64)
-        return _Stepper(self, encoded, np.asarray(rows, dtype=np.int64), full, steps, slots)
+        return self.stepper_class(self, encoded, np.asarray(rows, dtype=np.int64), full, steps, slots)
 
     def _mask(self, lp: np.ndarray, tok: np.ndarray, t: int, at_limit: np.ndarray, search: Search) -> None:
         """zoo.generate's bans on a row's best-token list: pad and bos always, eos before min_len;

@@ -52,6 +52,11 @@ class BlsStepper(export_runtime._Stepper):
     """`export_runtime._Stepper` with the decoder graph run by a BLS call to the decoder model (feeds, the
     self-attention store, `select(rows)` are all inherited)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.full:
+            raise NotImplementedError("full logits are a verification feature of the local runtime")
+
     def _decode(self, outputs: list[str], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         out = _call(self.m.decoder_model, inputs, outputs)
         return [out[name].as_numpy().copy() for name in outputs]
@@ -59,6 +64,8 @@ class BlsStepper(export_runtime._Stepper):
 
 class BlsModel(export_runtime.ExportedModel):
     """The export runtime's search with the graphs running in other Triton models (no local ORT sessions)."""
+
+    stepper_class = BlsStepper
 
     def __init__(self, directory: str, encoder_model: str, decoder_model: str, decoder_inputs: list[str]) -> None:
         manifest = json.loads((Path(directory) / export_runtime.MANIFEST).read_text(encoding="utf-8"))
@@ -74,20 +81,6 @@ class BlsModel(export_runtime.ExportedModel):
         out = _call(self.encoder_model, {"src_tokens": np.ascontiguousarray(src, dtype=np.int64)}, names)
         # copies: the stepper keeps the encoder's arrays as its cross inputs, and these belong to the response
         return {n: out[n].as_numpy().copy() for n in names}
-
-    def stepper(
-        self,
-        encoded: dict[str, np.ndarray],
-        rows: np.ndarray | None = None,
-        full: bool = False,
-        steps: int = 0,
-        slots: int = 0,
-    ) -> BlsStepper:
-        if full:
-            raise NotImplementedError("full logits are a verification feature of the local runtime")
-        if rows is None:
-            rows = np.arange(len(encoded["memory_pad_mask"]), dtype=np.int64)
-        return BlsStepper(self, encoded, np.asarray(rows, dtype=np.int64), steps=steps, slots=slots)
 
 
 class TritonPythonModel(TextModel):
