@@ -43,6 +43,7 @@ from export.graph import (
     store_shape,
 )
 from export.rewrites import (
+    consecutive_reshapes_merged,
     drop_multiplications_by_one,
     drop_unread,
     layout_preserving_transposes_to_reshapes,
@@ -184,6 +185,7 @@ def _finish_graph(path: Path, metadata: dict[str, str]) -> GraphInfo:
     drop_multiplications_by_one(model)
     outputs_from_their_producers(model)
     layout_preserving_transposes_to_reshapes(model)
+    consecutive_reshapes_merged(model)
     drop_unread(model)
     for key, value in metadata.items():
         entry = model.metadata_props.add()

@@ -206,3 +206,55 @@ def layout_preserving_transposes_to_reshapes(model: onnx.ModelProto) -> None:
         node.op_type = "Reshape"
         del node.attribute[:]
         node.input.append(shape_name)
+
+
+def _same_size(a: onnx.TensorShapeProto.Dimension, b: onnx.TensorShapeProto.Dimension) -> bool:
+    """Whether two axes are known to have the same size: equal known sizes, or the same named symbolic size."""
+    if a.HasField("dim_value") or b.HasField("dim_value"):
+        return a.HasField("dim_value") and b.HasField("dim_value") and a.dim_value == b.dim_value
+    return bool(a.dim_param) and a.dim_param == b.dim_param
+
+
+def consecutive_reshapes_merged(model: onnx.ModelProto) -> None:
+    """Reshape(Reshape(x, s1), s2) is Reshape(x, s2) when nothing else reads the inner result: a Reshape keeps
+    the elements in memory order, so only the last target counts — provided each 0 in it ("this axis' size in
+    the input") names an axis whose size x has too.
+
+    Splitting heads ([N, 1, D] → [N, 1, H, dh]) and then moving the single query position
+    (layout_preserving_transposes_to_reshapes: [N, 1, H, dh] → [N, H, 1, dh]) are two Reshapes in a row for
+    every query, key and value a decoder step projects: 30 of a 6-layer step's 88 Reshape kernels, each a
+    launch that costs a few µs of a batch-1 step whatever it moves (nothing)."""
+    graph = model.graph
+    shapes = _shapes(model)
+    producer = {out: node for node in graph.node for out in node.output}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    outputs = {o.name for o in graph.output}
+
+    def plain_reshape(node: onnx.NodeProto | None) -> bool:
+        return (
+            node is not None
+            and node.op_type == "Reshape"
+            and node.domain in ("", "ai.onnx")
+            and all(a.name != "allowzero" or a.i == 0 for a in node.attribute)
+        )
+
+    for node in graph.node:
+        inner = producer.get(node.input[0])
+        if not plain_reshape(node) or not plain_reshape(inner):
+            continue
+        assert inner is not None
+        middle = inner.output[0]
+        target = constant_ints(graph, node.input[1])
+        source, between = shapes.get(inner.input[0]), shapes.get(middle)
+        if target is None or source is None or between is None or readers.get(middle) != 1 or middle in outputs:
+            continue
+        zeros = [axis for axis, size in enumerate(target) if size == 0]
+        if all(
+            axis < len(source.dim) and axis < len(between.dim) and _same_size(source.dim[axis], between.dim[axis])
+            for axis in zeros
+        ):
+            node.input[0] = inner.input[0]
+            readers[middle] = 0

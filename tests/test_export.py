@@ -39,6 +39,7 @@ from export.exporter import export_checkpoint
 from export.graph import CacheSpec, ExportError
 from export.pruning import active_heads, head_importance, plan_from_importance, prune, validate_plan
 from export.rewrites import (
+    consecutive_reshapes_merged,
     drop_multiplications_by_one,
     drop_unread,
     layout_preserving_transposes_to_reshapes,
@@ -647,6 +648,64 @@ def test_transposes_that_move_only_unit_axes_become_reshapes_exactly() -> None:
             np.testing.assert_array_equal(a, b)
     layout_preserving_transposes_to_reshapes(model)  # idempotent: nothing left to rewrite
     assert [node.op_type for node in model.graph.node].count("Reshape") == 2
+
+
+def test_consecutive_reshapes_merge_into_the_last_exactly() -> None:
+    """Reshape(Reshape(x, s1), s2) reads x directly when nothing else reads the inner result and every 0 in s2
+    names an axis x has the same size on; a Reshape whose 0 would then mean another size, and one whose inner
+    result has a second reader, stay. onnxruntime computes the same outputs before and after, at several
+    batch sizes."""
+    inputs = [
+        helper.make_tensor_value_info("heads", TensorProto.FLOAT, ["n", 1, 8]),
+        helper.make_tensor_value_info("flat", TensorProto.FLOAT, ["n", 6]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
+        for name in ("moved", "shared_moved", "split", "regrouped")
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(shape, dtype=np.int64), name)
+        for name, shape in {
+            "to_heads": [0, 1, 2, 4],
+            "to_positions": [0, 2, 1, 4],
+            "to_pairs": [2, -1],
+            "to_groups": [0, 3, -1],
+        }.items()
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["heads", "to_heads"], ["split"]),  # [N, 1, 2, 4]; also read below
+        helper.make_node("Reshape", ["split", "to_positions"], ["shared_moved"]),  # kept: "split" has 2 readers
+        helper.make_node("Reshape", ["heads", "to_heads"], ["split_once"]),
+        helper.make_node("Reshape", ["split_once", "to_positions"], ["moved"]),  # merged: reads "heads"
+        helper.make_node("Reshape", ["flat", "to_pairs"], ["pairs"]),  # [2, 3N]
+        helper.make_node("Reshape", ["pairs", "to_groups"], ["regrouped"]),  # its 0 is 2, not N: kept
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", inputs, outputs, inits),
+        opset_imports=[helper.make_opsetid("", 20)],
+        ir_version=10,
+    )
+    rng = np.random.default_rng(0)
+    cases = [
+        {
+            "heads": rng.standard_normal((batch, 1, 8)).astype(np.float32),
+            "flat": rng.standard_normal((batch, 6)).astype(np.float32),
+        }
+        for batch in (1, 4)
+    ]
+
+    def run(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+    before = [run(model, feeds) for feeds in cases]
+    consecutive_reshapes_merged(model)
+    drop_unread(model)
+    reads = {node.output[0]: node.input[0] for node in model.graph.node}
+    assert reads["moved"] == "heads" and reads["shared_moved"] == "split" and reads["regrouped"] == "pairs"
+    assert "split_once" not in reads
+    for feeds, expected in zip(cases, before, strict=True):
+        for a, b in zip(expected, run(model, feeds), strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_beam_search_runs_its_first_step_on_one_row_per_sentence(exported, monkeypatch) -> None:

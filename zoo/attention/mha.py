@@ -35,15 +35,17 @@ class MultiHeadAttention(Attention):
 
     def attend_step(self, q: Tensor, past: Cache, new: Cache, grown: Cache) -> Tensor:
         """softmax over [q k_pastᵀ, q k_newᵀ] / √dh, then the past values and the new one weighted apart:
-        the same attention as over `grown`, without reading it (see `Attention.attend_step`). Written so the
-        exported step stays small at batch 1, where every extra kernel shows: the scale sits on each product
-        (onnxruntime folds it into the MatMul), and the new value is weighted by a MatMul, not a broadcast Mul
-        (which onnxruntime's transpose optimizer wraps in two Transposes)."""
+        the same attention as over `grown`, without reading it (see `Attention.attend_step`). The past goes
+        through MatMuls (onnxruntime folds the scale into the first); the new position's score and value are
+        elementwise — a product summed over dh, a broadcast weight — because as MatMuls they were batched
+        matrix products of one element or one row per (row, head) — 1280 tiny products each at beam 5 × batch 32,
+        0.36 and 0.22 ms per layer and step of the 36.7M model on 2 AVX2 cores (3.5 of a 114 ms step), where
+        the elementwise kernels take a few µs; at batch 1 the step has no more kernels than before."""
         if "A" in self.capture or self.training:
             return super().attend_step(q, past, new, grown)
         scale = 1.0 / math.sqrt(self.head_dim)
         scores = torch.cat(
-            [(q @ past["k"].transpose(-1, -2)) * scale, (q @ new["k"].transpose(-1, -2)) * scale], dim=-1
+            [(q @ past["k"].transpose(-1, -2)) * scale, (q * new["k"]).sum(-1, keepdim=True) * scale], dim=-1
         )  # [B, H, 1, t + 1]
         attn = scores.softmax(dim=-1)
-        return attn[..., :-1] @ past["v"] + attn[..., -1:] @ new["v"]  # [B, H, 1, dh]
+        return attn[..., :-1] @ past["v"] + attn[..., -1:] * new["v"]  # [B, H, 1, dh]
