@@ -67,6 +67,7 @@ import onnx
 import torch
 
 from export import rss_probe
+from export.bench_table import paired_ratio
 from export.graph import ExportError
 from export.pruning import prune
 from export.runtime import ExportedModel, ExportRuntimeError, Search, load
@@ -391,6 +392,7 @@ def bench_point(
             "engine": new,
             "baseline": base,
             "ratio": point["engines"][new]["sentences_per_s"] / point["engines"][base]["sentences_per_s"],
+            "paired_ratio": paired_ratio(times[base], times[new]),
             "identical": sum(a == b for a, b in zip(results[base], results[new], strict=True)),
         }
         for new, base in pairs
@@ -409,6 +411,7 @@ def _pairs_text(p: dict[str, Any]) -> str:
     same = p.get("same_model", True)
     return ", ".join(
         f"{q['engine']}/{q['baseline']} {q['ratio']:.2f}x"
+        + (f" (paired {q['paired_ratio']:.2f}x)" if "paired_ratio" in q else "")
         + (f" (same hyps {q['identical']}/{p['sentences']})" if same else "")
         for q in p["pairs"]
     )

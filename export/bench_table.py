@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +26,20 @@ TARGETS_MB = {"fp32": 450, "int8": 330}  # issue 23: peak RSS of a fresh process
 TARGET_RATIO = 1.25
 
 
+def paired_ratio(baseline_times: Sequence[float], times: Sequence[float]) -> float:
+    """The median over rounds of baseline time / engine time, each round's two runs side by side. On a VM
+    whose speed drifts by ±10% within minutes, a round's two runs share its speed where the two medians need
+    not: the ratio of medians (`ratio`) is the headline number, this one says how far drift moved it."""
+    return statistics.median(b / t for b, t in zip(baseline_times, times, strict=True))
+
+
 def _ratio(point: dict[str, Any], engine: str) -> str:
     pair = next((p for p in point["pairs"] if p["engine"] == engine), None)
     if pair is None:
         return "—"
-    return f"{pair['ratio']:.2f}× ({pair['identical']}/{point['sentences']} same)"
+    engines = point["engines"]
+    paired = paired_ratio(engines[pair["baseline"]]["times_s"], engines[engine]["times_s"])
+    return f"{pair['ratio']:.2f}× (paired {paired:.2f}×; {pair['identical']}/{point['sentences']} same)"
 
 
 def _memory(report: dict[str, Any], kind: str) -> str:

@@ -61,3 +61,28 @@ def test_readme_runtime_table_is_the_render_of_its_report(capsys) -> None:
     )
     with pytest.raises(SystemExit, match=r"cannot render .*python -m export\.bench"):
         bench_table.main(["no-such-report.json"])
+
+
+def test_paired_ratio_is_the_median_of_each_rounds_ratio_and_the_table_shows_it() -> None:
+    """Rounds run both runtimes side by side, so a round's ratio keeps what drift in the machine's speed between
+    rounds would move: here the baseline's third round ran on a machine twice as slow, which moves the ratio of
+    medians (1.10×) but not the median of the rounds' ratios (2.00×); the table gives both."""
+    baseline, new = [2.0, 2.2, 4.0], [1.0, 2.2, 2.0]
+    assert bench_table.paired_ratio(baseline, new) == 2.0
+    point = {
+        "label": "fixed beam5 batch 32",
+        "sentences": 4,
+        "engines": {"ort-baseline": {"times_s": baseline}, "ort": {"times_s": new}},
+        "pairs": [{"engine": "ort", "baseline": "ort-baseline", "ratio": 2.2 / 2.0, "identical": 4}],
+    }
+    report = {
+        "machine": {"cpu": "test CPU", "cores": 2},
+        "baseline_runtime": {"sha256": "0" * 64},
+        "threads": 2,
+        "repeats": 3,
+        "fixed_len": 30,
+        "headline": {"label": "fixed beam5 batch 32", "rounds": 3},
+        "points": [point],
+    }
+    row = bench_table.render(report, "report.json").splitlines()[-1]
+    assert row.startswith("| **fixed beam5 batch 32 × 30 tokens**") and "1.10× (paired 2.00×; 4/4 same) | — |" in row
