@@ -11,9 +11,11 @@ update's objective includes the GHT terms: `gc_loss` is pinned alongside the tas
 
 Tolerance (absolute): one thread makes a run bit-for-bit repeatable here (three recordings were identical), so the
 tolerance only has to absorb float32 reduction-order differences of other CPUs/BLAS paths. Measured by running with
-2 threads instead of 1: task loss moved ≤ 3.4e-6 and gc_loss ≤ 1.9e-5 by update 20. Hence 1e-5 for the task loss
-(~3× the reorder noise; the GHT terms alone move ght_ps's task loss away from transformer's by up to 2.8e-4 within
-these 20 updates, so the tolerance still sees them) and 1e-4 for gc_loss (a float32 mean of cosines ≈ 0.5 whose
+2 threads instead of 1: task loss moved ≤ 3.4e-6 and gc_loss ≤ 1.9e-5 by update 20; on an AMD EPYC (AVX2) VM
+against these numbers, recorded on an Intel Xeon (AVX-512), the task loss moved ≤ 8e-7 (transformer) and ≤ 1.15e-5
+(ght_ps, update 18), gc_loss ≤ 4.7e-5. Hence 3e-5 for the task loss (~2.6× the largest cross-CPU drift seen; the
+GHT terms alone move ght_ps's task loss away from transformer's by up to 2.8e-4 within these 20 updates, so the
+tolerance still sees them) and 1e-4 for gc_loss (a float32 mean of cosines ≈ 0.5 whose
 k-means partition amplifies reorder noise; a changed α, β, feature map or normalisation moves it by ≫ 1e-3).
 A legitimate change of the numbers (torch upgrade, a deliberate change of the recipe) means re-recording the lists.
 """
@@ -33,7 +35,7 @@ from zoo.train import train
 from zoo.trainer import Trainer
 
 UPDATES = 20
-LOSS_ATOL = 1e-5
+LOSS_ATOL = 3e-5
 GC_LOSS_ATOL = 1e-4
 # sha256 of the smoke corpus's train.de, train.en, valid.de, valid.en (concatenated): the numbers below are only
 # meaningful for this data; a rebuilt Debian corpus with other package versions changes them for no code reason.
