@@ -411,7 +411,7 @@ def _pairs_text(p: dict[str, Any]) -> str:
     same = p.get("same_model", True)
     return ", ".join(
         f"{q['engine']}/{q['baseline']} {q['ratio']:.2f}x"
-        + (f" (paired {q['paired_ratio']:.2f}x)" if "paired_ratio" in q else "")
+        + f" (paired {q['paired_ratio']:.2f}x)"
         + (f" (same hyps {q['identical']}/{p['sentences']})" if same else "")
         for q in p["pairs"]
     )

@@ -233,19 +233,19 @@ def consecutive_reshapes_merged(model: onnx.ModelProto) -> None:
             readers[name] = readers.get(name, 0) + 1
     outputs = {o.name for o in graph.output}
 
-    def plain_reshape(node: onnx.NodeProto | None) -> bool:
+    def plain_reshape(node: onnx.NodeProto) -> bool:
         return (
-            node is not None
-            and node.op_type == "Reshape"
+            node.op_type == "Reshape"
             and node.domain in ("", "ai.onnx")
             and all(a.name != "allowzero" or a.i == 0 for a in node.attribute)
         )
 
     for node in graph.node:
+        if not plain_reshape(node):
+            continue  # (checked first: a Constant node has no input to look up)
         inner = producer.get(node.input[0])
-        if not plain_reshape(node) or not plain_reshape(inner):
+        if inner is None or not plain_reshape(inner):
             continue
-        assert inner is not None
         middle = inner.output[0]
         target = constant_ints(graph, node.input[1])
         source, between = shapes.get(inner.input[0]), shapes.get(middle)
