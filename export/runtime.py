@@ -975,6 +975,33 @@ class ExportedModel:
             rows = np.arange(len(encoded["memory_pad_mask"]), dtype=np.int64)
         return self.stepper_class(self, encoded, np.asarray(rows, dtype=np.int64), full, steps, slots)
 
+    def _best_tokens(
+        self,
+        step: _Stepper,
+        last: np.ndarray,
+        t: int,
+        k: int,
+        at_limit: np.ndarray,
+        search: Search,
+        ended: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The k best (log-prob [N, k], token [N, k]) of every row at position t after zoo.generate's bans
+        (`_mask`); `ended` [N]: rows that have finished already (greedy search keeps them as padding).
+
+        A row at its length limit may only end, with eos at log-prob 0 whatever the model says (zoo.generate), so
+        a step where every row is at its limit or finished does not run the decoder: its output would be thrown
+        away. That is the last step of every batch whose remaining sentences reach their maximum length — 1 of
+        the 30 steps of a fixed-length 30-token search, none where every sentence ends before its limit."""
+        must_end = at_limit if ended is None else at_limit | ended
+        if must_end.all():
+            c = min(k, self.vocab_size)  # what the decoder's top-k would have returned
+            lp = np.full((len(must_end), c), -np.inf, dtype=np.float32)
+            lp[:, 0] = 0.0
+            return lp, np.full((len(must_end), c), self.eos_id, dtype=np.int64)
+        lp, tok = step(last, t, k)
+        self._mask(lp, tok, t, at_limit, search)
+        return lp, tok
+
     def _mask(self, lp: np.ndarray, tok: np.ndarray, t: int, at_limit: np.ndarray, search: Search) -> None:
         """zoo.generate's bans on a row's best-token list: pad and bos always, eos before min_len;
         a row at its length limit gets only eos (log-prob 0). In place on lp/tok [N, k]."""
@@ -1010,8 +1037,7 @@ class ExportedModel:
         total = np.zeros(b, dtype=np.float32)  # [B] summed log-probs of the emitted tokens, eos included
         rows = np.arange(b)
         for t in range(int(max_len.max())):
-            lp, tok = step(tokens[:, -1], t, _BANNED + 1)  # [B, k] best first
-            self._mask(lp, tok, t, max_len <= t + 1, search)
+            lp, tok = self._best_tokens(step, tokens[:, -1], t, _BANNED + 1, max_len <= t + 1, search, finished)
             best = lp.argmax(-1)  # [B] first maximum = lowest id among ties, as argmax
             total += np.where(finished, np.float32(0), lp[rows, best])
             nxt = tok[rows, best]
@@ -1053,9 +1079,9 @@ class ExportedModel:
         arange2k = np.arange(2 * k)
         for t in range(int(max_len.max())):
             n = active.size
-            lp, tok = step(tokens[:, -1], t, 2 * k + _BANNED)  # [n*g, c] best first per row
+            at_limit = np.repeat(max_len[active] <= t + 1, g)
+            lp, tok = self._best_tokens(step, tokens[:, -1], t, 2 * k + _BANNED, at_limit, search)  # [n*g, c]
             c = lp.shape[1]
-            self._mask(lp, tok, t, np.repeat(max_len[active] <= t + 1, g), search)
             # torch.topk(2K) over [n, K*V] finds the same finite candidates among each row's c best
             cand = (scores.reshape(-1, 1) + lp).reshape(n, g * c)
             flat_tok = tok.reshape(n, g * c)

@@ -730,6 +730,37 @@ def test_beam_search_runs_its_first_step_on_one_row_per_sentence(exported, monke
     assert all(len(h) == 4 and all(len(x.tokens) == 5 for x in h) for h in hyps)
 
 
+def test_a_step_where_every_hypothesis_must_end_is_not_decoded(exported, monkeypatch) -> None:
+    """At its length limit a hypothesis may only end (eos at log-prob 0, as zoo.generate), so the runtime does not
+    run the decoder on a step where every live row is there: a fixed-length search of n tokens (eos included)
+    decodes n - 1 steps, and sentences with different limits keep decoding until the longest limit's last step.
+    The hypotheses and scores are checked against zoo.generate by the search-equality tests, fixed lengths included."""
+    out, _ = exported("transformer")
+    runtime = export.load(out, threads=1)
+    src = runtime.pad(runtime.encode_texts(["Ja.", "Das Haus ist klein und alt, aber es hat einen Garten."]))
+    steps: list[int] = []
+    decode = rt._Stepper._decode
+
+    def spy(self, outputs, inputs):
+        steps.append(int(inputs["step"][0]))
+        return decode(self, outputs, inputs)
+
+    monkeypatch.setattr(rt._Stepper, "_decode", spy)
+    for beam in (1, 4):
+        steps.clear()
+        hyps = runtime.generate_nbest(src, rt.Search(beam_size=beam, max_len_a=0.0, max_len_b=6, min_len=6), beam)
+        assert steps == [0, 1, 2, 3, 4], beam
+        assert all(len(h) == beam and all(len(x.tokens) == 5 for x in h) for h in hyps)
+        # every sentence to its own limit (eos banned before it): the short one's last step is decoded for the other
+        search = rt.Search(beam_size=beam, max_len_a=0.5, max_len_b=1, min_len=200)
+        limits = rt.max_lengths((src != runtime.pad_id).sum(1), search, runtime.max_positions)
+        assert limits[0] < limits[1]
+        steps.clear()
+        hyps = runtime.generate_nbest(src, search, beam)
+        assert steps == list(range(int(limits[1]) - 1)), beam
+        assert [len(h[0].tokens) for h in hyps] == [int(n) - 1 for n in limits]
+
+
 def test_mapped_zeros_are_writable_zeros_that_the_store_uses() -> None:
     zeros = rt.mapped_zeros((3, 5), np.float32)
     assert zeros.shape == (3, 5) and zeros.dtype == np.float32 and not zeros.any() and zeros.flags.writeable
