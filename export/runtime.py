@@ -993,11 +993,11 @@ class ExportedModel:
         away. That is the last step of every batch whose remaining sentences reach their maximum length — 1 of
         the 30 steps of a fixed-length 30-token search, none where every sentence ends before its limit."""
         must_end = at_limit if ended is None else at_limit | ended
-        if must_end.all():
-            c = min(k, self.vocab_size)  # what the decoder's top-k would have returned
-            lp = np.full((len(must_end), c), -np.inf, dtype=np.float32)
-            lp[:, 0] = 0.0
-            return lp, np.full((len(must_end), c), self.eos_id, dtype=np.int64)
+        if must_end.all():  # `_mask` writes what every row gets: eos at log-prob 0, nothing else
+            shape = (len(must_end), min(k, self.vocab_size))  # what the decoder's top-k would have returned
+            lp, tok = np.zeros(shape, dtype=np.float32), np.full(shape, self.eos_id, dtype=np.int64)
+            self._mask(lp, tok, t, must_end, search)
+            return lp, tok
         lp, tok = step(last, t, k)
         self._mask(lp, tok, t, at_limit, search)
         return lp, tok
