@@ -49,6 +49,14 @@ def machine_class(info: dict[str, Any]) -> str:
     return f"gpu:{info['accelerator']}" if info.get("accelerator") else f"cpu:{info['cpu_model']}"
 
 
+def quality_class(machine_class_name: str) -> str:
+    """What records must share to be compared on quality: any CPU trains the same model (float results differ
+    by ~1e-5 between CPU models, far below seed-to-seed variance), so a suite can grow over sessions on
+    whichever CPU a session gets; an accelerator (its own numerics, bf16 recipes) keeps its own class.
+    Timings never cross CPU models: speed results are stored per machine."""
+    return "cpu" if machine_class_name.startswith("cpu:") else machine_class_name
+
+
 def describe_machine(device: str | None = None) -> dict[str, Any]:
     """A JSON-able description of this machine as a training or timing process sees it."""
     info: dict[str, Any] = {
@@ -68,4 +76,4 @@ def describe_machine(device: str | None = None) -> dict[str, Any]:
     return info
 
 
-__all__ = ["accelerator", "describe_machine", "machine_class"]
+__all__ = ["accelerator", "describe_machine", "machine_class", "quality_class"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -29,6 +31,52 @@ def inverse_sqrt_schedule(
         return (warmup / step) ** 0.5
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+LR_SCHEDULES = ("inverse_sqrt", "linear")
+
+
+def linear_decay_schedule(
+    optimizer: torch.optim.Optimizer,
+    warmup_updates: int,
+    remaining: Callable[[int], float],
+    warmup_init_lr: float = 1e-7,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up to the peak lr, then linear decay to zero where the budget ends (budgeted training,
+    Li et al., ICLR 2020): a run stopped by its budget ends annealed instead of mid-descent.
+    `remaining(step)` is the fraction of the post-warm-up budget still left, in [0, 1]."""
+    peak = optimizer.param_groups[0]["lr"]
+    start = min(warmup_init_lr / peak, 1.0)
+    warmup = max(warmup_updates, 1)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return start + (1.0 - start) * step / warmup
+        return min(max(remaining(step), 0.0), 1.0)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def budget_left(
+    step: int,
+    warmup_updates: int,
+    max_updates: int,
+    elapsed_s: float = 0.0,
+    max_minutes: float = 0.0,
+    warmup_end_s: float | None = None,
+) -> float:
+    """Fraction of the post-warm-up budget left after `step` updates: the smaller of what `max_updates` and
+    `max_minutes` leave (0 = no such limit). A wall-clock budget is measured from `warmup_end_s`, the elapsed
+    training time when warm-up ended (still warming up: from now)."""
+    left = 1.0
+    warmup = max(warmup_updates, 1)
+    if max_updates:
+        left = min(left, (max_updates - step) / max(max_updates - warmup, 1))
+    if max_minutes:
+        budget_s = max_minutes * 60
+        start = warmup_end_s if warmup_end_s is not None else elapsed_s
+        left = min(left, (budget_s - elapsed_s) / max(budget_s - start, 1e-9))
+    return left
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id: int) -> tuple[Tensor, Tensor]:

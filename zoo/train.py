@@ -24,6 +24,7 @@ from zoo.flops import format_size_summary, size_summary
 from zoo.generate import SearchConfig
 from zoo.ght.procedure import GHTOptions, GHTProcedure
 from zoo.model import ModelConfig, build_model
+from zoo.optim import LR_SCHEDULES
 from zoo.runs import DONE_MARKER, new_run_dir, resolve_resume, write_provenance
 from zoo.threads import AUTO, ThreadChoice, choose_threads, describe, torch_threads
 from zoo.trainer import Trainer
@@ -129,6 +130,9 @@ def _train(cfg: DictConfig, threads: ThreadChoice) -> dict[str, Any]:
     dist.init_distributed(device)
     if "name" in cfg.model:
         _procedure(cfg, started_from_weights=False)  # reject bad procedure options before creating a run dir
+    schedule = cfg.trainer.get("lr_schedule", "inverse_sqrt")
+    if schedule not in LR_SCHEDULES:
+        raise UsageError(f"trainer.lr_schedule={schedule!r} is not a schedule; use one of {', '.join(LR_SCHEDULES)}")
     cfg, run_dir, resuming = _prepare_run(cfg)
     if dist.is_main():
         _attach_log_file(run_dir)

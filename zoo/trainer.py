@@ -29,7 +29,14 @@ from zoo.data import Batch, Example, TokenBatchSampler, Tokenizer, collate
 from zoo.evaluation import evaluate_examples
 from zoo.generate import SearchConfig
 from zoo.model import Transformer
-from zoo.optim import build_optimizer, inverse_sqrt_schedule, label_smoothed_loss
+from zoo.optim import (
+    LR_SCHEDULES,
+    budget_left,
+    build_optimizer,
+    inverse_sqrt_schedule,
+    label_smoothed_loss,
+    linear_decay_schedule,
+)
 from zoo.plots import plot_learning_curve
 from zoo.threads import usable_cores
 from zoo.throughput import ThroughputMonitor, contention_hint
@@ -94,6 +101,7 @@ class TrainState:
     epoch: int = 0
     batch_in_epoch: int = 0  # batches of this rank's epoch list already consumed
     elapsed_s: float = 0.0  # training wall time, across resumes
+    warmup_end_s: float | None = None  # elapsed_s when warm-up ended: where a time budget's linear decay starts
     best: float | None = None
     bad_validations: int = 0
     finished: bool = False
@@ -177,7 +185,7 @@ class Trainer:
         if self.world > 1:
             self.model = nn.parallel.DistributedDataParallel(model)
         self.optimizer = build_optimizer(model, cfg.lr, tuple(cfg.betas), cfg.adam_eps, cfg.weight_decay)
-        self.scheduler = inverse_sqrt_schedule(self.optimizer, cfg.warmup_updates, cfg.warmup_init_lr)
+        self.scheduler = self._schedule()
         self.sampler = TokenBatchSampler(
             [len(s) for s, _ in train_pairs],
             [len(t) for _, t in train_pairs],
@@ -188,6 +196,23 @@ class Trainer:
         self.state = TrainState()
         self.search = SearchConfig(beam_size=1, max_len_a=cfg.valid_max_len_a, max_len_b=cfg.valid_max_len_b)
         self.procedure.bind(self)
+
+    def _schedule(self) -> torch.optim.lr_scheduler.LambdaLR:
+        cfg = self.cfg
+        kind = cfg.get("lr_schedule", "inverse_sqrt")
+        if kind == "inverse_sqrt":
+            return inverse_sqrt_schedule(self.optimizer, cfg.warmup_updates, cfg.warmup_init_lr)
+        if kind == "linear":
+            return linear_decay_schedule(self.optimizer, cfg.warmup_updates, self.budget_left, cfg.warmup_init_lr)
+        raise ValueError(f"trainer.lr_schedule={kind!r} is not a schedule; use one of {', '.join(LR_SCHEDULES)}")
+
+    def budget_left(self, step: int) -> float:
+        """What the linear schedule decays by: the fraction of max_updates / max_minutes left (whichever is
+        smaller), so a run stopped by its wall-clock budget is annealed too."""
+        cfg, st = self.cfg, self.state
+        if st.warmup_end_s is None and step >= cfg.warmup_updates:
+            st.warmup_end_s = st.elapsed_s
+        return budget_left(step, cfg.warmup_updates, cfg.max_updates, st.elapsed_s, cfg.max_minutes, st.warmup_end_s)
 
     # ------------------------------------------------------------------ state I/O
     def load_resume(self, path: Path) -> None:

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from zoo.machine import quality_class
 from zoo.metrics import paired_bootstrap
 from zoo.report.claims import collect_claims
 from zoo.report.records import References
@@ -92,11 +93,11 @@ def _per_source_mean(runs: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[st
 
 
 def machine_summary(records: Records) -> dict[str, Any]:
-    """The machine line of a table: the class every record shares, and what the records say about it."""
+    """The machine line of a table: the quality class every record shares, and what the records say about it."""
     machines = [r["machine"] for r in records.values()]
     counts = Counter(f"{m.get('cpu_model')} ({m.get('cores')} cores)" for m in machines)
     return {
-        "class": machines[0].get("class") if machines else None,
+        "class": quality_class(str(machines[0].get("class"))) if machines else None,
         "accelerator": machines[0].get("accelerator") if machines else None,
         "cpus": dict(sorted(counts.items())),
         "torch_threads": sorted({m.get("torch_threads") for m in machines if m.get("torch_threads")}),

@@ -8,7 +8,8 @@ bootstrap against any other record can be recomputed without the runs), GHT prob
 so the table can be rebuilt on a fresh clone that has no run directories and no corpus.
 
 Reading is strict: a corrupt file, a record of another suite or budget, hypotheses that do not align with the
-stored references, or a machine class different from the other records stops the render with a one-line
+stored references, or a machine class not comparable with the other records' (a GPU's beside CPUs; any CPU
+models may share a table) stops the render with a one-line
 error naming the file and the fix. Writing never replaces an existing file silently.
 """
 
@@ -28,7 +29,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from zoo.errors import ZooError
-from zoo.machine import describe_machine
+from zoo.machine import describe_machine, quality_class
 from zoo.report.suite import Suite
 
 RECORD_FORMAT = 1
@@ -317,7 +318,7 @@ def record_files(results_dir: Path) -> list[Path]:
 
 
 def load_records(results_dir: Path, suite: Suite) -> tuple[References, dict[tuple[str, int], dict[str, Any]]]:
-    """Every record of the suite's results dir, validated; one machine class for all of them."""
+    """Every record of the suite's results dir, validated; one quality class (`zoo.machine.quality_class`)."""
     files = record_files(results_dir)
     if not files:
         raise RecordError(
@@ -328,7 +329,7 @@ def load_records(results_dir: Path, suite: Suite) -> tuple[References, dict[tupl
     first: tuple[Path, str] | None = None
     for path in files:
         rec = read_record(path, suite, refs)
-        machine_class = str(rec["machine"].get("class", "unknown"))
+        machine_class = quality_class(str(rec["machine"].get("class", "unknown")))
         if first is None:
             first = (path, machine_class)
         elif machine_class != first[1]:
@@ -350,9 +351,9 @@ def shared_record(results_dir: Path, suite: Suite, entry: str, seed: int) -> Pat
     """A record of the same (entry, seed) in a sibling suite's results dir measured under the same budget
     and the same test references — the same run, so it is shared rather than trained twice (the `ght` suite
     repeats `quick`'s transformer, ght and ght_ps). Records of another machine class than the ones already
-    in `results_dir` are never shared into it."""
+    in `results_dir` (by `zoo.machine.quality_class`) are never shared into it."""
     present = record_files(results_dir) if results_dir.is_dir() else []
-    machine_class = read_json_gz(present[0]).get("machine", {}).get("class") if present else None
+    machine_class = quality_class(str(read_json_gz(present[0]).get("machine", {}).get("class"))) if present else None
     budget = budget_of(suite)
     for candidate in sorted(results_dir.parent.glob(f"*/{entry}-seed{seed}.json.gz")):
         if candidate.parent.resolve() == results_dir.resolve():
@@ -369,7 +370,7 @@ def shared_record(results_dir: Path, suite: Suite, entry: str, seed: int) -> Pat
             and rec.get("entry") == entry
             and rec.get("seed") == seed
             and rec.get("references_sha256") == refs.get("sha256")
-            and (machine_class is None or rec.get("machine", {}).get("class") == machine_class)
+            and (machine_class is None or quality_class(str(rec.get("machine", {}).get("class"))) == machine_class)
         ):
             return candidate
     return None

@@ -1,8 +1,8 @@
 """A suite: which entries, on which data, under which budget, with which seeds (conf/suite/*.yaml).
 
 Besides the entries of conf/model/, a suite may name *variants* — an entry plus model overrides (or another
-training precision), recorded under their own name (a head-count sweep: `transformer_4head = transformer +
-model.num_heads=4`; `transformer_bf16 = transformer + trainer.precision=bf16`) — and
+training precision or lr schedule), recorded under their own name (a head-count sweep: `transformer_4head =
+transformer + model.num_heads=4`; `transformer_bf16 = transformer + trainer.precision=bf16`) — and
 *claims*: one line per paper claim with the pair of runs that tests it, rendered with a measured verdict.
 """
 
@@ -19,9 +19,10 @@ from zoo.errors import ZooError
 
 TASK_METRICS = {"translation": ("bleu", "chrf"), "summarization": ("rouge1", "rouge2", "rougeL")}
 VARIANT_NAME = re.compile(r"^[A-Za-z0-9_]+$")  # a variant names run dirs and record files
-# What a variant may change: the model, or the number format training computes in. Everything else a trainer.*
-# key sets (updates, lr, batch) is the suite's budget, the same for every run the suite compares.
-VARIANT_KEYS = ("model.", "trainer.precision=")
+# What a variant may change: the model, the number format training computes in, or the learning-rate schedule's
+# shape. Everything else a trainer.* key sets (updates, lr, batch) is the suite's budget, the same for every run
+# the suite compares.
+VARIANT_KEYS = ("model.", "trainer.precision=", "trainer.lr_schedule=")
 # What a claim says of its system against its baseline: significantly better, significantly worse, or not
 # significantly worse (a "matches at equal parameters" claim).
 EXPECTATIONS = ("better", "worse", "match")
@@ -42,7 +43,8 @@ class SpeedSetting:
 
 @dataclass(frozen=True)
 class Variant:
-    """A sweep point: `entry` trained with `overrides` (model.* keys, trainer.precision), recorded under `name`."""
+    """A sweep point: `entry` trained with `overrides` (model.* keys, trainer.precision / lr_schedule), recorded
+    under `name`."""
 
     name: str
     entry: str
@@ -191,9 +193,9 @@ def _variants(raw: dict[str, Any], entries_on_file: list[str]) -> dict[str, Vari
         bad = [o for o in overrides if not o.startswith(VARIANT_KEYS) or "=" not in o or o.startswith("model.name=")]
         if bad:
             raise SuiteError(
-                f"suite.variants.{name}: overrides {bad} — a variant changes model.<key>=<value> or "
-                "trainer.precision=<fp32|bf16|fp16> only (its name is the variant's; the rest of trainer.* is the "
-                "suite's budget: suite.overrides)"
+                f"suite.variants.{name}: overrides {bad} — a variant changes model.<key>=<value>, "
+                "trainer.precision=<fp32|bf16|fp16> or trainer.lr_schedule=<inverse_sqrt|linear> only (its name is "
+                "the variant's; the rest of trainer.* is the suite's budget: suite.overrides)"
             )
         out[str(name)] = Variant(str(name), str(spec["entry"]), overrides)
     return out
