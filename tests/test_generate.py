@@ -1,5 +1,5 @@
 """Beam search and greedy search through the incremental cache equal the full-recompute
-reference on smoke-trained (non-degenerate) checkpoints, for every model entry; n-best lists with
+reference for every model entry (random-init) and on smoke-trained checkpoints; n-best lists with
 scores, teacher-forced scoring consistent with them, and the evaluate command's n-best file."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from tests.zoo_testing import ENTRIES
+from tests.export_testing import TRAINED_ENTRIES
+from tests.zoo_testing import ENTRIES, tiny_model
 from zoo.api import Translator
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import Tokenizer
@@ -44,7 +45,28 @@ def _sources(run_dir, n: int = 24) -> tuple[torch.Tensor, object, Tokenizer]:
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
-def test_cached_search_equals_full_recompute(entry: str, smoke_run) -> None:
+def test_cached_search_equals_full_recompute_for_every_entry(entry: str) -> None:
+    """The incremental cache is structural: a random-init tiny model of every entry, sources of different lengths
+    (so rows reach their length limits and leave the beam at different steps), then with heads gated off."""
+    model = tiny_model(entry)
+    g = torch.Generator().manual_seed(3)
+    src = torch.randint(4, model.cfg.vocab_size, (6, 9), generator=g)
+    for row, length in enumerate((9, 2, 5, 1, 7, 3)):
+        src[row, length:] = 0
+    cfg = SearchConfig(beam_size=4, len_penalty=1.0, max_len_a=0.8, max_len_b=2)
+    for gated in (False, True):
+        if gated:  # as GHT-PS fine-tuning gates them (head_gate: every mechanism's, Mixhead's included)
+            modules = model.attention_modules()
+            for name in ("decoder.layers.0.self_attn", "encoder.layers.1.self_attn"):
+                modules[name].head_gate[1:] = 0.0
+        assert beam_search(model, src, cfg, use_cache=True) == beam_search(model, src, cfg, use_cache=False), gated
+        assert greedy_search(model, src, cfg, use_cache=True) == greedy_search(model, src, cfg, use_cache=False)
+
+
+@pytest.mark.parametrize("entry", TRAINED_ENTRIES)
+def test_cached_search_equals_full_recompute_on_trained_checkpoints(entry: str, smoke_run) -> None:
+    """The same on smoke-trained checkpoints (one per mechanism family; GHT-PS with its voted plan), whose
+    hypotheses end by emitting eos at different steps."""
     src, model, _ = _sources(smoke_run(entry))
     cfg = SearchConfig(beam_size=4, len_penalty=1.0, max_len_a=1.2, max_len_b=10)
     cached = beam_search(model, src, cfg, use_cache=True)

@@ -428,7 +428,10 @@ def _suite(**changes):
         ({"speed.seed": 9}, "speed.seed"),
         ({"variants": {"transformer": {"entry": "transformer", "overrides": []}}}, "not an existing entry"),
         ({"variants": {"t2": {"entry": "nope", "overrides": []}}}, "expected {entry"),
-        ({"variants": {"t2": {"entry": "transformer", "overrides": ["trainer.lr=1"]}}}, "model.<key>=<value> or"),
+        (
+            {"variants": {"t2": {"entry": "transformer", "overrides": ["trainer.lr=1"]}}},
+            "model.<key>=<value>, trainer.precision",
+        ),
         (
             {
                 "claims": [

@@ -1,0 +1,170 @@
+"""`python -m export.bench` end to end on smoke exports (numbers meaningless here) and its refusals.
+
+Every export here runs with one thread (`runtime.threads=1`): the two cores are shared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from export import bench
+from export import runtime as rt
+from tests.zoo_testing import REPO
+
+
+def test_bench_runs_side_by_side(ght_ps_unpruned, exported, smoke_run, tmp_path, capsys) -> None:
+    """`python -m export.bench` end to end on smoke checkpoints with tiny settings (numbers meaningless here)."""
+    _, unpruned, _ = ght_ps_unpruned
+    pruned, _ = exported("ght_ps")
+    report_path = tmp_path / "bench.json"
+    bench.main(
+        [
+            "--checkpoint",
+            str(smoke_run("ght_ps")),
+            "--export",
+            str(unpruned),
+            "--pruned-export",
+            str(pruned),
+            "--threads",
+            "1",
+            "--repeats",
+            "1",
+            "--batches",
+            "1,4",
+            "--batch1-sentences",
+            "2",
+            "--paper-batch",
+            "8",
+            "--fixed-len",
+            "4",
+            "--json",
+            str(report_path),
+        ]
+    )
+    text = capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    labels = [p["label"] for p in report["points"]]
+    for mode in ("natural", "fixed"):
+        for search in ("greedy", "beam5"):
+            for batch in (1, 4):
+                assert f"{mode} {search} batch {batch}" in labels
+    assert "paper: beam 5, batch 8, max len 10" in labels
+    assert "headline: fixed beam5 batch 32" in labels  # the grid lacks batch 32 (and has 1 round): measured apart
+    for p in report["points"]:
+        e = p["engines"]
+        assert set(e) == {"torch", "ort"} and all(v["sentences_per_s"] > 0 for v in e.values())
+        [vs_torch] = p["pairs"]
+        assert (vs_torch["engine"], vs_torch["baseline"]) == ("ort", "torch") and vs_torch["ratio"] == p["ratio"] > 0
+        assert vs_torch["identical"] == p["sentences"]  # both engines return the same hypotheses
+        if p.get("mode") == "fixed":
+            assert 0 < e["ort"]["gflops_per_s"] < report["matmul_roofline_gflops"] * 2
+    assert report["headline"]["rounds"] == 3 and report["baseline_runtime"] is None
+    assert report["matmul_roofline_gflops"] > 0
+    assert set(report["memory"]) >= {"fp32"} and set(report["memory"]["fp32"]["engines"]) == {"ort"}
+    pruning = report["pruning"]
+    assert 0 < pruning["analytic_flops_ratio"] < 1 and pruning["torch"]["speedup"] > 0 and pruning["ort"]["speedup"] > 0
+    assert "ratio" in text and "analytic FLOP ratio" in text and "roofline" in text
+
+
+def test_bench_against_a_baseline_runtime_without_torch(exported, tmp_path, capsys) -> None:
+    """--baseline-runtime: another runtime.py (here the same file, so the same hypotheses) timed against
+    export.runtime on the same fp32 and INT8 exports, no torch engine, no checkpoint; the fresh-process
+    memory probe reports positive peaks without importing torch, next to the graphs' weight bytes."""
+    fp32, manifest = exported("transformer")
+    int8, _ = exported("transformer", "keep_heads=2", "quantize=true")
+    runtime_file = (REPO / "export" / "runtime.py").resolve()
+    report_path = tmp_path / "bench.json"
+    bench.main(
+        [
+            *("--export", str(fp32), "--int8-export", str(int8), "--baseline-runtime", str(runtime_file)),
+            *("--no-torch", "--threads", "1", "--repeats", "1", "--modes", "fixed", "--searches", "beam5"),
+            *("--batches", "4", "--paper-batch", "4", "--fixed-len", "4", "--json", str(report_path)),
+        ]
+    )
+    text = capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    assert report["baseline_runtime"] == {
+        "path": str(runtime_file),
+        "sha256": hashlib.sha256(runtime_file.read_bytes()).hexdigest(),
+    }
+    assert report["checkpoint"] is None and report["engines"] == ["ort-baseline", "ort", "int8-baseline", "int8"]
+    labels = [p["label"] for p in report["points"]]
+    assert labels == ["fixed beam5 batch 4", "headline: fixed beam5 batch 32", "paper: beam 5, batch 4, max len 10"]
+    for p in report["points"]:
+        assert [(q["engine"], q["baseline"]) for q in p["pairs"]] == [
+            ("ort", "ort-baseline"),
+            ("int8", "int8-baseline"),
+        ]
+        for q in p["pairs"]:
+            assert q["identical"] == p["sentences"] and math.isfinite(q["ratio"]) and q["ratio"] > 0
+    assert report["headline"]["rounds"] >= 3 and report["points"][1]["sentences"] == 64
+    assert "headline (fixed beam 5 × batch 32, 4 tokens, median of 3 interleaved rounds): ort/ort-baseline" in text
+    memory = report["memory"]
+    assert (memory["beam"], memory["batch"], memory["sentences"], memory["fixed_len"]) == (5, 32, 64, 4)
+    for kind, out in (("fp32", fp32), ("int8", int8)):
+        entry = memory[kind]
+        assert set(entry["engines"]) == {"ort", "ort-baseline"}
+        for m in entry["engines"].values():
+            assert 0 < m["after_load_mb"] <= m["peak_mb"] and m["sentences"] == 64 and not m["torch_imported"]
+        w = entry["weights"]
+        graphs = json.loads((out / "manifest.json").read_text())["graphs"]
+        for graph in ("encoder", "decoder"):
+            inits = onnx.load(str(out / graphs[graph]["file"])).graph.initializer
+            assert w[f"{graph}_bytes"] == sum(numpy_helper.to_array(t).nbytes for t in inits) > 0
+        assert w["graph_bytes"] == w["encoder_bytes"] + w["decoder_bytes"]
+    assert memory["fp32"]["weights"]["unique_params"] == manifest["size"]["after"]["params"]
+    assert memory["fp32"]["weights"]["unique_param_bytes_fp32"] == 4 * manifest["size"]["after"]["params"]
+    assert memory["int8"]["weights"]["graph_bytes"] < memory["fp32"]["weights"]["graph_bytes"]
+    assert "memory (fresh process, beam 5 × batch 32, fixed 4): fp32 ort peak " in text
+    assert "memory (fresh process, beam 5 × batch 32, fixed 4): int8 ort peak " in text
+
+
+def test_bench_refuses_a_baseline_export_of_another_checkpoint(exported, capsys) -> None:
+    """--baseline-export (the export a baseline runtime of an older export format reads) must encode the same
+    checkpoint as --export, or the ratios compare two models: one `error:` line naming the fix, before timing."""
+    fp32, _ = exported("transformer")
+    other, _ = exported("mgk_4head")
+    runtime_file = REPO / "export" / "runtime.py"
+    with pytest.raises(SystemExit) as exc:
+        bench.main(
+            [
+                *("--export", str(fp32), "--no-torch", "--baseline-runtime", str(runtime_file)),
+                *("--baseline-export", str(other)),
+            ]
+        )
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert "was exported from another checkpoint" in err and "with the baseline's commit" in err, err
+
+
+def test_bench_refuses_a_missing_or_foreign_baseline_runtime(tmp_path, capsys) -> None:
+    """A bad --baseline-runtime is one `error:` line naming the fix, before anything is loaded."""
+    not_runtime = tmp_path / "other.py"
+    not_runtime.write_text("x = 1\n")
+    cases = [
+        (tmp_path / "missing.py", "no such file"),
+        (tmp_path, "no export/runtime.py or runtime.py in that directory"),
+        (not_runtime, "does not define load() and Search"),
+    ]
+    for path, message in cases:
+        with pytest.raises(SystemExit) as exc:
+            bench.main(["--export", str(tmp_path / "export"), "--no-torch", "--baseline-runtime", str(path)])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+        assert message in err and "export/runtime.py" in err, err
+    checkout = tmp_path / "checkout"  # what `git worktree add /tmp/checkout <commit>` leaves
+    (checkout / "export").mkdir(parents=True)
+    shutil.copy(REPO / "export" / "runtime.py", checkout / "export" / "runtime.py")
+    assert bench.resolve_runtime_file(checkout) == (checkout / "export" / "runtime.py").resolve()
+    path, module = bench.load_baseline_runtime(checkout / "export")
+    assert path == (checkout / "export" / "runtime.py").resolve() and module.load is not rt.load
+    with pytest.raises(SystemExit) as exc:  # torch compared without a checkpoint
+        bench.main(["--export", str(tmp_path / "export")])
+    assert exc.value.code == 2 and "--checkpoint is required unless --no-torch" in capsys.readouterr().err

@@ -1,0 +1,261 @@
+"""The torch-free runtime's loading and memory: self-contained imports, the host-owned self-attention store and
+its pool, shared weights, providers, and exports it refuses.
+
+Every export here runs with one thread (`runtime.threads=1`): the two cores are shared.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+
+import export
+from export import graph as export_graph
+from export import runtime as rt
+from export.graph import CacheSpec
+from tests.zoo_testing import REPO
+
+
+def test_runtime_imports_no_torch_and_stays_self_contained(exported) -> None:
+    out, _ = exported("transformer")
+    code = (
+        "import sys, export, export.runtime as r\n"
+        f"m = r.load({str(out)!r}, threads=1)\n"
+        "assert all(isinstance(t, str) for t in m.translate(['Guten Morgen.', 'Das Haus ist klein.']))\n"
+        "bad = sorted(n for n in sys.modules if n.split('.')[0] in ('torch', 'zoo', 'hydra', 'omegaconf', 'onnx'))\n"
+        "print(bad)\n"
+        "sys.exit(1 if bad else 0)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # one file, standard library + numpy + onnxruntime + sentencepiece: copied as is into a Triton model
+    tree = ast.parse((REPO / "export" / "runtime.py").read_text())
+    imported = {
+        (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import | ast.ImportFrom)
+        for a in (n.names if isinstance(n, ast.Import) else [n])
+    }
+    assert imported <= {
+        "__future__",
+        "ctypes",  # glibc's malloc_trim after loading (a no-op elsewhere)
+        "hashlib",
+        "json",
+        "math",
+        "mmap",  # the self-attention stores' own mappings
+        "os",
+        "threading",  # the store pool's lock
+        "weakref",  # a freed SelfCache gives its buffers back
+        "collections",
+        "dataclasses",
+        "pathlib",
+        "typing",
+        "numpy",
+        "onnxruntime",
+        "sentencepiece",
+    }, imported
+
+
+def test_self_cache_store_and_history_are_concatenation_then_index_select() -> None:
+    """The host-owned self cache against its definition: each step appends the graph's new position and
+    `select` picks rows (beam reordering, finished sentences leaving). What the decoder graph gathers from
+    `feeds()` (export.graph.past, the graph's own code) must be that cache, over 40 steps with duplicate rows,
+    shrinking and growing batches (wider than the store: renumbered cells) and store growth from 2 positions;
+    running sums (no position axis) are replaced, then reordered."""
+    rng = np.random.default_rng(0)
+    dicts = [
+        {"name": "k", "kind": "self", "layer": 0, "key": "k", "shape": ["batch", 2, "steps", 3], "dtype": "float32"},
+        {"name": "s", "kind": "self", "layer": 0, "key": "s", "shape": ["batch", 2, 3], "dtype": "float32"},
+    ]
+    specs = [CacheSpec(**{**d, "shape": tuple(d["shape"])}) for d in dicts]
+    rows = 6
+    cache = rt.SelfCache(dicts, rows, steps=2)
+    ref_k, ref_sums = np.zeros((rows, 2, 0, 3), np.float32), np.zeros((rows, 2, 3), np.float32)
+    for t in range(40):
+        feeds = cache.feeds()
+        assert all(v.flags.c_contiguous for v in feeds.values())  # fed to onnxruntime without a copy
+        history = torch.from_numpy(feeds["history"])
+        got = export_graph.past(specs[0], torch.from_numpy(feeds["k"]), history).numpy()
+        assert np.array_equal(got, ref_k) and np.array_equal(feeds["s"], ref_sums), t
+        n = len(ref_k)
+        new_k = rng.standard_normal((n, 2, 1, 3)).astype(np.float32)
+        sums = rng.standard_normal((n, 2, 3)).astype(np.float32)
+        cache.update([new_k, sums])
+        ref_k, ref_sums = np.concatenate([ref_k, new_k], axis=2), sums
+        for _ in range(t % 3):  # none, one or two selections between steps
+            size = rows + 3 if t == 20 else max(1, len(ref_k) - (t % 7 == 3))  # step 20: more rows than ever
+            keep = rng.integers(0, len(ref_k), size=size)
+            cache.select(keep)
+            ref_k, ref_sums = ref_k[keep], ref_sums[keep]
+    assert cache.width > rows and cache.capacity >= 40
+
+
+def test_decoder_gathers_the_past_and_returns_only_new_positions(exported, tmp_path) -> None:
+    """The decoder graph reads the growing self caches from the host's store through `history` (no
+    beam_order), returns only what a step adds — each new position straight from where it is computed, so
+    no grown cache is built (MHA attends to the past and the new position apart) — and the runtime refuses an
+    export made for the old format with a one-line message naming the fix."""
+    out, manifest = exported("transformer")
+    graph = onnx.load(str(out / manifest["graphs"]["decoder"]["file"])).graph
+    inputs = {i.name for i in graph.input}
+    assert "history" in inputs and "beam_order" not in inputs and manifest["runtime_format"] == rt.RUNTIME_FORMAT
+    producer = {o: n for n in graph.node for o in n.output}
+    for spec in (c for c in manifest["caches"] if c["kind"] == "self"):
+        node = producer[rt._NEXT + spec["name"]]  # the new position as computed, never cut off a grown cache
+        assert node.op_type not in ("Concat", "Slice", "Identity"), (spec["name"], node.op_type)
+    assert not [n for n in graph.node if n.op_type == "Concat" and any(".self." in i for i in n.input)]
+    runtime = export.load(out, threads=1)
+    src = runtime.pad(runtime.encode_texts(["Guten Morgen.", "Das Haus ist klein."]))
+    step = runtime.stepper(runtime.encode(src), np.repeat(np.arange(2), 3), steps=4)
+    step(np.full(6, runtime.bos_id), 0, 4)
+    step.select(np.array([2, 2, 0, 5, 4, 3]))
+    step(np.full(6, 5), 1, 4)
+    assert step.cache.history.shape == (6, 2) and step.cache.width == 6
+    old = _tampered(out, tmp_path, lambda m: m.update(runtime_format=1))
+    with pytest.raises(rt.ExportedModelError, match=r"re-export it with `python -m export") as err:
+        export.load(old)
+    assert "\n" not in str(err.value)
+
+
+def test_mapped_zeros_are_writable_zeros_that_the_store_uses() -> None:
+    zeros = rt.mapped_zeros((3, 5), np.float32)
+    assert zeros.shape == (3, 5) and zeros.dtype == np.float32 and not zeros.any() and zeros.flags.writeable
+    zeros[1, 2] = 7.0
+    assert zeros.sum() == 7.0
+    spec = {"name": "k", "kind": "self", "layer": 0, "key": "k", "shape": ["batch", 2, "steps", 3], "dtype": "float32"}
+    cache = rt.SelfCache([spec], rows=2, steps=4, slots=5)
+    assert cache.width == 5 and cache.stores[0].shape == (4 * 5 * 2, 3) and not cache.stores[0].any()
+
+
+def test_store_pool_hands_a_finished_search_buffers_to_the_next() -> None:
+    """A freed SelfCache gives its store buffers back to the model's pool; the next search of the same size takes
+    those very buffers (no new memory), a larger one makes new ones and drops the smaller free ones instead of
+    piling them up, and a store grown or widened mid-search gives its old buffer back at once."""
+    spec = {"name": "k", "kind": "self", "layer": 0, "key": "k", "shape": ["batch", 2, "steps", 3], "dtype": "float32"}
+    pool = rt.StorePool()
+    cache = rt.SelfCache([spec, {**spec, "name": "v"}], rows=4, steps=5, pool=pool)
+    first = [id(b) for b in cache.buffers]
+    del cache
+    assert pool.free_bytes == 2 * 5 * 4 * 2 * 3 * 4
+    cache = rt.SelfCache([spec, {**spec, "name": "v"}], rows=4, steps=5, pool=pool)
+    assert sorted(id(b) for b in cache.buffers) == sorted(first) and pool.free_bytes == 0
+    del cache
+    big = rt.SelfCache([spec, {**spec, "name": "v"}], rows=8, steps=5, pool=pool)
+    assert pool.free_bytes == 0 and all(b.nbytes == 5 * 8 * 2 * 3 * 4 for b in big.buffers)
+    before = id(big.buffers[0])
+    for _ in range(6):  # a sixth position: the stores grow, their old buffers go back
+        big.update([np.ones((8, 2, 1, 3), np.float32)] * 2)
+    assert id(big.buffers[0]) != before and pool.free_bytes > 0
+    np.testing.assert_array_equal(big.feeds()["k"], 1.0)
+
+
+def test_runtime_refuses_a_corrupt_export(exported, tmp_path) -> None:
+    out, _ = exported("transformer")
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    with open(copy / "decoder.onnx", "r+b") as fh:
+        fh.seek(1000)
+        fh.write(b"\0\0\0\0")
+    with pytest.raises(rt.ExportedModelError, match="sha256"):
+        export.load(copy)
+    with pytest.raises(rt.ExportedModelError, match=r"no manifest\.json"):
+        export.load(tmp_path)
+
+
+def test_shared_weights_are_read_once_for_both_sessions(exported, tmp_path) -> None:
+    """The weights both graphs hold (tied embedding, positions) are located in the encoder file and given to both
+    sessions from one array; decoding is bit-identical to each session keeping its own copy."""
+    out, manifest = exported("transformer")
+    shared = {w["name"]: w for w in manifest["shared_weights"]}
+    assert "positions" in shared
+    graphs = [{i.name: i for i in onnx.load(str(out / f"{g}.onnx")).graph.initializer} for g in ("encoder", "decoder")]
+    for name, w in shared.items():
+        in_file = np.fromfile(out / w["file"], np.dtype(w["dtype"]), math.prod(w["shape"]), offset=w["offset"])
+        for g in graphs:
+            np.testing.assert_array_equal(in_file.reshape(w["shape"]), numpy_helper.to_array(g[name]))
+    model = export.load(out)
+    assert model.shared.keys() == shared.keys()
+    own = _tampered(out, tmp_path, lambda m: m.pop("shared_weights"))
+    alone = export.load(own)
+    assert alone.shared == {}
+    src = model.pad(model.encode_texts(["ein kleiner Test .", "noch ein Satz"]))
+    one, two = model.encode(src, with_memory=True), alone.encode(src, with_memory=True)
+    for name in one:
+        np.testing.assert_array_equal(one[name], two[name])
+    assert model.generate(src) == alone.generate(src)
+
+
+def test_runtime_providers_name_the_fix(exported) -> None:
+    """provider=cpu is the default; provider=cuda asks for CUDA with TF32 off (the export's parity), and where
+    this onnxruntime has no CUDA provider, loading says to install onnxruntime-gpu instead of falling back."""
+    out, _ = exported("transformer")
+    assert export.load(out, provider="cpu").decoder.get_providers() == ["CPUExecutionProvider"]
+    with pytest.raises(rt.ExportRuntimeError, match=r"provider='tpu': choose one of \['cpu', 'cuda'\]"):
+        export.load(out, provider="tpu")
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        cuda = rt.execution_providers("cuda", device_id=1)[0]
+        assert cuda == ("CUDAExecutionProvider", {"device_id": 1, "use_tf32": "0"})
+    else:
+        with pytest.raises(rt.ExportRuntimeError, match="install onnxruntime-gpu"):
+            export.load(out, provider="cuda")
+
+
+def _tampered(out: Path, tmp_path: Path, edit) -> Path:
+    copy = tmp_path / "tampered"
+    shutil.copytree(out, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    edit(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def _add_file(name: str):
+    def edit(m: dict) -> None:
+        m["files"][name] = "0" * 64
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_add_file("../../escaped.txt"), "not a plain file name"),
+        (_add_file("/etc/passwd"), "not a plain file name"),
+        (_add_file("sub/x"), "not a plain file name"),
+        (lambda m: m.update(tokenizer="../tokenizer.model"), "not a plain file name"),
+        (lambda m: m["graphs"]["decoder"].update(file="/tmp/other.onnx"), "graphs.decoder.file"),
+        (lambda m: m["files"].pop("decoder.onnx"), "not listed"),
+        (lambda m: m.pop("vocab"), "missing key 'vocab.pad_id'"),
+        (lambda m: m.update(max_positions="512"), "'max_positions' has the wrong type"),
+        (lambda m: m.update(caches=[{"name": "x"}]), r"caches\[0\]"),
+        (lambda m: m["shared_weights"][0].update(offset=10**12), "reaches past the end"),
+        (lambda m: m["shared_weights"][0].update(file="../encoder.onnx"), "not a plain file name"),
+        (lambda m: m["shared_weights"][0].update(dtype="object"), "has dtype 'object'"),
+        (lambda m: m["shared_weights"].append({"name": "x"}), r"shared_weights\[\d+\] needs name"),
+    ],
+)
+def test_runtime_refuses_a_manifest_that_points_outside_or_lacks_keys(exported, tmp_path, edit, message) -> None:
+    """An export directory is untrusted input: every file it names must be a plain, listed, checksummed name
+    inside it, and a malformed manifest gives one line naming the key."""
+    out, _ = exported("transformer")
+    copy = _tampered(out, tmp_path, edit)
+    with pytest.raises(rt.ExportedModelError, match=message) as err:
+        export.load(copy)
+    assert "\n" not in str(err.value) and "manifest.json" in str(err.value)
+    (copy / "manifest.json").write_text("{not json")
+    with pytest.raises(rt.ExportedModelError, match="cannot read"):
+        export.load(copy)
