@@ -181,6 +181,38 @@ def exported(checkpoint_run, tmp_path_factory) -> Callable[..., tuple[Path, dict
     return get
 
 
+@pytest.fixture(scope="session")
+def ght_ps_unpruned(smoke_run, tmp_path_factory) -> tuple[Path, Path, dict]:
+    """(export root, export dir, manifest) of the smoke GHT-PS checkpoint exported with every head kept
+    (remove_heads=false), written over an existing directory: on the way it checks that an existing
+    directory is refused without overwrite=true, and that a failed verification (a real export checked at
+    an impossible tolerance) leaves the old directory untouched and no temporary directory behind."""
+    from export.exporter import export_checkpoint
+    from export.graph import ExportError
+
+    run = smoke_run("ght_ps")
+
+    def make(made: Path) -> None:
+        root = made / "overwrite"
+        existing = root / "existing"
+        existing.mkdir(parents=True)
+        (existing / "keep.txt").write_text("mine")
+        with pytest.raises(ExportError, match=r"already exists.*overwrite=true"):
+            export_checkpoint(export_config(run, existing, "remove_heads=false"))
+        assert (existing / "keep.txt").read_text() == "mine"
+        with pytest.raises(ExportError, match="verification failed"):  # logits differ by ~1e-6 > 1e-12
+            export_checkpoint(
+                export_config(run, existing, "remove_heads=false", "overwrite=true", "verify.tolerance=1e-12")
+            )
+        assert (existing / "keep.txt").read_text() == "mine"  # the old export survives a failed one
+        assert [p.name for p in root.iterdir()] == ["existing"]  # no temporary directory left behind
+        manifest = export_checkpoint(export_config(run, existing, "remove_heads=false", "overwrite=true"))
+        (made / "returned.json").write_text(json.dumps(manifest))
+
+    made = _made_once(tmp_path_factory, "ght_ps_unpruned", make)
+    return made / "overwrite", made / "overwrite" / "existing", json.loads((made / "returned.json").read_text())
+
+
 @pytest.fixture(autouse=True)
 def _torch_threads_unchanged():
     """Tests compare in-process training with subprocess runs bit for bit: a test that leaves torch's thread

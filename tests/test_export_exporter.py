@@ -339,30 +339,6 @@ def test_bad_head_plans_fail_before_exporting(smoke_run, tmp_path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-@pytest.fixture(scope="module")
-def ght_ps_unpruned(smoke_run, tmp_path_factory) -> tuple[Path, Path, dict]:
-    """(export root, export dir, manifest) of the smoke GHT-PS checkpoint exported with every head kept
-    (remove_heads=false), written over an existing directory: on the way it checks that an existing
-    directory is refused without overwrite=true, and that a failed verification (a real export checked at
-    an impossible tolerance) leaves the old directory untouched and no temporary directory behind."""
-    root = tmp_path_factory.mktemp("overwrite")
-    run = smoke_run("ght_ps")
-    existing = root / "existing"
-    existing.mkdir()
-    (existing / "keep.txt").write_text("mine")
-    with pytest.raises(ExportError, match=r"already exists.*overwrite=true"):
-        export_checkpoint(export_config(run, existing, "remove_heads=false"))
-    assert (existing / "keep.txt").read_text() == "mine"
-    with pytest.raises(ExportError, match="verification failed"):  # logits differ by ~1e-6 > 1e-12
-        export_checkpoint(
-            export_config(run, existing, "remove_heads=false", "overwrite=true", "verify.tolerance=1e-12")
-        )
-    assert (existing / "keep.txt").read_text() == "mine"  # the old export survives a failed one
-    assert [p.name for p in root.iterdir()] == ["existing"]  # no temporary directory left behind
-    manifest = export_checkpoint(export_config(run, existing, "remove_heads=false", "overwrite=true"))
-    return root, existing, manifest
-
-
 def test_existing_output_and_failed_verification_leave_nothing_half_written(ght_ps_unpruned) -> None:
     root, out, manifest = ght_ps_unpruned
     assert manifest["verification"]["passed"] and not (out / "keep.txt").exists()
