@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
@@ -141,6 +142,32 @@ def paired_bootstrap(
         "seed": seed,
         "signature": str(signatures[name]),
     }
+
+
+def sentence_stats(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a") -> np.ndarray:
+    """Per-segment BLEU sufficient statistics, shape [N, 10]: hypothesis and reference length, then matching
+    and total n-grams for n = 1..4 (sacreBLEU's own, the rows its paired bootstrap sums). Summed over any
+    resample of the segments they give that resample's corpus BLEU through `bleu_from_stats`, without
+    tokenizing again — what makes a bootstrap over seeds *and* sentences cheap."""
+    _check(hyps, refs)
+    metric = BLEU(tokenize=tokenize, force=tokenize == "none")
+    return np.asarray(metric._extract_corpus_statistics(list(hyps), [list(refs)]), dtype=np.float64)
+
+
+def bleu_from_stats(stats: np.ndarray) -> np.ndarray:
+    """Corpus BLEU (exp smoothing, as `corpus_bleu`) of summed statistics [..., 10], vectorised over the leading
+    axes: sacreBLEU's `compute_bleu` rule for rule — brevity penalty; an order with no match gets
+    100 / (2^k · total), k counting the orders without a match so far; 0 when nothing matches or an order has no
+    n-grams at all."""
+    sys_len, ref_len = stats[..., 0], stats[..., 1]
+    correct, total = stats[..., 2:6], stats[..., 6:10]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bp = np.where(sys_len >= ref_len, 1.0, np.where(sys_len > 0, np.exp(1 - ref_len / sys_len), 0.0))
+        halvings = np.cumsum(correct == 0, axis=-1)
+        precision = np.where(correct == 0, 100.0 / (2.0**halvings * total), 100.0 * correct / total)
+        score = bp * np.exp(np.log(precision).mean(axis=-1))
+    defined = (correct.sum(axis=-1) > 0) & (total > 0).all(axis=-1)
+    return np.where(defined, score, 0.0)
 
 
 def _task_scores(task: str, hyps: Sequence[str], refs: Sequence[str]) -> dict[str, float]:
