@@ -8,10 +8,12 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from zoo.machine import quality_class
-from zoo.metrics import paired_bootstrap
-from zoo.report.claims import collect_claims
-from zoo.report.records import References
+from zoo.metrics import paired_bootstrap, sentence_stats
+from zoo.report.claims import CLIMBING_GAIN, climbing, collect_claims
+from zoo.report.records import References, convergence
 from zoo.report.suite import Suite
 
 Records = Mapping[tuple[str, int], Mapping[str, Any]]
@@ -55,6 +57,8 @@ def run_summary(record: Mapping[str, Any]) -> dict[str, Any]:
         if voting
         else None,
         "learning_curve": record.get("learning_curve") or [],
+        "convergence": record.get("convergence") or convergence(record.get("learning_curve") or []),
+        "update_freq": ((record.get("config") or {}).get("trainer") or {}).get("update_freq") or 1,
         "git_sha": record["git_sha"],
     }
 
@@ -78,6 +82,37 @@ def _bootstrap(
         "delta": round(result["system"]["bleu"] - result["baseline"]["bleu"], 2),
         "p_value": result["p_value"],
         "significant": result["significant"],
+    }
+
+
+def epoch_length(records: Mapping[Any, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Training batches in one epoch, as a Voting-to-Stay pass over the whole training split counted them
+    (`vote_batches=0`): the one stored number that sizes an epoch (records hold no token count). ≈: the
+    token-bucketed batches of another epoch's shuffle number a few more or less."""
+    for key in sorted(records):
+        rec = records[key]
+        voting = (rec.get("ght") or {}).get("voting") or {}
+        ght_config = (rec["config"].get("model") or {}).get("ght") or {}
+        if voting.get("voting_batches") and not ght_config.get("vote_batches"):
+            name = rec.get("shared_from") or f"{rec['suite']}/{rec['entry']}-seed{rec['seed']}"
+            return {"batches": int(voting["voting_batches"]), "source": name.removesuffix(".json.gz")}
+    return None
+
+
+def training_state(entries: Mapping[str, Mapping[str, Any]], epoch: dict[str, Any] | None) -> dict[str, Any]:
+    """The table's budget as it was spent — updates, epochs where an epoch's length is known — and how many of
+    its runs were still climbing at their end."""
+    runs = [run for rec in entries.values() for run in rec["seeds"].values()]
+    updates = sorted(int(r["updates"]) for r in runs)
+    batches = sorted(int(r["updates"]) * int(r["update_freq"]) for r in runs)
+    gains = [r["convergence"]["last20_gain"] for r in runs if r.get("convergence")]
+    return {
+        "updates": [updates[0], updates[-1]] if updates else None,
+        "epochs": [round(b / epoch["batches"], 2) for b in (batches[0], batches[-1])] if epoch and runs else None,
+        "epoch": epoch,
+        **climbing(runs),
+        "median_gain": statistics.median(gains) if gains else None,
+        "threshold": CLIMBING_GAIN,
     }
 
 
@@ -112,8 +147,16 @@ def ordered_entries(suite: Suite, records: Records) -> list[str]:
     return [e for e in suite.entries if e in present] + sorted(present - set(suite.entries))
 
 
-def collect(suite: Suite, refs: References, records: Records, bootstrap_samples: int = 1000) -> dict[str, Any]:
-    """The report's data: per entry, per-seed summaries, mean ± std over seeds, bootstrap, speed, size."""
+def collect(
+    suite: Suite,
+    refs: References,
+    records: Records,
+    bootstrap_samples: int = 1000,
+    epoch: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The report's data: per entry, per-seed summaries, mean ± std over seeds, bootstrap, speed, size, claims.
+    `epoch` (`epoch_length` of other records of the same budget) sizes an epoch when these records cannot."""
+    epoch = epoch_length(records) or epoch
     entries: dict[str, Any] = {}
     for entry in ordered_entries(suite, records):
         seeds = sorted(s for e, s in records if e == entry)
@@ -146,11 +189,23 @@ def collect(suite: Suite, refs: References, records: Records, bootstrap_samples:
         for e in suite.entries
         if (left := [s for s in suite.seeds if (e, s) not in records])
     ]
+    stats: dict[tuple[str, int], np.ndarray] = {}
+
+    def run_stats(entry: str, seed: int) -> np.ndarray | None:
+        if suite.task != "translation" or (entry, seed) not in records:
+            return None
+        if (entry, seed) not in stats:
+            stats[(entry, seed)] = sentence_stats(records[(entry, seed)]["hypotheses"], refs.texts)
+        return stats[(entry, seed)]
+
     claims = collect_claims(
         suite,
         entries,
         sorted({s for _, s in records}),
         lambda system, seed, baseline: _bootstrap(suite, records, refs, system, seed, bootstrap_samples, baseline),
+        run_stats,
+        samples=bootstrap_samples,
+        epoch_batches=epoch["batches"] if epoch else None,
     )
     shared_runs: dict[str, list[str]] = {}  # origin suite -> its runs shared into this one
     for (e, s), rec in sorted(records.items()):
@@ -165,6 +220,7 @@ def collect(suite: Suite, refs: References, records: Records, bootstrap_samples:
         "seeds": sorted({s for _, s in records}),
         "metrics": list(suite.metrics),
         "budget": list(suite.overrides),
+        "bootstrap_samples": bootstrap_samples,
         "triton_settings": suite.triton,
         "speed_threads": suite.speed_threads,
         "machine": machine_summary(records),
@@ -172,8 +228,18 @@ def collect(suite: Suite, refs: References, records: Records, bootstrap_samples:
         "missing": missing,
         "entries": entries,
         "shared": shared_runs,
+        "state": training_state(entries, epoch),
         "claims": claims,
     }
 
 
-__all__ = ["collect", "compactness", "machine_summary", "mean_std", "ordered_entries", "run_summary"]
+__all__ = [
+    "collect",
+    "compactness",
+    "epoch_length",
+    "machine_summary",
+    "mean_std",
+    "ordered_entries",
+    "run_summary",
+    "training_state",
+]

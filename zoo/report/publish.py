@@ -1,5 +1,6 @@
 """The render stage: results records → REPORT.md, report.json, plots (in the results dir) and, on request,
-the README block. Reads `results/<suite>/` and nothing else: no run directories, no corpus."""
+the README block. Reads `results/` and nothing else — the suite's records, and, only to size an epoch when
+those cannot, the records other suites made under the same budget: no run directories, no corpus."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zoo.report.collect import collect
+from zoo.report.collect import collect, epoch_length
 from zoo.report.readme import README, write_block
-from zoo.report.records import load_records
+from zoo.report.records import load_records, sibling_records
 from zoo.report.render import markdown, readme_block, render
 from zoo.report.suite import Suite
 
@@ -49,8 +50,9 @@ def publish(
     results dir, `readme` rewrites README.md's block named after the results dir (`results:quick`, or
     `results:quick-gpu-h200` for a GPU record set of the same suite)."""
     refs, records = load_records(results_dir, suite)
+    epoch = epoch_length(records) or epoch_length(sibling_records(results_dir, suite))
     data = {
-        **collect(suite, refs, records, bootstrap_samples=bootstrap_samples),
+        **collect(suite, refs, records, bootstrap_samples=bootstrap_samples, epoch=epoch),
         "results_dir": display_dir(results_dir),
     }
     command = render_command(suite, results_dir)

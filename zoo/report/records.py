@@ -4,7 +4,8 @@ A suite grows run by run, on whatever machine has time: each finished (entry, se
 `results/<suite>/<entry>-seed<k>.json.gz` (≈ 30 KB), and the suite's test references are stored once as
 `results/<suite>/references.json.gz`. A record is self-describing — the resolved config, the suite's budget,
 git sha, machine, size, FLOPs, test scores overall and per source, the test hypotheses themselves (so a paired
-bootstrap against any other record can be recomputed without the runs), GHT probes and votes, speed points —
+bootstrap against any other record can be recomputed without the runs), the learning curve and whether it had
+flattened (`convergence`), GHT probes and votes, speed points —
 so the table can be rebuilt on a fresh clone that has no run directories and no corpus.
 
 Reading is strict: a corrupt file, a record of another suite or budget, hypotheses that do not align with the
@@ -53,6 +54,8 @@ REQUIRED_KEYS = (
 )
 # The parts of a suite that define "the same budget": records made under other values are another experiment.
 BUDGET_KEYS = ("task", "data", "size", "trainer", "experiment", "overrides")
+# A record's convergence summary: the validation gain over this last fraction of its updates (`last20_gain`).
+LAST_FRACTION = 0.2
 
 
 class RecordError(ZooError, ValueError):
@@ -207,6 +210,22 @@ def _learning_curve(run_dir: Path) -> list[dict[str, float | int | None]]:
         ]
 
 
+def convergence(curve: list[dict[str, Any]], fraction: float = LAST_FRACTION) -> dict[str, Any] | None:
+    """Had the run stopped climbing? The validation-quality gain over its last `fraction` of updates (the value
+    at (1 − fraction) × last step interpolated linearly between validations; from the first validation when
+    none comes earlier) and whether its best validation was its last. None without two validation points."""
+    points = [(int(p["step"]), float(p["valid_quality"])) for p in curve if p.get("valid_quality") is not None]
+    if len(points) < 2:
+        return None
+    last_step, last = points[-1]
+    at = last_step * (1 - fraction)
+    before = [(s, q) for s, q in points if s <= at] or points[:1]
+    after = next((s, q) for s, q in points if s >= at)
+    (s0, q0), (s1, q1) = before[-1], after
+    then = q0 if s1 == s0 else q0 + (q1 - q0) * (at - s0) / (s1 - s0)
+    return {"last20_gain": round(last - then, 2), "best_at_last": last >= max(q for _, q in points)}
+
+
 def _ght(run_dir: Path) -> dict[str, Any] | None:
     """GHT's compactness probes (every one) and the Voting-to-Stay report, when the run has them."""
     path = run_dir / "ght" / "compactness.jsonl"
@@ -236,6 +255,7 @@ def record_from_run(run_dir: Path, suite: Suite, entry: str, seed: int, refs: Re
         "note": "described when the record was written",
     }
     sha = (run_dir / "git_sha.txt").read_text().strip() if (run_dir / "git_sha.txt").is_file() else "unknown"
+    curve = _learning_curve(run_dir)
     return {
         "record_format": RECORD_FORMAT,
         "suite": suite.name,
@@ -254,7 +274,8 @@ def record_from_run(run_dir: Path, suite: Suite, entry: str, seed: int, refs: Re
         "test": summary["test"],
         "hypotheses": hypotheses,
         "references_sha256": refs.sha256,
-        "learning_curve": _learning_curve(run_dir),
+        "learning_curve": curve,
+        "convergence": convergence(curve),
         "ght": _ght(run_dir),
         "speed": None,
     }
@@ -376,6 +397,23 @@ def shared_record(results_dir: Path, suite: Suite, entry: str, seed: int) -> Pat
     return None
 
 
+def sibling_records(results_dir: Path, suite: Suite) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """The records of the other suites' results dirs measured under this suite's budget, keyed (dir, entry, seed):
+    what they measured of the shared setting (e.g. how many batches an epoch has) holds here too. A sibling file
+    that does not read is skipped — its own suite's render reports it."""
+    budget, found = budget_of(suite), {}
+    for path in sorted(results_dir.parent.glob("*/*.json.gz")):
+        if path.parent.resolve() == results_dir.resolve() or path.name == REFERENCES_FILE:
+            continue
+        try:
+            rec = read_json_gz(path)
+        except RecordError:
+            continue
+        if isinstance(rec, dict) and rec.get("budget") == budget and "entry" in rec and "seed" in rec:
+            found[(path.parent.name, str(rec["entry"]), int(rec["seed"]))] = rec
+    return found
+
+
 def adopt_shared_record(source: Path, results_dir: Path, suite: Suite) -> Path:
     """Copy a sibling suite's record (and, the first time, its references) into this suite's results dir;
     the copy names where it came from (`shared_from`), everything measured stays as it was (speed points only
@@ -397,11 +435,13 @@ def add_speed(path: Path, speed: dict[str, Any]) -> Path:
 
 
 __all__ = [
+    "LAST_FRACTION",
     "RECORD_FORMAT",
     "RecordError",
     "References",
     "add_speed",
     "adopt_shared_record",
+    "convergence",
     "load_records",
     "load_references",
     "missing_records",
@@ -410,6 +450,7 @@ __all__ = [
     "record_from_run",
     "record_path",
     "shared_record",
+    "sibling_records",
     "store_references",
     "write_json_gz",
     "write_record_from_run",

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt
 
 from zoo.flops import format_count, format_flops
 from zoo.ght.voting import plot_votes
+from zoo.report.claims import ALPHA, CLIMBING_GAIN, COMPACT_SILHOUETTE, LEVEL, MIN_SEEDS
 
 LABELS = {"bleu": "BLEU", "chrf": "chrF", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}
 PNG_METADATA = {"Software": None}  # no library version in the file: a re-render with another matplotlib is no diff
@@ -101,6 +102,43 @@ def _budget_line(data: dict[str, Any]) -> str:
     )
 
 
+def _span(values: list[float] | None, fmt: str) -> str:
+    lo, hi = values  # type: ignore[misc]
+    return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{format(lo, fmt)}–{format(hi, fmt)}"
+
+
+def budget_text(state: dict[str, Any]) -> str:
+    """ "1200 updates ≈ 1.07 epochs" (the epochs only where an epoch's length is known)."""
+    if not state.get("updates"):
+        return "—"
+    epochs = f" ≈ {_span(state['epochs'], '.2f')} epochs" if state.get("epochs") else ""
+    return f"{_span(state['updates'], 'd')} updates{epochs}"
+
+
+def _state_line(data: dict[str, Any]) -> list[str]:
+    """How far training got: the budget in epochs and how many runs were still climbing at their end."""
+    state = data.get("state") or {}
+    if not state.get("updates"):
+        return []
+    epoch = state.get("epoch")
+    where = (
+        f" (an epoch is ≈ {epoch['batches']} batches, as the Voting-to-Stay pass of `{epoch['source']}` counted it)"
+        if epoch
+        else " (no record of this budget counts an epoch's batches)"
+    )
+    line = f"State: {budget_text(state)}{where}"
+    if state.get("runs"):
+        line += (
+            f"; {state['climbing']} of {state['runs']} runs were still climbing at their end (validation BLEU up by "
+            f"≥ {state['threshold']} over their last 20% of updates; median {state['median_gain']:+.1f}, up to "
+            f"{state['max_gain']:+.1f})"
+        )
+    epochs = state.get("epochs")
+    if epochs and epochs[-1] < 1.5:
+        line += " — one-epoch evidence" + (", not converged models" if state.get("climbing") else "")
+    return [line + "."]
+
+
 def _missing_line(data: dict[str, Any]) -> list[str]:
     shared = [
         f"Shared with suite `{origin}` (the same runs: same budget and test references): {', '.join(runs)}."
@@ -124,6 +162,7 @@ def markdown(data: dict[str, Any], command: str) -> str:
         "",
         machine_line(data),
         _budget_line(data),
+        *_state_line(data),
         "",
         "Quality is mean ± std over seeds of the test split (detokenized sacreBLEU / chrF, or ROUGE F1). "
         "Δ is the paired-bootstrap difference against the baseline trained with the same seed, one per seed "
@@ -197,6 +236,7 @@ def readme_block(data: dict[str, Any], command: str) -> str:
         machine_line(data),
         "",
         _budget_line(data),
+        *_state_line(data),
         "",
         f"Rendered by `{command}` from the records in `{data['results_dir']}/` (its REPORT.md adds per-source "
         "scores, GHT probes and plots).",
@@ -234,30 +274,117 @@ def _size_cell(sizes: dict[str, Any]) -> str:
     )
 
 
+def _delta_cell(c: dict[str, Any]) -> str:
+    """Δ̄ over seeds with its interval and the claim's p (Holm-adjusted beside it when that differs)."""
+    d = c.get("delta")
+    if not d:
+        return "—"
+    if d["low"] is None:
+        return f"{d['mean']:+.2f} ({d['seeds']} seeds: no interval)"
+    p = f"p={c['p']:.3f}" + (f", Holm {c['p_holm']:.3f}" if c.get("p_holm") != c.get("p") else "")
+    return f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]; {p}"
+
+
+def _state_cell(state: dict[str, Any]) -> str:
+    if not state.get("runs"):
+        return budget_text(state)
+    climbing = (
+        f"{state['climbing']} of {state['runs']} runs still climbing (up to {state['max_gain']:+.1f})"
+        if state["climbing"]
+        else f"stopped climbing (≤ {state['max_gain']:+.1f} over the last 20%)"
+    )
+    return f"{budget_text(state)}; {climbing}"
+
+
+def _source_cell(source: dict[str, str] | None, quote: bool = True) -> str:
+    if not source:
+        return "—"
+    where = f"{source['paper']}, {source['where']}"
+    return f"{where}: “{source['quote']}”" if quote else where
+
+
+def _rule_text(data: dict[str, Any], compact: bool) -> str:
+    margins = sorted({c["margin"] for c in data.get("claims") or [] if c.get("margin") is not None})
+    margin = f"{'/'.join(f'{m:g}' for m in margins)} BLEU" if margins else "the suite's equivalence margin"
+    if compact:
+        return (
+            f"Verdicts by the rule in `zoo/report/claims.py` (REPORT.md states it and quotes each source): Δ̄ over "
+            f"seeds with a {LEVEL:.0%} interval from a bootstrap over seeds and test sentences; holds / does not "
+            "hold when the interval is inside / outside the claim's region"
+            + (f" (margin ±{margin} for comparable / match / no-improvement claims)" if margins else "")
+            + f", Holm-corrected per table at α = {ALPHA}; ≥ {MIN_SEEDS} seeds per verdict."
+        )
+    return (
+        "Verdicts follow from the rule in `zoo/report/claims.py`. Δ̄ is the mean over seeds of the system's "
+        "corpus-BLEU difference from the baseline trained with the same seed. Its "
+        f"{LEVEL:.0%} interval takes the standard error of a two-way bootstrap ({data.get('bootstrap_samples')} "
+        "replicates: seeds drawn with replacement, then the test sentences, one draw shared by both systems and "
+        "every drawn seed; variance × n/(n−1)) and Student's t with n−1 degrees of freedom, so it holds "
+        "seed-to-seed variance as well as test-set sampling. Each expectation is a region for the true Δ — better "
+        f"Δ > 0, worse Δ < 0, match |Δ| < m, not worse Δ > −m, not better Δ < m, m = {margin} — and a "
+        "claim **holds** when the interval lies inside its region, **does not hold** when it lies outside (the "
+        "same strength of evidence), with p = twice the smaller one-sided p-value, Holm-corrected over the "
+        f"table's claims at α = {ALPHA}. A verdict needs ≥ {MIN_SEEDS} seeds; fewer render \"too few seeds "
+        f'(n)". Runs whose validation BLEU rose by ≥ {CLIMBING_GAIN} over their last 20% of updates were still '
+        "climbing, and the verdict says so. A claim with Voting-to-Stay runs is judged only under the GHT "
+        f"paper's precondition — end-of-GCT silhouette ≥ {COMPACT_SILHOUETTE} and voting triggered by converged "
+        "group centres, not the `vote_at` fallback. The per-seed column is sacreBLEU's paired bootstrap of each "
+        "seed's two runs (test sentences only; `*` = p < 0.05). Params are non-embedding, FLOPs at source "
+        "length 30."
+    )
+
+
 def claims_section(data: dict[str, Any], heading: bool = True) -> list[str]:
-    """The papers' claims with the measured comparison and its verdict (zoo/report/claims.py's rule)."""
+    """The papers' claims, then our own questions, each a table of measured comparisons with the verdict of
+    zoo/report/claims.py's rule; `heading=False` is the README's compact form (source cited, not quoted)."""
     claims = data.get("claims") or []
     if not claims:
         return []
     metric = LABELS[data["metrics"][0]]
-    lines = ["## The papers' claims", ""] if heading else []
-    lines += [
-        "Verdicts follow from the per-seed paired bootstrap (p < 0.05) by the rule in `zoo/report/claims.py`; "
-        "params are non-embedding, FLOPs at source length 30.",
-        "",
-        f"| paper | claim | design | system vs baseline | {metric} system / baseline | Δ {metric} (per seed) | "
-        "verdict |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    papers, ours = [c for c in claims if not c.get("ours")], [c for c in claims if c.get("ours")]
+    rule = [_rule_text(data, compact=not heading), ""]
+    lines: list[str] = []
+    if papers:
+        lines += [*(["## The papers' claims", ""] if heading else []), *rule]
+        lines += _claims_table(data, papers, metric, full=heading, source=True)
+    if ours:
+        if heading:
+            lines += ["## Our questions", "", *([] if papers else rule)]
+            lines += [
+                "Questions of this project, not claims of the papers (nothing to quote), judged by the same rule and "
+                "Holm-corrected among themselves.",
+                "",
+            ]
+        else:
+            lines += [*([] if papers else rule), "Our questions (not claims of the papers):", ""]
+        lines += _claims_table(data, ours, metric, full=heading, source=False)
+    return lines
+
+
+def _claims_table(
+    data: dict[str, Any], claims: list[dict[str, Any]], metric: str, full: bool, source: bool
+) -> list[str]:
+    if full:
+        header = ["paper", "claim", *(["source"] if source else []), "design", "system vs baseline"]
+        header += [f"{metric} system / baseline", f"Δ {metric} per seed", f"Δ̄ {metric} [{LEVEL:.0%} CI]"]
+        header += ["budget and state", "verdict"]
+    else:
+        header = [*(["source"] if source else []), "claim", "system vs baseline", f"Δ {metric} per seed"]
+        header += [f"Δ̄ [{LEVEL:.0%} CI]", "budget", "verdict"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in claims:
-        quality = " / ".join(
-            _pm((q or {}).get(data["metrics"][0])) for q in (c["quality"]["system"], c["quality"]["baseline"])
-        )
-        lines.append(
-            f"| {c['paper']} | {c['claim']} | {c['design']}; {_size_cell(c['size'])} | "
-            f"`{c['system']}` vs `{c['baseline']}` | {quality} | {_bootstrap_cell(c['bootstrap'])} | "
-            f"**{c['verdict']}** |"
-        )
+        pair = f"`{c['system']}` vs `{c['baseline']}`"
+        if full:
+            quality = " / ".join(
+                _pm((q or {}).get(data["metrics"][0])) for q in (c["quality"]["system"], c["quality"]["baseline"])
+            )
+            row = [c["paper"], c["claim"], *([_source_cell(c["source"])] if source else [])]
+            row += [f"{c['design']}; {_size_cell(c['size'])}", pair, quality, _bootstrap_cell(c["bootstrap"])]
+            row += [_delta_cell(c), _state_cell(c["state"])]
+        else:
+            short = [f"{c['paper']} ({_source_cell(c['source'], quote=False)})"] if source else []
+            row = [*short, c["claim"], pair, _bootstrap_cell(c["bootstrap"]), _delta_cell(c), budget_text(c["state"])]
+        lines.append("| " + " | ".join(row) + f" | **{c['verdict']}** |")
     return [*lines, ""]
 
 

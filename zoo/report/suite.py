@@ -3,7 +3,9 @@
 Besides the entries of conf/model/, a suite may name *variants* — an entry plus model overrides (or another
 training precision or lr schedule), recorded under their own name (a head-count sweep: `transformer_4head =
 transformer + model.num_heads=4`; `transformer_bf16 = transformer + trainer.precision=bf16`) — and
-*claims*: one line per paper claim with the pair of runs that tests it, rendered with a measured verdict.
+*claims*: one line per paper claim with the pair of runs that tests it and the sentence of the paper that makes
+it (`source`), rendered with a measured verdict (zoo/report/claims.py); `paper: ours` marks a question of this
+project, which gets its own table and quotes nothing.
 """
 
 from __future__ import annotations
@@ -23,9 +25,15 @@ VARIANT_NAME = re.compile(r"^[A-Za-z0-9_]+$")  # a variant names run dirs and re
 # shape. Everything else a trainer.* key sets (updates, lr, batch) is the suite's budget, the same for every run
 # the suite compares.
 VARIANT_KEYS = ("model.", "trainer.precision=", "trainer.lr_schedule=")
-# What a claim says of its system against its baseline: significantly better, significantly worse, or not
-# significantly worse (a "matches at equal parameters" claim).
-EXPECTATIONS = ("better", "worse", "match")
+# What a claim says of its system against its baseline (zoo/report/claims.py turns each into a region for Δ):
+# better, worse, match (equal within ±margin), not_worse ("comparable or better": above −margin) and not_better
+# ("does not improve": below +margin). The last three need a margin: the claim's `margin` or the suite's
+# `equivalence_margin`, in the headline metric's points.
+EXPECTATIONS = ("better", "worse", "match", "not_worse", "not_better")
+MARGIN_EXPECTATIONS = ("match", "not_worse", "not_better")
+OURS = "ours"  # `paper: ours`: a question of this project, not a paper's claim — its own table, no quote needed
+CLAIM_KEYS = ("paper", "claim", "design", "system", "baseline", "expect")
+SOURCE_KEYS = ("paper", "where", "quote")
 
 
 class SuiteError(ZooError, ValueError):
@@ -52,8 +60,17 @@ class Variant:
 
 
 @dataclass(frozen=True)
+class Source:
+    """Where a paper makes a claim: the paper, its table/figure/section, and the sentence quoted verbatim."""
+
+    paper: str
+    where: str
+    quote: str
+
+
+@dataclass(frozen=True)
 class Claim:
-    """One paper claim and the paired comparison of this suite that tests it."""
+    """One paper claim (or one question of ours) and the paired comparison of this suite that tests it."""
 
     paper: str
     claim: str
@@ -61,6 +78,12 @@ class Claim:
     system: str
     baseline: str
     expect: str  # one of EXPECTATIONS
+    source: Source | None = None  # required unless paper is OURS
+    margin: float | None = None  # for MARGIN_EXPECTATIONS: the claim's own or the suite's equivalence_margin
+
+    @property
+    def ours(self) -> bool:
+        return self.paper == OURS
 
 
 @dataclass(frozen=True)
@@ -84,6 +107,7 @@ class Suite:
     triton: dict[str, Any] = field(default_factory=dict)
     variants: dict[str, Variant] = field(default_factory=dict)
     claims: tuple[Claim, ...] = ()
+    equivalence_margin: float | None = None
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -138,7 +162,8 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
     seeds = tuple(int(s) for s in raw["seeds"])
     if len(set(seeds)) != len(seeds):
         raise SuiteError(f"suite.seeds={list(seeds)} repeats a seed")
-    claims = _claims(raw.get("claims") or [], known, raw["entries"])
+    margin = float(raw["equivalence_margin"]) if raw.get("equivalence_margin") is not None else None
+    claims = _claims(str(raw["name"]), raw.get("claims") or [], known, raw["entries"], margin)
     speed = raw.get("speed") or {}
     settings = tuple(
         SpeedSetting(
@@ -173,6 +198,7 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
         triton=dict(speed.get("triton") or {}),  # type: ignore[arg-type]
         variants={n: v for n, v in variants.items() if n in raw["entries"]},
         claims=claims,
+        equivalence_margin=margin,
     )
 
 
@@ -201,19 +227,48 @@ def _variants(raw: dict[str, Any], entries_on_file: list[str]) -> dict[str, Vari
     return out
 
 
-def _claims(raw: list[Any], known: list[str], entries: list[str]) -> tuple[Claim, ...]:
+def _claims(
+    suite: str, raw: list[Any], known: list[str], entries: list[str], suite_margin: float | None
+) -> tuple[Claim, ...]:
     """The suite's claims whose two runs are in this (possibly narrowed) suite; a name that is no entry or
-    variant at all is a typo and refused."""
+    variant at all is a typo and refused, and so is a paper claim without its quoted source."""
     claims = []
     for i, c in enumerate(raw):
-        keys = ("paper", "claim", "design", "system", "baseline", "expect")
-        if not isinstance(c, dict) or any(not c.get(k) for k in keys):
-            raise SuiteError(f"suite.claims[{i}]: needs {', '.join(keys)}; got {c!r}")
+        if not isinstance(c, dict) or any(not c.get(k) for k in CLAIM_KEYS):
+            raise SuiteError(f"suite.claims[{i}]: needs {', '.join(CLAIM_KEYS)}; got {c!r}")
         unknown = [c[k] for k in ("system", "baseline") if c[k] not in known]
         if unknown:
             raise SuiteError(f"suite.claims[{i}]: {unknown} is neither an entry nor one of suite.variants")
         if c["expect"] not in EXPECTATIONS:
             raise SuiteError(f"suite.claims[{i}]: expect={c['expect']!r}; choose from {', '.join(EXPECTATIONS)}")
+        source = _source(suite, i, c)
+        margin = c.get("margin", suite_margin)
+        if c["expect"] in MARGIN_EXPECTATIONS and margin is None:
+            raise SuiteError(
+                f"suite {suite}, claim {i} ({c['claim']!r}): expect={c['expect']} needs a margin; set the suite's "
+                "equivalence_margin (e.g. 0.5 BLEU) or the claim's margin"
+            )
         if c["system"] in entries and c["baseline"] in entries:
-            claims.append(Claim(*(str(c[k]) for k in keys)))
+            claims.append(
+                Claim(
+                    *(str(c[k]) for k in CLAIM_KEYS),
+                    source=source,
+                    margin=float(margin) if c["expect"] in MARGIN_EXPECTATIONS else None,
+                )
+            )
     return tuple(claims)
+
+
+def _source(suite: str, i: int, claim: dict[str, Any]) -> Source | None:
+    """A paper claim's `source: {paper, where, quote}`; `paper: ours` needs none (and may not pretend one)."""
+    raw = claim.get("source")
+    if claim["paper"] == OURS:
+        if raw:
+            raise SuiteError(f"suite {suite}, claim {i} ({claim['claim']!r}): paper: ours quotes no paper; drop source")
+        return None
+    if not isinstance(raw, dict) or any(not str(raw.get(k) or "").strip() for k in SOURCE_KEYS):
+        raise SuiteError(
+            f"suite {suite}, claim {i} ({claim['claim']!r}) has no source: add source: {{paper, where, quote}} "
+            "quoting the sentence of the paper that makes it, or mark a question of our own paper: ours"
+        )
+    return Source(*(" ".join(str(raw[k]).split()) for k in SOURCE_KEYS))
