@@ -43,18 +43,6 @@ from zoo.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoi
 from zoo.data import Tokenizer
 
 
-def _heldout_batch(run_dir: Path, n: int = 32) -> tuple[torch.Tensor, list[str], Tokenizer, dict]:
-    payload = load_checkpoint(run_dir)
-    tok = Tokenizer.from_bytes(payload["tokenizer"])
-    texts = payload["heldout"]["src"][:n]
-    src_ids, _ = encode_pairs(tok, texts, texts, payload["model_config"]["max_positions"], 8)
-    width = max(map(len, src_ids))
-    src = torch.zeros(len(src_ids), width, dtype=torch.long)
-    for i, row in enumerate(src_ids):
-        src[i, : len(row)] = torch.tensor(row)
-    return src, texts, tok, payload
-
-
 def onnx_weights(out: Path) -> list[np.ndarray]:
     """Every initializer of both graphs as an array (cross-attention k/v live in the encoder graph)."""
     return [

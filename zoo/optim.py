@@ -16,11 +16,14 @@ def build_optimizer(
     return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
 
-def inverse_sqrt_schedule(
-    optimizer: torch.optim.Optimizer, warmup_updates: int, warmup_init_lr: float = 1e-7
+def _warmup_then(
+    optimizer: torch.optim.Optimizer,
+    warmup_updates: int,
+    warmup_init_lr: float,
+    after: Callable[[int, int], float],
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up to the peak lr over `warmup_updates`, then decay ∝ 1/√step (fairseq's
-    inverse_sqrt). Expressed as a multiplier of the optimizer's peak lr."""
+    """Linear warm-up from `warmup_init_lr` to the optimizer's peak lr, then `after(step, warmup)` as a multiplier
+    of the peak: the part both schedules share."""
     peak = optimizer.param_groups[0]["lr"]
     start = min(warmup_init_lr / peak, 1.0)
     warmup = max(warmup_updates, 1)
@@ -28,9 +31,17 @@ def inverse_sqrt_schedule(
     def factor(step: int) -> float:
         if step < warmup:
             return start + (1.0 - start) * step / warmup
-        return (warmup / step) ** 0.5
+        return after(step, warmup)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def inverse_sqrt_schedule(
+    optimizer: torch.optim.Optimizer, warmup_updates: int, warmup_init_lr: float = 1e-7
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up to the peak lr over `warmup_updates`, then decay ∝ 1/√step (fairseq's
+    inverse_sqrt). Expressed as a multiplier of the optimizer's peak lr."""
+    return _warmup_then(optimizer, warmup_updates, warmup_init_lr, lambda step, warmup: (warmup / step) ** 0.5)
 
 
 LR_SCHEDULES = ("inverse_sqrt", "linear")
@@ -45,16 +56,7 @@ def linear_decay_schedule(
     """Linear warm-up to the peak lr, then linear decay to zero where the budget ends (budgeted training,
     Li et al., ICLR 2020): a run stopped by its budget ends annealed instead of mid-descent.
     `remaining(step)` is the fraction of the post-warm-up budget still left, in [0, 1]."""
-    peak = optimizer.param_groups[0]["lr"]
-    start = min(warmup_init_lr / peak, 1.0)
-    warmup = max(warmup_updates, 1)
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return start + (1.0 - start) * step / warmup
-        return min(max(remaining(step), 0.0), 1.0)
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return _warmup_then(optimizer, warmup_updates, warmup_init_lr, lambda step, _: min(max(remaining(step), 0.0), 1.0))
 
 
 def budget_left(
