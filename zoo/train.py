@@ -76,9 +76,13 @@ def search_config(cfg: DictConfig) -> SearchConfig:
 
 
 def _pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+    if device.type == "cuda":
+        # SDPA without its cuDNN backend: cuDNN builds an execution plan per input shape, and our batches change
+        # shape every update; memory-efficient attention (no per-shape set-up) was the fastest backend for a
+        # training step on the H200 (results/h200/train_step*.json).
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    return device
 
 
 def _attach_log_file(run_dir: Path) -> None:
