@@ -14,6 +14,8 @@ How the code is laid out (tests/test_imports.py fails on any module-level import
   serving host needs only the export directory.
 * **`serve` builds on `export.runtime`**, never on the model code (its nginx fetch reuses `zoo.data`'s Debian
   package cache); `zoo.report` orchestrates `zoo` and `export`.
+* **`zoo.devtools` sits above everything**: one-off measurement scripts (`python -m zoo.devtools.<name>`) kept as
+  the provenance of stored numbers (`results/h200/`); they may import `zoo` and `export`, and nothing imports them.
 * Imports sit at module top; the few inside functions say why (optional dependency, start-up time, one
   process per measured engine).
 
