@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
@@ -18,7 +19,11 @@ from sacrebleu.significance import PairedTest
 from zoo.metrics import (
     corpus_bleu,
     corpus_chrf,
+    document_rouge,
+    document_stats,
+    mean_from_stats,
     paired_bootstrap,
+    paired_bootstrap_means,
     quality_report,
     rouge,
     tokenized_bleu,
@@ -182,3 +187,47 @@ def test_paired_bootstrap_equal_scores_from_different_outputs_not_significant() 
     result = paired_bootstrap(sys_a, sys_b, refs, n_samples=50)
     assert result["system"]["bleu"] == result["baseline"]["bleu"] == 0.0
     assert result["p_value"] == 1.0 and not result["significant"]
+
+
+def test_document_rouge_rows_are_what_rouge_averages() -> None:
+    hyps, refs = ["the cat sat", "running dogs", "a b c d"], ["the cat ran", "run dog", "a b x d"]
+    rows = document_rouge(hyps, refs)
+    assert rows.shape == (3, 3)
+    assert rows[0] == pytest.approx([2 / 3, 0.5, 2 / 3])  # by hand, as in test_rouge_by_hand_with_stemming
+    assert rouge(hyps, refs) == pytest.approx(
+        {"rouge1": 100 * rows[:, 0].mean(), "rouge2": 100 * rows[:, 1].mean(), "rougeL": 100 * rows[:, 2].mean()}
+    )
+    stats = document_stats(hyps, refs, "rougeL")  # [N, 2]: F1 × 100 and 1, summed over any resample
+    assert stats.shape == (3, 2) and (stats[:, 1] == 1).all()
+    assert mean_from_stats(stats.sum(axis=0)) == pytest.approx(rouge(hyps, refs)["rougeL"])
+    assert mean_from_stats(stats[[0, 0, 2]].sum(axis=0)) == pytest.approx(100 * (2 * rows[0, 2] + rows[2, 2]) / 3)
+    with pytest.raises(ValueError, match="unknown ROUGE metric 'bleu'"):
+        document_stats(hyps, refs, "bleu")
+
+
+def _paired_bootstrap_by_the_rule(base: list[float], system: list[float], n: int, seed: int) -> float:
+    """sacreBLEU's paired-bootstrap rule written out: the same document resamples for both systems, the absolute
+    difference of their means per resample, centred; p counts centred differences above the observed one."""
+    rng = np.random.default_rng(seed)
+    resamples = rng.choice(len(base), size=(n, len(base)), replace=True)
+    observed = abs(sum(system) / len(system) - sum(base) / len(base))
+    diffs = [abs(sum(system[i] for i in r) / len(r) - sum(base[i] for i in r) / len(r)) for r in resamples]
+    centre = sum(diffs) / n
+    return (sum(1 for d in diffs if d - centre > observed) + 1) / (n + 1)
+
+
+def test_paired_bootstrap_of_means_follows_sacrebleus_rule() -> None:
+    rng = random.Random(3)
+    base = [rng.uniform(0, 60) for _ in range(80)]
+    close = [b + rng.gauss(0.3, 8.0) for b in base]  # a small effect under much noise
+    far = [b + 6.0 + rng.gauss(0.0, 2.0) for b in base]  # a large, consistent effect
+    for system in (close, far):
+        got = paired_bootstrap_means(np.array(base), np.array(system), n_samples=300, seed=7)
+        assert got["p_value"] == pytest.approx(_paired_bootstrap_by_the_rule(base, system, 300, 7))
+        assert got["baseline"] == pytest.approx(sum(base) / 80) and got["system"] == pytest.approx(sum(system) / 80)
+    assert paired_bootstrap_means(np.array(base), np.array(far), n_samples=300)["p_value"] == pytest.approx(1 / 301)
+    assert paired_bootstrap_means(np.array(base), np.array(close), n_samples=300)["significant"] is False
+    same = paired_bootstrap_means(np.array(base), np.array(base), n_samples=300)
+    assert same["p_value"] == 1.0 and same["significant"] is False
+    with pytest.raises(ValueError, match="equal-length"):
+        paired_bootstrap_means(np.array(base), np.array(base[:-1]))

@@ -1,5 +1,5 @@
-"""Quality metrics for evaluation and reports: sacreBLEU BLEU/chrF, tokenized BLEU, ROUGE, and
-sacreBLEU's paired bootstrap test.
+"""Quality metrics for evaluation and reports: sacreBLEU BLEU/chrF, tokenized BLEU, ROUGE, and the paired
+bootstrap test (sacreBLEU's for BLEU, the same rule on per-document ROUGE).
 
 Why wrappers at all: every caller (evaluate, reports, GHT-PS comparisons) must use the *same*
 metric settings, or numbers from different commands cannot be put in one table. Each function
@@ -56,20 +56,69 @@ def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
     return metric.corpus_score(list(hyps), [list(refs)]).score
 
 
-def rouge(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, float]:
-    """ROUGE-1/2/L F1 × 100 (rouge-score, Porter stemming), averaged over segments as the
-    summarization papers report. rouge-score's tokenizer lowercases and keeps only [a-z0-9]
-    runs, so it is meant for English output (non-ASCII letters are dropped)."""
+def document_rouge(hyps: Sequence[str], refs: Sequence[str]) -> np.ndarray:
+    """Per-document ROUGE-1/2/L F1 (0–1; columns in `ROUGE_TYPES` order), shape [N, 3]: the rows `rouge`
+    averages, and what a bootstrap over documents resamples. rouge-score with Porter stemming; its tokenizer
+    lowercases and keeps only [a-z0-9] runs, so it is meant for English output (non-ASCII letters are dropped)."""
     _check(hyps, refs)
     from rouge_score import rouge_scorer  # imported lazily: pulls in nltk, slow and unused for MT
 
     scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
-    totals = dict.fromkeys(ROUGE_TYPES, 0.0)
+    rows = []
     for hyp, ref in zip(hyps, refs, strict=True):
         scores = scorer.score(ref, hyp)  # rouge-score's argument order is (target, prediction)
-        for name in ROUGE_TYPES:
-            totals[name] += scores[name].fmeasure
-    return {name: 100.0 * total / len(hyps) for name, total in totals.items()}
+        rows.append([scores[name].fmeasure for name in ROUGE_TYPES])
+    return np.asarray(rows, dtype=np.float64)
+
+
+def rouge(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, float]:
+    """ROUGE-1/2/L F1 × 100, averaged over documents as the summarization papers report (`document_rouge`)."""
+    scores = document_rouge(hyps, refs)
+    return {name: 100.0 * sum(scores[:, i].tolist()) / len(hyps) for i, name in enumerate(ROUGE_TYPES)}
+
+
+def document_stats(hyps: Sequence[str], refs: Sequence[str], metric: str = "rougeL") -> np.ndarray:
+    """Per-document statistics [N, 2] of a ROUGE metric — F1 × 100, and 1 — whose sums over any resample give
+    that resample's score through `mean_from_stats`: the summarization counterpart of `sentence_stats`."""
+    if metric not in ROUGE_TYPES:
+        raise ValueError(f"unknown ROUGE metric {metric!r}; expected one of {', '.join(ROUGE_TYPES)}")
+    f1 = 100.0 * document_rouge(hyps, refs)[:, ROUGE_TYPES.index(metric)]
+    return np.stack([f1, np.ones_like(f1)], axis=-1)
+
+
+def mean_from_stats(stats: np.ndarray) -> np.ndarray:
+    """The mean of per-document scores from summed `document_stats` [..., 2], vectorised over leading axes."""
+    return stats[..., 0] / stats[..., 1]
+
+
+def paired_bootstrap_means(
+    baseline: np.ndarray, system: np.ndarray, n_samples: int = 1000, seed: int = 12345
+) -> dict[str, Any]:
+    """Paired bootstrap resampling (Koehn 2004) of a mean of per-document scores [N] (ROUGE), system against
+    baseline, by sacreBLEU's rule for its `--paired-bs` test: resample documents, take the absolute difference of
+    the two means per resample, centre those differences, and p = (#centred > observed + 1) / (n + 1); equal
+    observed means give p = 1, as `paired_bootstrap` does. Returns {"baseline", "system" (the observed means),
+    "p_value", "significant" (p < 0.05), "n_samples", "seed"}."""
+    if baseline.shape != system.shape or baseline.ndim != 1 or not len(baseline):
+        raise ValueError(f"need two equal-length score vectors, got shapes {baseline.shape} and {system.shape}")
+    if n_samples < 1:
+        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    rng = np.random.default_rng(seed)
+    idxs = rng.choice(len(baseline), size=(n_samples, len(baseline)), replace=True)  # [B, N]
+    base_mean, sys_mean = float(baseline.mean()), float(system.mean())
+    sample_diffs = np.abs(system[idxs].mean(axis=1) - baseline[idxs].mean(axis=1))  # [B]
+    centred = sample_diffs - sample_diffs.mean()
+    p_value = (int(np.sum(centred > abs(sys_mean - base_mean))) + 1) / (n_samples + 1)
+    if sys_mean == base_mean:
+        p_value = 1.0
+    return {
+        "baseline": base_mean,
+        "system": sys_mean,
+        "p_value": p_value,
+        "significant": p_value < 0.05,
+        "n_samples": n_samples,
+        "seed": seed,
+    }
 
 
 @contextmanager

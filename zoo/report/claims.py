@@ -290,14 +290,16 @@ def collect_claims(
     seeds: Sequence[int],
     bootstrap: Bootstrap,
     stats: Stats,
+    score: Score = bleu_from_stats,
     samples: int = 1000,
     epoch_batches: float | None = None,
 ) -> list[dict[str, Any]]:
     """One row per claim: the claim and its source, both sides' quality and size, per-seed Δ, Δ̄ over seeds, the
     budget and state, and the verdict — papers' claims and our questions each judged as one table.
     `bootstrap(system, seed, baseline)` is the per-seed paired bootstrap, `stats(entry, seed)` a run's
-    per-sentence BLEU statistics, `epoch_batches` the training batches in one epoch (None: unknown)."""
-    rows = [_claim_row(c, entries, seeds, bootstrap, stats, samples, epoch_batches) for c in suite.claims]
+    per-segment statistics (BLEU's, or per-document ROUGE) that `score` turns into a corpus score, `epoch_batches`
+    the training batches in one epoch (None: unknown)."""
+    rows = [_claim_row(c, entries, seeds, bootstrap, stats, score, samples, epoch_batches) for c in suite.claims]
     for ours in (False, True):
         table = [r for r in rows if r["ours"] == ours]
         for row, judged in zip(table, judge([r.pop("question") for r in table]), strict=True):
@@ -311,6 +313,7 @@ def _claim_row(
     seeds: Sequence[int],
     bootstrap: Bootstrap,
     stats: Stats,
+    score: Score,
     samples: int,
     epoch_batches: float | None,
 ) -> dict[str, Any]:
@@ -321,7 +324,7 @@ def _claim_row(
         for seed in seeds
         if (a := stats(claim.system, seed)) is not None and (b := stats(claim.baseline, seed)) is not None
     ]
-    test = delta_test([(a, b) for _, a, b in paired], samples=samples) if len(paired) >= 2 else None
+    test = delta_test([(a, b) for _, a, b in paired], score=score, samples=samples) if len(paired) >= 2 else None
     runs = [e["seeds"][seed] for e in (system, baseline) if e for seed, _, _ in paired if seed in e["seeds"]]
     state = {**_budget(runs, epoch_batches), **climbing(runs)}
     sides = (("system", system), ("baseline", baseline))

@@ -11,8 +11,15 @@ from typing import Any
 import numpy as np
 
 from zoo.machine import quality_class
-from zoo.metrics import paired_bootstrap, sentence_stats
-from zoo.report.claims import CLIMBING_GAIN, climbing, collect_claims
+from zoo.metrics import (
+    bleu_from_stats,
+    document_stats,
+    mean_from_stats,
+    paired_bootstrap,
+    paired_bootstrap_means,
+    sentence_stats,
+)
+from zoo.report.claims import CLIMBING_GAIN, Stats, climbing, collect_claims
 from zoo.report.records import References, convergence
 from zoo.report.suite import Suite
 
@@ -64,22 +71,37 @@ def run_summary(record: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _bootstrap(
-    suite: Suite, records: Records, refs: References, entry: str, seed: int, samples: int, baseline: str | None = None
+    suite: Suite,
+    records: Records,
+    refs: References,
+    entry: str,
+    seed: int,
+    samples: int,
+    baseline: str | None = None,
+    stats: Stats | None = None,
 ) -> dict[str, Any] | None:
-    """Paired bootstrap of `entry` against a baseline (default: the suite's) trained with the same seed
-    (translation: BLEU), recomputed from the two records' stored hypotheses."""
+    """Paired bootstrap of `entry` against a baseline (default: the suite's) trained with the same seed, on the
+    suite's headline metric, recomputed from the two records' stored hypotheses: translation BLEU by sacreBLEU's
+    test, summarization ROUGE-L by the same rule over per-document scores (`stats` gives them)."""
     baseline = baseline or suite.baseline
-    if suite.task != "translation" or entry == baseline:
-        return None
     base, system = records.get((baseline, seed)), records.get((entry, seed))
-    if base is None or system is None:
+    if entry == baseline or base is None or system is None:
         return None
-    result = paired_bootstrap(base["hypotheses"], system["hypotheses"], refs.texts, n_samples=samples)
+    if suite.task == "translation":
+        result = paired_bootstrap(base["hypotheses"], system["hypotheses"], refs.texts, n_samples=samples)
+        base_score, sys_score = result["baseline"]["bleu"], result["system"]["bleu"]
+    else:
+        assert stats is not None, "a summarization bootstrap needs the per-document statistics"
+        base_stats, sys_stats = stats(baseline, seed), stats(entry, seed)
+        assert base_stats is not None and sys_stats is not None
+        result = paired_bootstrap_means(base_stats[:, 0], sys_stats[:, 0], n_samples=samples)
+        base_score, sys_score = result["baseline"], result["system"]
     return {
         "seed": seed,
-        "baseline_bleu": result["baseline"]["bleu"],
-        "bleu": result["system"]["bleu"],
-        "delta": round(result["system"]["bleu"] - result["baseline"]["bleu"], 2),
+        "metric": suite.headline,
+        "baseline_score": base_score,
+        "score": sys_score,
+        "delta": round(sys_score - base_score, 2),
         "p_value": result["p_value"],
         "significant": result["significant"],
     }
@@ -157,6 +179,21 @@ def collect(
     """The report's data: per entry, per-seed summaries, mean ± std over seeds, bootstrap, speed, size, claims.
     `epoch` (`epoch_length` of other records of the same budget) sizes an epoch when these records cannot."""
     epoch = epoch_length(records) or epoch
+    stats: dict[tuple[str, int], np.ndarray] = {}
+
+    def run_stats(entry: str, seed: int) -> np.ndarray | None:
+        """Per-segment statistics of a record's hypotheses (BLEU's, or per-document ROUGE), computed once."""
+        if (entry, seed) not in records:
+            return None
+        if (entry, seed) not in stats:
+            hyps = records[(entry, seed)]["hypotheses"]
+            stats[(entry, seed)] = (
+                sentence_stats(hyps, refs.texts)
+                if suite.task == "translation"
+                else document_stats(hyps, refs.texts, suite.headline)
+            )
+        return stats[(entry, seed)]
+
     entries: dict[str, Any] = {}
     for entry in ordered_entries(suite, records):
         seeds = sorted(s for e, s in records if e == entry)
@@ -178,7 +215,7 @@ def collect(
             "bootstrap": [
                 b
                 for seed in seeds
-                if (b := _bootstrap(suite, records, refs, entry, seed, bootstrap_samples)) is not None
+                if (b := _bootstrap(suite, records, refs, entry, seed, bootstrap_samples, stats=run_stats)) is not None
             ],
             "speed": (speed_record or {}).get("points") or {},
             "speed_settings": (speed_record or {}).get("settings") or [],
@@ -189,21 +226,15 @@ def collect(
         for e in suite.entries
         if (left := [s for s in suite.seeds if (e, s) not in records])
     ]
-    stats: dict[tuple[str, int], np.ndarray] = {}
-
-    def run_stats(entry: str, seed: int) -> np.ndarray | None:
-        if suite.task != "translation" or (entry, seed) not in records:
-            return None
-        if (entry, seed) not in stats:
-            stats[(entry, seed)] = sentence_stats(records[(entry, seed)]["hypotheses"], refs.texts)
-        return stats[(entry, seed)]
-
     claims = collect_claims(
         suite,
         entries,
         sorted({s for _, s in records}),
-        lambda system, seed, baseline: _bootstrap(suite, records, refs, system, seed, bootstrap_samples, baseline),
+        lambda system, seed, baseline: _bootstrap(
+            suite, records, refs, system, seed, bootstrap_samples, baseline, stats=run_stats
+        ),
         run_stats,
+        score=bleu_from_stats if suite.task == "translation" else mean_from_stats,
         samples=bootstrap_samples,
         epoch_batches=epoch["batches"] if epoch else None,
     )
@@ -219,6 +250,7 @@ def collect(
         "baseline": suite.baseline,
         "seeds": sorted({s for _, s in records}),
         "metrics": list(suite.metrics),
+        "headline": suite.headline,
         "budget": list(suite.overrides),
         "bootstrap_samples": bootstrap_samples,
         "triton_settings": suite.triton,

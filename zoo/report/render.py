@@ -107,6 +107,33 @@ def _span(values: list[float] | None, fmt: str) -> str:
     return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{format(lo, fmt)}–{format(hi, fmt)}"
 
 
+def _headline(data: dict[str, Any]) -> str:
+    """The label of the suite's headline metric (BLEU; ROUGE-L for summarization)."""
+    return LABELS[data.get("headline", data["metrics"][0])]
+
+
+def _translation(data: dict[str, Any]) -> bool:
+    return data["task"] == "translation"
+
+
+def _segments(data: dict[str, Any]) -> str:
+    return "sentences" if _translation(data) else "documents"
+
+
+def _difference(data: dict[str, Any]) -> str:
+    return "corpus-BLEU difference" if _translation(data) else f"mean per-document {_headline(data)} F1 difference"
+
+
+def _validation(data: dict[str, Any]) -> str:
+    return "BLEU" if _translation(data) else f"{_headline(data)} (greedy)"
+
+
+def _per_seed_test(data: dict[str, Any]) -> str:
+    if _translation(data):
+        return "sacreBLEU's paired bootstrap"
+    return f"the paired bootstrap of per-document {_headline(data)} (sacreBLEU's rule, documents resampled)"
+
+
 def budget_text(state: dict[str, Any]) -> str:
     """ "1200 updates ≈ 1.07 epochs" (the epochs only where an epoch's length is known)."""
     if not state.get("updates"):
@@ -129,7 +156,8 @@ def _state_line(data: dict[str, Any]) -> list[str]:
     line = f"State: {budget_text(state)}{where}"
     if state.get("runs"):
         line += (
-            f"; {state['climbing']} of {state['runs']} runs were still climbing at their end (validation BLEU up by "
+            f"; {state['climbing']} of {state['runs']} runs were still climbing at their end (validation "
+            f"{_validation(data)} up by "
             f"≥ {state['threshold']} over their last 20% of updates; median {state['median_gain']:+.1f}, up to "
             f"{state['max_gain']:+.1f})"
         )
@@ -175,8 +203,7 @@ def markdown(data: dict[str, Any], command: str) -> str:
     lines += _missing_line(data)
     speed_cols = [(s["name"], e) for s in settings for e in ("torch", "ort")]
     header = ["entry", "heads", *(LABELS[m] for m in metrics)]
-    if data["task"] == "translation":
-        header.append("Δ BLEU vs baseline")
+    header.append(f"Δ {_headline(data)} vs baseline")
     header += ["params excl. emb", "params", "FLOPs"]
     header += [f"{name} {'PyTorch' if e == 'torch' else 'ORT'} sent/s" for name, e in speed_cols]
     if settings:
@@ -186,8 +213,7 @@ def markdown(data: dict[str, Any], command: str) -> str:
     for entry, rec in data["entries"].items():
         size = rec["size"]
         row = [f"`{entry}`", _heads(rec), *(_pm(rec["quality"].get(m)) for m in metrics)]
-        if data["task"] == "translation":
-            row.append(_bootstrap_cell(rec["bootstrap"]))
+        row.append(_bootstrap_cell(rec["bootstrap"]))
         row += [format_count(size["params_excl_emb"]), format_count(size["params"]), format_flops(size["flops"])]
         row += [_speed_cell(rec["speed"], f"{name}/{e}", notes, entry) for name, e in speed_cols]
         if settings:
@@ -244,14 +270,12 @@ def readme_block(data: dict[str, Any], command: str) -> str:
     ]
     lines += _missing_line(data)
     header = ["entry", "heads", *(LABELS[m] for m in metrics)]
-    if data["task"] == "translation":
-        header.append(f"Δ BLEU vs `{data['baseline']}` (per seed)")
+    header.append(f"Δ {_headline(data)} vs `{data['baseline']}` (per seed)")
     header += ["params excl. emb", "FLOPs @ src 30", "train min"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for entry, rec in data["entries"].items():
         row = [f"`{entry}`", _heads(rec), *(_pm(rec["quality"].get(m)) for m in metrics)]
-        if data["task"] == "translation":
-            row.append(_bootstrap_cell(rec["bootstrap"]))
+        row.append(_bootstrap_cell(rec["bootstrap"]))
         row += [
             format_count(rec["size"]["params_excl_emb"]),
             format_flops(rec["size"]["flops"]),
@@ -305,7 +329,7 @@ def _source_cell(source: dict[str, str] | None, quote: bool = True) -> str:
 
 def _rule_text(data: dict[str, Any], compact: bool) -> str:
     margins = sorted({c["margin"] for c in data.get("claims") or [] if c.get("margin") is not None})
-    margin = f"{'/'.join(f'{m:g}' for m in margins)} BLEU" if margins else "the suite's equivalence margin"
+    margin = f"{'/'.join(f'{m:g}' for m in margins)} {_headline(data)}" if margins else "the suite's equivalence margin"
     if compact:
         return (
             f"Verdicts by the rule in `zoo/report/claims.py` (REPORT.md states it and quotes each source): Δ̄ over "
@@ -316,21 +340,21 @@ def _rule_text(data: dict[str, Any], compact: bool) -> str:
         )
     return (
         "Verdicts follow from the rule in `zoo/report/claims.py`. Δ̄ is the mean over seeds of the system's "
-        "corpus-BLEU difference from the baseline trained with the same seed. Its "
+        f"{_difference(data)} from the baseline trained with the same seed. Its "
         f"{LEVEL:.0%} interval takes the standard error of a two-way bootstrap ({data.get('bootstrap_samples')} "
-        "replicates: seeds drawn with replacement, then the test sentences, one draw shared by both systems and "
-        "every drawn seed; variance × n/(n−1)) and Student's t with n−1 degrees of freedom, so it holds "
+        f"replicates: seeds drawn with replacement, then the test {_segments(data)}, one draw shared by both systems "
+        "and every drawn seed; variance × n/(n−1)) and Student's t with n−1 degrees of freedom, so it holds "
         "seed-to-seed variance as well as test-set sampling. Each expectation is a region for the true Δ — better "
         f"Δ > 0, worse Δ < 0, match |Δ| < m, not worse Δ > −m, not better Δ < m, m = {margin} — and a "
         "claim **holds** when the interval lies inside its region, **does not hold** when it lies outside (the "
         "same strength of evidence), with p = twice the smaller one-sided p-value, Holm-corrected over the "
         f"table's claims at α = {ALPHA}. A verdict needs ≥ {MIN_SEEDS} seeds; fewer render \"too few seeds "
-        f'(n)". Runs whose validation BLEU rose by ≥ {CLIMBING_GAIN} over their last 20% of updates were still '
-        "climbing, and the verdict says so. A claim with Voting-to-Stay runs is judged only under the GHT "
+        f'(n)". Runs whose validation {_validation(data)} rose by ≥ {CLIMBING_GAIN} over their last 20% of updates '
+        "were still climbing, and the verdict says so. A claim with Voting-to-Stay runs is judged only under the GHT "
         f"paper's precondition — end-of-GCT silhouette ≥ {COMPACT_SILHOUETTE} and voting triggered by converged "
-        "group centres, not the `vote_at` fallback. The per-seed column is sacreBLEU's paired bootstrap of each "
-        "seed's two runs (test sentences only; `*` = p < 0.05). Params are non-embedding, FLOPs at source "
-        "length 30."
+        f"group centres, not the `vote_at` fallback. The per-seed column is {_per_seed_test(data)} of each "
+        f"seed's two runs (test {_segments(data)} only; `*` = p < 0.05). "
+        "Params are non-embedding, FLOPs at source length 30."
     )
 
 
@@ -340,7 +364,7 @@ def claims_section(data: dict[str, Any], heading: bool = True) -> list[str]:
     claims = data.get("claims") or []
     if not claims:
         return []
-    metric = LABELS[data["metrics"][0]]
+    metric = _headline(data)
     papers, ours = [c for c in claims if not c.get("ours")], [c for c in claims if c.get("ours")]
     rule = [_rule_text(data, compact=not heading), ""]
     lines: list[str] = []
@@ -376,7 +400,8 @@ def _claims_table(
         pair = f"`{c['system']}` vs `{c['baseline']}`"
         if full:
             quality = " / ".join(
-                _pm((q or {}).get(data["metrics"][0])) for q in (c["quality"]["system"], c["quality"]["baseline"])
+                _pm((q or {}).get(data.get("headline", data["metrics"][0])))
+                for q in (c["quality"]["system"], c["quality"]["baseline"])
             )
             row = [c["paper"], c["claim"], *([_source_cell(c["source"])] if source else [])]
             row += [f"{c['design']}; {_size_cell(c['size'])}", pair, quality, _bootstrap_cell(c["bootstrap"])]
@@ -393,7 +418,7 @@ def _per_source_section(data: dict[str, Any]) -> list[str]:
     if not per_source:
         return []
     origins = sorted({o for ps in per_source.values() for o in ps})
-    key = data["metrics"][0]
+    key = data.get("headline", data["metrics"][0])
     lines = [
         f"## {LABELS[key]} per data source (mean over seeds)",
         "",
@@ -464,7 +489,7 @@ def _save(fig: Any, out: Path) -> None:
 
 
 def _plot_scatter(data: dict[str, Any], out: Path, x_of: Callable[[dict[str, Any]], float | None], xlabel: str) -> None:
-    key = data["metrics"][0] if data["task"] == "translation" else "rougeL"
+    key = data.get("headline", data["metrics"][0])
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for entry, rec in data["entries"].items():
         q, x = rec["quality"].get(key), x_of(rec)

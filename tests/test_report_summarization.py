@@ -1,0 +1,87 @@
+"""A summarization suite renders like a translation one: per-seed paired bootstrap and the claims' verdicts on
+ROUGE-L (per-document scores resampled), fed synthetic records whose answer is known."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.zoo_testing import REPO
+from zoo.metrics import rouge
+from zoo.report.claims import HOLDS
+from zoo.report.collect import collect
+from zoo.report.records import References
+from zoo.report.render import markdown, readme_block
+from zoo.report.suite import suite_from_config
+
+WORDS = "package tool library daemon server client plugin data files for the manage network python debian".split()
+
+
+def _documents(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 9))) for _ in range(n)]
+
+
+def _degrade(refs: list[str], keep: float, seed: int) -> list[str]:
+    """Each reference with words dropped (each kept with probability `keep`) and one unrelated word appended."""
+    rng = random.Random(seed)
+    return [" ".join([w for w in r.split() if rng.random() < keep] + [rng.choice(WORDS)]) for r in refs]
+
+
+def _record(entry: str, seed: int, hyps: list[str], refs: list[str]) -> dict:
+    return {
+        "entry": entry,
+        "seed": seed,
+        "updates": 1200,
+        "train_minutes": 1.0,
+        "stop_reason": "reached max_updates=1200",
+        "size": {"params": 7_000_000, "params_excl_emb": 5_000_000, "flops": 400_000_000},
+        "pruned_size": None,
+        "head_plan": None,
+        "test": {**rouge(hyps, refs), "n": len(refs)},
+        "hypotheses": hyps,
+        "config": {"model": {"attention": "mha", "num_heads": 8, "head_dim": None, "d_model": 256}},
+        "git_sha": "0" * 40,
+        "machine": {"class": "cpu:test", "cpu_model": "test", "cores": 2},
+        "learning_curve": [{"step": 1200, "valid_quality": 30.0}],
+    }
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    suite = suite_from_config(OmegaConf.load(REPO / "conf" / "suite" / "summ.yaml"), REPO / "conf")
+    refs = _documents(60, seed=0)
+    quality = {"transformer": 0.6, "ght_summ": 0.95, "transformer_lite_layers": 0.6}  # ght_summ clearly better
+    records = {
+        (entry, seed): _record(entry, seed, _degrade(refs, keep, seed=seed * 100 + i), refs)
+        for i, (entry, keep) in enumerate(quality.items())
+        for seed in (1, 2, 3)
+    }
+    data = collect(suite, References(tuple(refs), ("summ",) * len(refs)), records, bootstrap_samples=200)
+    return {**data, "results_dir": "results/summ"}
+
+
+def test_every_seed_has_a_paired_bootstrap_on_rouge_l(report: dict) -> None:
+    rows = report["entries"]["ght_summ"]["bootstrap"]
+    assert [r["seed"] for r in rows] == [1, 2, 3]
+    assert all(r["metric"] == "rougeL" and r["delta"] > 5 and r["significant"] for r in rows)
+    assert all(
+        r["score"] == pytest.approx(report["entries"]["ght_summ"]["seeds"][r["seed"]]["test"]["rougeL"]) for r in rows
+    )
+
+
+def test_the_claims_get_verdicts_not_incomplete(report: dict) -> None:
+    claims = {c["system"] + "/" + c["baseline"]: c for c in report["claims"]}
+    better = claims["ght_summ/transformer"]
+    assert better["delta"]["seeds"] == 3 and better["delta"]["low"] > 0
+    assert better["verdict"].startswith(HOLDS)
+    assert claims["ght_ps_summ/transformer"]["verdict"].startswith("too few seeds (0)")  # no records: no verdict
+
+
+def test_the_tables_name_rouge_l(report: dict) -> None:
+    text = markdown(report, "python -m zoo.report +suite=summ stages=[render]")
+    assert "Δ ROUGE-L vs baseline" in text and "Δ̄ ROUGE-L [95% CI]" in text
+    assert "mean per-document ROUGE-L F1 difference" in text and "BLEU" not in text.replace("sacreBLEU", "")
+    assert "Δ ROUGE-L vs `transformer` (per seed)" in readme_block(report, "cmd")
