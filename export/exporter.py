@@ -408,7 +408,7 @@ def _quality_pairs(
 
 def int8_quality(fp32_out: list[str], int8_out: list[str], refs: list[str], split: str, beam_size: int) -> Int8Quality:
     """BLEU of the fp32 and INT8 graphs' translations (same runtime, same search) with sacreBLEU's
-    paired bootstrap: the quality cost of quantisation, claimed only if significant (DESIGN.md §3c)."""
+    paired bootstrap: the quality cost of quantisation, claimed only if significant (zoo/DESIGN.md §3c)."""
     test = paired_bootstrap(fp32_out, int8_out, refs)
     return Int8Quality(
         split=split,

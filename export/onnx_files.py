@@ -1,6 +1,6 @@
 """The exported model as ONNX files: encoder.onnx and decoder.onnx written from the torch wrappers of
 export/graph.py with torch's dynamo exporter (every batch/length axis dynamic: torch 2.13's legacy exporter bakes
-shapes, DESIGN.md §6), their weights given readable names, the export's metadata stored in them, and the optional
+shapes, zoo/DESIGN.md §6), their weights given readable names, the export's metadata stored in them, and the optional
 dynamic INT8 quantisation of their MatMul weights.
 
 export/graph.py decides what the graphs compute (torch modules, cache discovery); this module turns them into files.

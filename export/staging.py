@@ -21,7 +21,7 @@ the new one is in place.
   fails, the old directory is renamed back.
 
 Standard library only and free of torch, so both `export` and `serve` (which must not pull torch in) import it;
-it lives in `export` because `serve` depends on `export` and never the other way round (DESIGN.md §2).
+it lives in `export` because `serve` depends on `export` and never the other way round (zoo/DESIGN.md §2).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Run the pytriton wheel's `tritonserver` on a model repository (DESIGN.md §6 done for the user).
+"""Run the pytriton wheel's `tritonserver` on a model repository (zoo/DESIGN.md §6 done for the user).
 
 Why this module exists: the wheel's binary works only with a backend directory of *symlinks* (copies break the
 stub's `$ORIGIN` library lookup), with the venv's `bin` first on PATH and libpython's directory on

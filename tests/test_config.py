@@ -1,4 +1,4 @@
-"""Hydra rules R1–R5 (DESIGN.md §3) and the entry point's behaviour without/with a model."""
+"""Hydra rules R1–R5 (zoo/DESIGN.md §3) and the entry point's behaviour without/with a model."""
 
 from __future__ import annotations
 

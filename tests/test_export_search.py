@@ -76,7 +76,7 @@ def test_ort_beam_equals_torch_beam_on_the_test_split(entry: str, exported, smok
     ids = generate(reference, src, SearchConfig(beam_size=5))
     assert runtime.generate(src.numpy(), rt.Search(beam_size=5)) == ids
     assert runtime.translate(texts, beam_size=5) == translate_texts(reference, tok, texts, SearchConfig(beam_size=5))
-    if entry == "transformer":  # non-degeneracy is checked on the baseline smoke checkpoint (DESIGN.md §3c);
+    if entry == "transformer":  # non-degeneracy is checked on the baseline smoke checkpoint (zoo/DESIGN.md §3c);
         assert len({tuple(h) for h in ids}) > len(ids) // 3  # pruned 300-update variants repeat more
 
 

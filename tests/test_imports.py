@@ -1,4 +1,4 @@
-"""Layering: no import cycles between the modules of zoo, export and serve (DESIGN.md §7: `layers/` is a leaf
+"""Layering: no import cycles between the modules of zoo, export and serve (zoo/DESIGN.md §7: `layers/` is a leaf
 that `models/` depends on).
 
 The graph is built from the source, not by importing: every module's module-level `import` / `from … import`

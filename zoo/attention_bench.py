@@ -16,7 +16,7 @@ the padded source). One step = forward of every mode, backward of a fixed random
 `--baseline-heads` heads of size d_model/heads (the `transformer` entry's configuration, our fused
 SDPA path). Registry keys no entry uses get a row with default options.
 
-Measurement (DESIGN.md §3c): warm-up steps, then timed steps interleaved across all candidates (the
+Measurement (zoo/DESIGN.md §3c): warm-up steps, then timed steps interleaved across all candidates (the
 order rotates every round so none always runs first), medians (p10/p90) per candidate, and the ratio
 of medians to the mha baseline; variants slower than `--flag-ratio` (2×) are flagged. A candidate that
 fails to build or run is reported with its error and does not stop the others. On a machine shared

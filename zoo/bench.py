@@ -16,7 +16,7 @@ only excluded from the loss, as in fairseq), separate source/target embeddings �
 positions, and an output projection tied to the target embedding. nn.Transformer's final encoder/
 decoder LayerNorms (which a post-norm model does not have) are removed so the work is equal.
 
-Measurement (DESIGN.md §3c): warm-up steps for both, then steps interleaved A, B, A, B, … so drift
+Measurement (zoo/DESIGN.md §3c): warm-up steps for both, then steps interleaved A, B, A, B, … so drift
 (thermal, other load) hits both alike; medians (and p10/p90) of per-step wall time are reported.
 """
 

@@ -1,4 +1,4 @@
-"""Self-contained checkpoints (DESIGN.md §3b): everything needed to translate, evaluate, export or
+"""Self-contained checkpoints (zoo/DESIGN.md §3b): everything needed to translate, evaluate, export or
 resume travels in one `.pt` file of plain tensors/containers, loadable with `weights_only=True`."""
 
 from __future__ import annotations

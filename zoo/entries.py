@@ -1,4 +1,4 @@
-"""The zoo's model entries are the files of conf/model/ (DESIGN.md §3, R4–R5)."""
+"""The zoo's model entries are the files of conf/model/ (zoo/DESIGN.md §3, R4–R5)."""
 
 from __future__ import annotations
 

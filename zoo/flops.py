@@ -1,7 +1,7 @@
 """Analytic FLOPs and parameter counts, the size numbers reports put next to BLEU/ROUGE.
 
 Why analytic: torch's FLOP counter sees only the matmuls it has formulas for and counts the fused
-SDPA kernel (our default attention path on CPU), `cdist` and cumsum as 0 (DESIGN.md §3c), so a
+SDPA kernel (our default attention path on CPU), `cdist` and cumsum as 0 (zoo/DESIGN.md §3c), so a
 mechanism comparison (MGK, MLK, pruned GHT-PS models) would be skewed by whichever kernel a
 variant happens to use. These formulas depend only on shapes; tests cross-check them against
 `torch.utils.flop_counter.FlopCounterMode` on explicit-matmul paths.

@@ -145,7 +145,7 @@ def paired_bootstrap(
 ) -> dict[str, Any]:
     """Paired bootstrap resampling (Koehn 2004) of BLEU, system B against baseline A, using
     sacreBLEU's own implementation (`PairedTest(test_type="bs")`, the `--paired-bs` CLI path),
-    so p-values match what readers get from sacrebleu itself. DESIGN.md §3c: quality differences
+    so p-values match what readers get from sacrebleu itself. zoo/DESIGN.md §3c: quality differences
     are claimed only with this test (and ≥ 2 seeds).
 
     Returns {"baseline": {"bleu", "mean", "ci"}, "system": {"bleu", "mean", "ci"}, "p_value",

@@ -1,4 +1,4 @@
-"""Run directories (DESIGN.md §3b): `runs/<entry>-<data>/<timestamp>/`, provenance, resume lookup."""
+"""Run directories (zoo/DESIGN.md §3b): `runs/<entry>-<data>/<timestamp>/`, provenance, resume lookup."""
 
 from __future__ import annotations
 

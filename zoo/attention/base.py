@@ -1,4 +1,4 @@
-"""The attention contract every mechanism in the zoo implements (DESIGN.md §4).
+"""The attention contract every mechanism in the zoo implements (zoo/DESIGN.md §4).
 
 A mechanism only decides how per-head queries meet per-head keys/values (`attend`) and which
 per-position tensors it caches (`project_memory`). Everything the rest of the product relies on —

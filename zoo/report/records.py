@@ -1,4 +1,4 @@
-"""Results records: the small committed files every published table is rendered from (DESIGN.md §3b').
+"""Results records: the small committed files every published table is rendered from (zoo/DESIGN.md §3b').
 
 A suite grows run by run, on whatever machine has time: each finished (entry, seed) leaves
 `results/<suite>/<entry>-seed<k>.json.gz` (≈ 30 KB), and the suite's test references are stored once as
