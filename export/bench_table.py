@@ -1,11 +1,12 @@
-"""The README's runtime table, rendered from a stored `python -m export.bench --baseline-runtime … --json` report.
+"""The runtime's memory and speed table, rendered from a stored `python -m export.bench --baseline-runtime … --json`
+report.
 
     python -m export.bench_table results/runtime/<report>.json            # print the table
-    python -m export.bench_table results/runtime/<report>.json --readme   # rewrite README.md's block
+    python -m export.bench_table results/runtime/<report>.json --readme   # rewrite results/runtime/README.md's block
 
-Why: a published number is the render of a stored measurement, never typed (DESIGN.md §3b'). The block between
-`<!-- bench:runtime -->` and `<!-- /bench:runtime -->` in README.md is this module's output for the report it
-names, and tests/test_export.py checks that it still is.
+Why: a published number is the render of a stored measurement, never typed (zoo/DESIGN.md §3b'). The block between
+`<!-- bench:runtime -->` and `<!-- /bench:runtime -->` in results/runtime/README.md (beside the reports it is
+rendered from) is this module's output for the report it names, and tests/test_results.py checks that it still is.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "results" / "runtime" / "README.md"
 BLOCK = "bench:runtime"
 KINDS = (("fp32", "ort", "ort-baseline"), ("INT8", "int8", "int8-baseline"))
 TARGETS_MB = {"fp32": 450, "int8": 330}  # issue 23: peak RSS of a fresh process at the headline point
@@ -90,7 +91,7 @@ def _pattern() -> re.Pattern[str]:
 def read_block(text: str) -> str:
     match = _pattern().search(text)
     if match is None:
-        raise ValueError(f"README.md has no block <!-- {BLOCK} --> … <!-- /{BLOCK} -->: add the two marker lines")
+        raise ValueError(f"the text has no block <!-- {BLOCK} --> … <!-- /{BLOCK} -->: add the two marker lines")
     return match.group(2)
 
 
@@ -102,7 +103,9 @@ def replace_block(text: str, block: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m export.bench_table", description=__doc__.split("\n\n")[0])
     ap.add_argument("report", help="an export.bench --json report made with --baseline-runtime")
-    ap.add_argument("--readme", action="store_true", help="rewrite README.md's bench:runtime block with the table")
+    ap.add_argument(
+        "--readme", action="store_true", help="rewrite results/runtime/README.md's bench:runtime block with the table"
+    )
     args = ap.parse_args(argv)
     path = Path(args.report)
     try:
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         README.write_text(replace_block(text, table), encoding="utf-8")
     except ValueError as exc:
         sys.exit(str(exc))
-    print(f"README.md: {BLOCK} block rendered from {path}")
+    print(f"{README}: {BLOCK} block rendered from {path}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,14 @@
-"""Published tables are the render of the committed records: every generated block of README.md and each
-rendered REPORT.md must equal a fresh render of its `results/<name>/` — a hand-edited number fails here."""
+"""Published tables are the render of the committed records: every generated block of README.md and the REPORT.md of
+every `results/<name>/` that holds records must equal a fresh render of that directory — a hand-edited number fails
+here. The runtime's table in results/runtime/README.md is likewise the render of the export.bench report it names.
+
+A render recomputes every paired bootstrap from the records' hypotheses (seconds to minutes per suite on a busy
+2-core machine), so each directory is rendered once per process and shared by the README-block and REPORT.md tests.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 
@@ -11,31 +17,51 @@ from omegaconf import OmegaConf
 
 from export import bench_table
 from tests.zoo_testing import REPO
-from zoo.report.publish import publish
+from zoo.report.publish import Published, publish
 from zoo.report.readme import read_block, readme_suites, replace_block
 from zoo.report.records import read_json_gz
 from zoo.report.suite import suite_from_config
 
 README_TEXT = (REPO / "README.md").read_text(encoding="utf-8")
 BLOCKS = readme_suites(README_TEXT)
+RUNTIME_README = REPO / "results" / "runtime" / "README.md"
+# every results directory that holds a suite's records (its references are written with the first record)
+RESULT_DIRS = sorted(p.parent.name for p in (REPO / "results").glob("*/references.json.gz"))
+
+
+def _suite_name(name: str) -> str:
+    return read_json_gz(REPO / "results" / name / "references.json.gz")["suite"]
+
+
+@functools.cache
+def _published(name: str) -> Published:
+    """The render of results/<name>/ (not written), once per process."""
+    suite = suite_from_config(OmegaConf.load(REPO / "conf" / "suite" / f"{_suite_name(name)}.yaml"), REPO / "conf")
+    return publish(suite, REPO / "results" / name, write=False)
 
 
 def test_the_readme_publishes_the_quick_suite() -> None:
     assert "quick" in BLOCKS
+    assert set(BLOCKS) <= set(RESULT_DIRS), "a README results block names a results directory without records"
 
 
 @pytest.mark.parametrize("name", BLOCKS)
-def test_readme_block_and_report_are_the_render_of_the_committed_records(name: str) -> None:
-    results_dir = REPO / "results" / name
-    suite_name = read_json_gz(results_dir / "references.json.gz")["suite"]
-    suite = suite_from_config(OmegaConf.load(REPO / "conf" / "suite" / f"{suite_name}.yaml"), REPO / "conf")
-    published = publish(suite, results_dir, write=False)
-    assert read_block(README_TEXT, name) == published.readme_block, (
+def test_readme_block_is_the_render_of_the_committed_records(name: str) -> None:
+    assert read_block(README_TEXT, name) == _published(name).readme_block, (
         f"README.md's results:{name} block differs from the render of results/{name}/: do not edit it by hand, "
-        f"run `python -m zoo.report +suite={suite_name} stages=[render] readme=true`"
+        f"run `python -m zoo.report +suite={_suite_name(name)} stages=[render] readme=true`"
     )
-    assert (results_dir / "REPORT.md").read_text() == published.report, (
-        f"results/{name}/REPORT.md differs from the render of its records: rerun the render"
+
+
+@pytest.mark.parametrize("name", RESULT_DIRS)
+def test_report_is_the_render_of_the_committed_records(name: str) -> None:
+    """Every results directory with records, published in README.md or not: its hand-written reading (README.md
+    there) sits beside a table that is provably the records' render."""
+    report = REPO / "results" / name / "REPORT.md"
+    command = f"python -m zoo.report +suite={_suite_name(name)} stages=[render]"
+    assert report.is_file(), f"results/{name}/ holds records but no REPORT.md: run `{command}`"
+    assert report.read_text(encoding="utf-8") == _published(name).report, (
+        f"results/{name}/REPORT.md differs from the render of its records: do not edit it by hand, run `{command}`"
     )
 
 
@@ -49,14 +75,16 @@ def test_block_replacement_touches_only_the_block() -> None:
 
 
 def test_readme_runtime_table_is_the_render_of_its_report(capsys) -> None:
-    """The runtime's memory and speed table is `python -m export.bench_table <report>`'s output for the stored
-    export.bench report the block names; a report that cannot be read is refused naming what to give."""
-    block = bench_table.read_block(README_TEXT)
+    """The runtime's memory and speed table (results/runtime/README.md, beside the reports) is `python -m
+    export.bench_table <report>`'s output for the stored export.bench report the block names; a report that cannot
+    be read is refused naming what to give."""
+    assert bench_table.README == RUNTIME_README  # where `--readme` writes is where this test reads
+    block = bench_table.read_block(RUNTIME_README.read_text(encoding="utf-8"))
     source = re.search(r"`python -m export\.bench_table (\S+)`", block)
     assert source is not None, "the bench:runtime block must name the report it renders"
     report = json.loads((REPO / source.group(1)).read_text(encoding="utf-8"))
     assert block == bench_table.render(report, source.group(1)), (
-        f"README.md's bench:runtime block differs from its report: run `python -m export.bench_table "
+        f"results/runtime/README.md's bench:runtime block differs from its report: run `python -m export.bench_table "
         f"{source.group(1)} --readme`"
     )
     with pytest.raises(SystemExit, match=r"cannot render .*python -m export\.bench"):
