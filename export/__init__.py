@@ -1,20 +1,28 @@
 """ONNX export of attention-zoo checkpoints and their torch-free runtime.
 
 `export.load(dir).translate([...])` needs only numpy, onnxruntime and sentencepiece (the runtime
-module imports nothing else, so serving never pulls torch in); `export.export_checkpoint(cfg)`
-(torch) is imported lazily on first use for the same reason.
+package imports nothing else, so serving never pulls torch in); `export.export_checkpoint(cfg)`
+(torch) is imported lazily on first use for the same reason, and so are the runtime's names that load
+onnxruntime (a process that needs only the runtime's search types does not load it).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from export.runtime import SEARCH_LIMITS, ExportedModel, ExportedModelError, Search, SearchError, load
+from export import runtime
+from export.runtime import SEARCH_LIMITS, ExportedModelError, Search, SearchError
+
+if TYPE_CHECKING:
+    from export.exporter import export_checkpoint
+    from export.runtime import ExportedModel, load
 
 __all__ = ["SEARCH_LIMITS", "ExportedModel", "ExportedModelError", "Search", "SearchError", "export_checkpoint", "load"]
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("ExportedModel", "load"):
+        return getattr(runtime, name)  # onnxruntime loads here, on first use
     if name == "export_checkpoint":
         from export.exporter import export_checkpoint  # imported here: the exporter loads torch (see above)
 

@@ -3,7 +3,7 @@ the runtime — on the same export.
 
     python -m export.bench --checkpoint runs/transformer-deen/<ts> --export exports/transformer-deen \
         [--pruned-export exports/transformer-deen-pruned] [--int8-export exports/transformer-deen-int8] \
-        [--baseline-runtime /tmp/old/export/runtime.py [--baseline-export …] [--baseline-int8-export …]] \
+        [--baseline-runtime /tmp/old/export/runtime [--baseline-export …] [--baseline-int8-export …]] \
         [--no-torch] \
         [--threads 1] [--repeats 5] [--batches 1,32,256] [--searches greedy,beam5] [--fixed-len 30] \
         [--json bench.json]
@@ -12,17 +12,17 @@ the runtime — on the same export.
     git worktree add /tmp/old X
     python -m export.bench --export exports/transformer-deen --baseline-runtime /tmp/old --no-torch
 
-Why this shape (DESIGN.md §3c): the baseline is our best torch path — `zoo.generate` with the
+Why this shape (zoo/DESIGN.md §3c): the baseline is our best torch path — `zoo.generate` with the
 incremental cache, the same beam size, batch and thread count — and the engines run interleaved
 (torch, ORT, ORT, torch, …) on identical pre-tokenised, length-sorted batches, so drift hits all of
 them; we report medians and ratios. Every engine gets the same token ids and must return the same
 hypotheses as the one it is compared with (the agreement is reported next to every ratio).
 
-`--baseline-runtime` (a runtime.py file, or a checkout holding export/runtime.py) adds that version
-of the runtime as engine `ort-baseline` on the same export (and `int8-baseline` next to `int8` with
-`--int8-export`), so a runtime change is measured against its parent in one interleaved run: ratio
-ort/ort-baseline per point. That works because export/runtime.py imports nothing from the project:
-any commit's copy loads under its own module name. When the export format changed between the two
+`--baseline-runtime` (the runtime package export/runtime/, an older commit's single export/runtime.py, or a
+checkout holding either) adds that version of the runtime as engine `ort-baseline` on the same export (and
+`int8-baseline` next to `int8` with `--int8-export`), so a runtime change is measured against its parent in one
+interleaved run: ratio ort/ort-baseline per point. That works because the runtime imports nothing from the
+project: any commit's copy loads under its own module name. When the export format changed between the two
 (the runtime format in manifest.json), the baseline runs on exports its own commit made of the same
 checkpoint: `--baseline-export` / `--baseline-int8-export` (the checkpoint's sha256 must match).
 `--no-torch` drops the torch engine (its long runs and then the need for `--checkpoint`: sentences come
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -67,6 +66,7 @@ import onnx
 import torch
 
 from export import rss_probe
+from export import runtime as runtime_package
 from export.bench_table import paired_ratio
 from export.graph import ExportError
 from export.pruning import prune
@@ -82,8 +82,8 @@ from zoo.model import Transformer
 TARGETS = {("greedy", 1): 1.5, ("beam5", 32): 1.2}  # ORT / torch sentences-per-second, natural mode
 HEADLINE_BEAM, HEADLINE_BATCH, HEADLINE_SENTENCES = 5, 32, 64  # the fixed-length point every run measures
 HEADLINE_MIN_ROUNDS = 3
-BASELINE_MODULE = "export_bench_baseline_runtime"  # the module name another runtime.py is imported under
-RUNTIME_FILE = Path(inspect.getfile(ExportedModel)).resolve()  # the runtime engine `ort` runs (export.runtime)
+BASELINE_MODULE = "export_bench_baseline_runtime"  # the module name another runtime is imported under
+RUNTIME_FILE = Path(runtime_package.__file__).parent.resolve()  # the runtime engine `ort` runs (export.runtime)
 
 
 # ---------------------------------------------------------------------------------------------- memory
@@ -150,9 +150,9 @@ def export_weights(runtime: ExportedModel) -> dict[str, Any]:
 def fresh_process_rss(
     runtime_file: Path, export_dir: Path, batches: list[np.ndarray], threads: int, spinning: bool, fixed_len: int
 ) -> dict[str, Any]:
-    """Peak RSS (MB) of a new interpreter that imports only `runtime_file`, loads the export and decodes
-    `batches` once with beam 5 to exactly `fixed_len` tokens (export/rss_probe.py): what a torch-free
-    server pays, which this process — torch, the checkpoint, every engine — cannot show."""
+    """Peak RSS (MB) of a new interpreter that imports only `runtime_file` (a runtime package or file), loads
+    the export and decodes `batches` once with beam 5 to exactly `fixed_len` tokens (export/rss_probe.py): what
+    a torch-free server pays, which this process — torch, the checkpoint, every engine — cannot show."""
     with tempfile.TemporaryDirectory(prefix="bench-rss-") as tmp:
         work = Path(tmp) / "batches.npz"
         np.savez(work, *batches)
@@ -175,23 +175,37 @@ def fresh_process_rss(
 
 # ---------------------------------------------------------------------------------------------- baseline runtime
 def sha256_file(path: Path) -> str:
-    """Which runtime.py a report measured (paths move, worktrees get removed)."""
+    """Which runtime a report measured (paths move, worktrees get removed): a runtime.py file's sha256, or a
+    runtime package's — the sha256 of what `sha256sum *.py` prints in it (files in name order)."""
+    if path.is_dir():
+        lines = [f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}\n" for f in sorted(path.glob("*.py"))]
+        return hashlib.sha256("".join(lines).encode()).hexdigest()
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def resolve_runtime_file(given: str | Path) -> Path:
-    """The runtime.py `--baseline-runtime` names: the file itself, or a checkout (a `git worktree`) holding
-    export/runtime.py, or an export/ directory holding runtime.py."""
+def _is_runtime(path: Path) -> bool:
+    """A runtime.py file, or a runtime package (its __init__.py beside model.py)."""
+    return path.is_file() or ((path / "__init__.py").is_file() and (path / "model.py").is_file())
+
+
+def resolve_runtime(given: str | Path) -> Path:
+    """The runtime `--baseline-runtime` names: a runtime package or an older commit's runtime.py itself, or a
+    checkout (a `git worktree`) holding export/runtime/ or export/runtime.py, or an export/ directory holding
+    either."""
     path = Path(given).expanduser()
     fix = (
-        "give a runtime.py file or a checkout holding export/runtime.py "
-        "(e.g. `git worktree add /tmp/base <commit>`, then --baseline-runtime /tmp/base)"
+        "give the runtime package export/runtime/, an older commit's export/runtime.py, or a checkout holding "
+        "either (e.g. `git worktree add /tmp/base <commit>`, then --baseline-runtime /tmp/base)"
     )
     if path.is_dir():
-        for candidate in (path / "export" / "runtime.py", path / "runtime.py"):
-            if candidate.is_file():
+        candidates = [path, path / "export" / "runtime", path / "export" / "runtime.py"]
+        for candidate in (*candidates, path / "runtime", path / "runtime.py"):
+            if candidate.exists() and _is_runtime(candidate):
                 return candidate.resolve()
-        raise ExportError(f"--baseline-runtime {path}: no export/runtime.py or runtime.py in that directory; {fix}")
+        raise ExportError(
+            f"--baseline-runtime {path}: no export/runtime.py or runtime.py in that directory, nor a runtime "
+            f"package; {fix}"
+        )
     if not path.is_file():
         raise ExportError(f"--baseline-runtime {path}: no such file; {fix}")
     return path.resolve()
@@ -199,17 +213,18 @@ def resolve_runtime_file(given: str | Path) -> Path:
 
 def load_baseline_runtime(given: str | Path) -> tuple[Path, ModuleType]:
     """Import another version of the runtime next to export.runtime (its own module name, its own classes)."""
-    path = resolve_runtime_file(given)
+    path = resolve_runtime(given)
     try:
         module = rss_probe.load_runtime_file(path, BASELINE_MODULE)
     except Exception as exc:  # anything the file raises on import: say which file and what
         raise ExportError(
             f"--baseline-runtime {path} cannot be imported ({type(exc).__name__}: {exc}); give a self-contained "
-            "export/runtime.py (stdlib, numpy, onnxruntime, sentencepiece)"
+            "runtime, export/runtime/ or an older export/runtime.py (stdlib, numpy, onnxruntime, sentencepiece)"
         ) from exc
     if not callable(getattr(module, "load", None)) or not hasattr(module, "Search"):
         raise ExportError(
-            f"--baseline-runtime {path} does not define load() and Search; give the export/runtime.py of a checkout"
+            f"--baseline-runtime {path} does not define load() and Search; give the export/runtime.py (or "
+            "export/runtime/) of a checkout"
         )
     return path, module
 
@@ -678,7 +693,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--int8-export", help="an export of the same checkpoint with quantize=true (BLEU cost)")
     ap.add_argument(
         "--baseline-runtime",
-        help="another version's runtime.py (or a checkout holding export/runtime.py, e.g. from `git worktree add`): "
+        help="another version's runtime: export/runtime/, an older export/runtime.py, or a checkout holding one "
+        "(e.g. from `git worktree add`): "
         "timed against the working tree's runtime on the same exports",
     )
     ap.add_argument(

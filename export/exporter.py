@@ -49,7 +49,7 @@ from export.pruning import (
     prune,
     validate_plan,
 )
-from export.runtime import OPTIMIZATION_LEVELS, ExportedModel, Graphs, Int8Quality, Manifest, Search
+from export.runtime import OPTIMIZATION_LEVELS, ExportedModel, Graphs, Int8Quality, Manifest, Search, load
 from export.staging import staged_directory
 from export.verify import encode_pairs, verify_export
 from zoo.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
@@ -106,7 +106,7 @@ def _export(cfg: DictConfig) -> dict[str, Any]:
         manifest = _manifest(cfg, directory, source, plan, exported, graphs, search)
         write_manifest(directory, manifest)  # the runtime loads (and checks) the export through it
         with _ort_errors("fp32"):
-            fp32 = ExportedModel(directory, threads=cfg.runtime.threads)
+            fp32 = load(directory, threads=cfg.runtime.threads)
             manifest["verification"] = _verify(cfg, fp32, exported, source, search)
         laps("verify")
         if cfg.quantize:
@@ -380,7 +380,7 @@ def _quantize(
     manifest["shared_weights"] = shared_weights(directory, manifest["graphs"])
     write_manifest(directory, manifest)
     with _ort_errors("int8"):
-        int8 = ExportedModel(directory, threads=cfg.runtime.threads)
+        int8 = load(directory, threads=cfg.runtime.threads)
         manifest["verification_int8"] = _verify(cfg, int8, exported, source, search, strict=False)
         int8_out = int8.translate(eval_src)
     manifest["int8_quality"] = int8_quality(fp32_out, int8_out, eval_ref, eval_split, search.beam_size)

@@ -1,8 +1,8 @@
 """manifest.json of an export directory: built from what the export step knew, written in the schema's key order,
 and summarised for the console.
 
-The keys and their types are written down once, as `export.runtime.Manifest` (a TypedDict in the runtime module,
-because the Triton models get a copy of that file alone and read manifests with it). `build_manifest` fills every
+The keys and their types are written down once, as `export.runtime.Manifest` (a TypedDict in the runtime package,
+because the Triton models get a copy of that package alone and read manifests with it). `build_manifest` fills every
 key the schema requires; the export adds the optional ones (verification, INT8 results, timings) as it proceeds and
 `write_manifest` writes whatever it has in the schema's order — so the file's bytes do not depend on the order in
 which the exporter filled the dictionary.
@@ -39,7 +39,7 @@ from export.runtime import (
     SharedWeight,
     SizeInfo,
     Vocab,
-    _sha256,
+    sha256_file,
 )
 from zoo.data import Tokenizer
 from zoo.model import Transformer
@@ -84,7 +84,7 @@ def size_info(before: dict[str, Any], after: dict[str, Any]) -> SizeInfo:
 def checksums(directory: Path, graphs: Graphs) -> dict[str, str]:
     """sha256 of every file of the export but the manifest: the graphs, the tokenizer, the held-out sample."""
     names = (graphs["encoder"]["file"], graphs["decoder"]["file"], TOKENIZER_FILE, HELDOUT_FILE)
-    return {name: _sha256(directory / name) for name in names}
+    return {name: sha256_file(directory / name) for name in names}
 
 
 SHARED_MIN_BYTES = 4096  # smaller tensors are not worth a separate copy (and may occur more than once in a file)
@@ -151,7 +151,7 @@ def build_manifest(
         attention=mcfg.attention,
         attention_options=dict(mcfg.attention_options),
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        checkpoint=CheckpointRef(path=payload["path"], sha256=_sha256(Path(payload["path"]))),
+        checkpoint=CheckpointRef(path=payload["path"], sha256=sha256_file(Path(payload["path"]))),
         head_plan=plan,
         head_plan_source=plan_source,
         heads_removed=heads_removed,

@@ -1,6 +1,6 @@
-"""Peak memory of a fresh process that loads an export with one given runtime.py and decodes given batches.
+"""Peak memory of a fresh process that loads an export with one given runtime and decodes given batches.
 
-    python export/rss_probe.py --runtime export/runtime.py --export exports/transformer-deen \
+    python export/rss_probe.py --runtime export/runtime --export exports/transformer-deen \
         --batches work.npz [--threads 1] [--spinning] [--beam 5] [--fixed-len 30]
 
 Prints one JSON object on stdout: VmHWM (peak RSS, bytes) right after the export is loaded and after
@@ -9,10 +9,11 @@ must not). `export.bench` runs this once per engine and export.
 
 Why a separate process, started on this file's path: the in-process numbers of `export.bench` sit on
 top of torch, the checkpoint and every other engine, and VmHWM only ever grows. A process that
-imports the standard library, numpy and then nothing but the runtime file (which brings
-onnxruntime and sentencepiece) measures what a torch-free server pays. Running the file by path, not
-`python -m export.rss_probe`, keeps the `export` package — and through it the working tree's own
-runtime — out of a probe of another runtime file. So this module imports nothing from the project.
+imports the standard library, numpy and then nothing but the runtime (a package, or an older commit's
+single runtime.py; it brings onnxruntime and sentencepiece) measures what a torch-free server pays.
+Running the file by path, not `python -m export.rss_probe`, keeps the `export` package — and through it
+the working tree's own runtime — out of a probe of another runtime. So this module imports nothing from
+the project.
 """
 
 from __future__ import annotations
@@ -30,11 +31,18 @@ import numpy as np
 
 
 def load_runtime_file(path: str | Path, module_name: str) -> ModuleType:
-    """Import a self-contained runtime.py under `module_name`, so two versions can live in one process.
+    """Import a self-contained runtime — a package directory (its modules import each other relatively) or a
+    single runtime.py — under `module_name`, so two versions can live in one process.
 
     Registered in sys.modules before it runs: dataclasses and typing.get_type_hints (used by the
     runtime's Search and manifest schema) look the defining module up there."""
-    spec = importlib.util.spec_from_file_location(module_name, path)
+    path = Path(path)
+    if path.is_dir():
+        spec = importlib.util.spec_from_file_location(
+            module_name, path / "__init__.py", submodule_search_locations=[str(path)]
+        )
+    else:
+        spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"{path} is not a Python module")
     module = importlib.util.module_from_spec(spec)
@@ -87,7 +95,7 @@ def probe(
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runtime", required=True, help="a self-contained runtime.py (export/runtime.py of some commit)")
+    ap.add_argument("--runtime", required=True, help="a self-contained runtime: export/runtime/ or an older runtime.py")
     ap.add_argument("--export", required=True, help="export dir")
     ap.add_argument("--batches", required=True, help=".npz of padded int64 token batches (arr_0, arr_1, …)")
     ap.add_argument("--threads", type=int, default=1)

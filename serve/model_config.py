@@ -4,13 +4,15 @@
 The per-model settings, config.pbtxt text for the Python-backend text model and its parts, the parser that reads
 every written config back with Triton's ModelConfig protobuf (shipped in tritonclient) so a malformed config fails
 here with the field named instead of at server start, the export's validated manifest, model names, the files
-copied next to every model.py, and staging a model directory that is swapped in when complete.
+copied next to every model.py (the runtime package among them), and staging a model directory that is swapped in
+when complete.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -25,7 +27,7 @@ from serve.errors import ServeError
 
 HERE = Path(__file__).resolve().parent
 TRITON_MODELS = HERE / "triton"
-RUNTIME_FILE = "export_runtime.py"  # the copy of export/runtime.py inside every model version dir
+RUNTIME_DIR = "export_runtime"  # the copy of the runtime package export/runtime/ inside every model version dir
 COMMON_FILE = "model_common.py"  # request handling shared by both variants' model.py
 METRICS_FILE = "model_metrics.py"  # the zoo_* Prometheus metrics model_common reports
 SHARED_MODEL_FILES = (COMMON_FILE, METRICS_FILE)  # copied next to every model.py, from serve/triton/
@@ -181,6 +183,17 @@ def read_manifest(export_dir: Path) -> export_runtime.Manifest:
         return export_runtime.read_manifest(export_dir, check_files=True)
     except export_runtime.ExportedModelError as exc:
         raise RepositoryError(f"{export_dir}: {exc}") from exc
+
+
+def copy_model_code(version_dir: Path, model_file: str) -> None:
+    """A text model's code into its version directory: serve/triton/`model_file` as model.py, the files every
+    model.py imports, and the runtime package, whole, as `export_runtime/` (its modules import each other
+    relatively, so it runs under that name; caches of compiled files are left behind)."""
+    shutil.copy2(TRITON_MODELS / model_file, version_dir / "model.py")
+    for shared in SHARED_MODEL_FILES:
+        shutil.copy2(TRITON_MODELS / shared, version_dir / shared)
+    source = Path(export_runtime.__file__).parent
+    shutil.copytree(source, version_dir / RUNTIME_DIR, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
 def check_name(name: str) -> str:

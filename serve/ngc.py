@@ -10,7 +10,7 @@ Python-backend models with the same name and I/O so the BLS model.py runs end to
 Layout for an export named N:
     N-encoder/config.pbtxt, N-encoder/1/model.onnx   backend onnxruntime, max_batch_size 0 (the BLS batches)
     N-decoder/config.pbtxt, N-decoder/1/model.onnx   one decoding step; state in and out as tensors
-    N/config.pbtxt, N/1/{model.py, export_runtime.py, manifest.json, tokenizer.model}   the public model
+    N/config.pbtxt, N/1/{model.py, export_runtime/, manifest.json, tokenizer.model}   the public model
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ from tritonclient.grpc import model_config_pb2
 
 from export import runtime as export_runtime
 from serve.model_config import (
-    RUNTIME_FILE,
-    SHARED_MODEL_FILES,
     TRITON_MODELS,
     ModelSettings,
     RepositoryError,
     check_name,
+    copy_model_code,
     parse_config,
     pbtxt_string,
     python_config,
@@ -103,10 +102,7 @@ def write_ngc_model(export_dir: Path, repo: Path, settings: ModelSettings, overw
         (stage.path / v).mkdir()
         for f in (export_runtime.MANIFEST, manifest["tokenizer"]):
             shutil.copy2(export_dir / f, stage.path / v / f)
-        shutil.copy2(export_runtime.__file__, stage.path / v / RUNTIME_FILE)
-        shutil.copy2(TRITON_MODELS / "bls_model.py", stage.path / v / "model.py")
-        for shared in SHARED_MODEL_FILES:
-            shutil.copy2(TRITON_MODELS / shared, stage.path / v / shared)
+        copy_model_code(stage.path / v, "bls_model.py")
         extra = {
             "encoder_model": f"{name}-encoder",
             "decoder_model": f"{name}-decoder",

@@ -6,7 +6,7 @@
 
 Why: users should get a working repository without writing Triton configs or backend code. Two variants:
 - `python` (default, runs on this machine's pytriton wheel): `<name>/config.pbtxt` + `<name>/<v>/model.py`, a
-  Python-backend model running the export runtime; the runtime module, ONNX graphs, tokenizer and manifest are
+  Python-backend model running the export runtime; the runtime package, ONNX graphs, tokenizer and manifest are
   copied next to it, so the model directory is self-contained (numpy + onnxruntime + sentencepiece only).
 - `ngc` (a full NGC Triton container with the onnxruntime backend, for GPUs): `<name>-encoder` and
   `<name>-decoder` served by the `onnxruntime` backend (KIND_GPU) and `<name>`, a Python BLS model that
@@ -39,14 +39,14 @@ from serve.model_config import (
     INPUT,
     KINDS,
     OUTPUT,
-    RUNTIME_FILE,
-    SHARED_MODEL_FILES,
+    RUNTIME_DIR,
     TRITON_MODELS,
     TRUNCATED,
     ModelSettings,
     RepositoryError,
     batching_text,
     check_name,
+    copy_model_code,
     parameters_text,
     parse_config,
     pbtxt_string,
@@ -65,7 +65,7 @@ __all__ = [
     "INPUT",
     "KINDS",
     "OUTPUT",
-    "RUNTIME_FILE",
+    "RUNTIME_DIR",
     "TRITON_MODELS",
     "TRUNCATED",
     "ModelSettings",
@@ -96,10 +96,7 @@ def write_python_model(
         version_dir.mkdir()
         for f in [*manifest["files"], export_runtime.MANIFEST]:
             shutil.copy2(export_dir / f, version_dir / f)
-        shutil.copy2(export_runtime.__file__, version_dir / RUNTIME_FILE)
-        shutil.copy2(TRITON_MODELS / "translator_model.py", version_dir / "model.py")
-        for shared in SHARED_MODEL_FILES:
-            shutil.copy2(TRITON_MODELS / shared, version_dir / shared)
+        copy_model_code(version_dir, "translator_model.py")
         plan = (
             plan_warmup(export_dir, manifest, settings.max_batch_size, settings.max_request_cost)
             if settings.warmup

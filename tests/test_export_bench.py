@@ -74,12 +74,12 @@ def test_bench_runs_side_by_side(ght_ps_unpruned, exported, smoke_run, tmp_path,
 
 
 def test_bench_against_a_baseline_runtime_without_torch(exported, tmp_path, capsys) -> None:
-    """--baseline-runtime: another runtime.py (here the same file, so the same hypotheses) timed against
+    """--baseline-runtime: another runtime (here the same package, so the same hypotheses) timed against
     export.runtime on the same fp32 and INT8 exports, no torch engine, no checkpoint; the fresh-process
     memory probe reports positive peaks without importing torch, next to the graphs' weight bytes."""
     fp32, manifest = exported("transformer")
     int8, _ = exported("transformer", "keep_heads=2", "quantize=true")
-    runtime_file = (REPO / "export" / "runtime.py").resolve()
+    runtime_file = (REPO / "export" / "runtime").resolve()
     report_path = tmp_path / "bench.json"
     bench.main(
         [
@@ -90,9 +90,13 @@ def test_bench_against_a_baseline_runtime_without_torch(exported, tmp_path, caps
     )
     text = capsys.readouterr().out
     report = json.loads(report_path.read_text())
+    # a package's sha256: that of `sha256sum *.py` run in it
+    listing = "".join(
+        f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}\n" for f in sorted(runtime_file.glob("*.py"))
+    )
     assert report["baseline_runtime"] == {
         "path": str(runtime_file),
-        "sha256": hashlib.sha256(runtime_file.read_bytes()).hexdigest(),
+        "sha256": hashlib.sha256(listing.encode()).hexdigest(),
     }
     assert report["checkpoint"] is None and report["engines"] == ["ort-baseline", "ort", "int8-baseline", "int8"]
     labels = [p["label"] for p in report["points"]]
@@ -131,7 +135,7 @@ def test_bench_refuses_a_baseline_export_of_another_checkpoint(exported, capsys)
     checkpoint as --export, or the ratios compare two models: one `error:` line naming the fix, before timing."""
     fp32, _ = exported("transformer")
     other, _ = exported("mgk_4head")
-    runtime_file = REPO / "export" / "runtime.py"
+    runtime_file = REPO / "export" / "runtime"
     with pytest.raises(SystemExit) as exc:
         bench.main(
             [
@@ -161,10 +165,14 @@ def test_bench_refuses_a_missing_or_foreign_baseline_runtime(tmp_path, capsys) -
         assert message in err and "export/runtime.py" in err, err
     checkout = tmp_path / "checkout"  # what `git worktree add /tmp/checkout <commit>` leaves
     (checkout / "export").mkdir(parents=True)
-    shutil.copy(REPO / "export" / "runtime.py", checkout / "export" / "runtime.py")
-    assert bench.resolve_runtime_file(checkout) == (checkout / "export" / "runtime.py").resolve()
+    shutil.copytree(REPO / "export" / "runtime", checkout / "export" / "runtime")
+    assert bench.resolve_runtime(checkout) == (checkout / "export" / "runtime").resolve()
     path, module = bench.load_baseline_runtime(checkout / "export")
-    assert path == (checkout / "export" / "runtime.py").resolve() and module.load is not rt.load
+    assert path == (checkout / "export" / "runtime").resolve() and module.load is not rt.load
+    old = tmp_path / "old" / "export"  # a commit from before the package: one export/runtime.py
+    old.mkdir(parents=True)
+    (old / "runtime.py").write_text("class Search: ...\n\n\ndef load(directory): ...\n")
+    assert bench.load_baseline_runtime(old.parent)[0] == (old / "runtime.py").resolve()
     with pytest.raises(SystemExit) as exc:  # torch compared without a checkpoint
         bench.main(["--export", str(tmp_path / "export")])
     assert exc.value.code == 2 and "--checkpoint is required unless --no-torch" in capsys.readouterr().err

@@ -42,18 +42,21 @@ def test_runtime_imports_no_torch_and_stays_self_contained(exported) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    # one file, standard library + numpy + onnxruntime + sentencepiece: copied as is into a Triton model
-    tree = ast.parse((REPO / "export" / "runtime.py").read_text())
+    # one package, standard library + numpy + onnxruntime + sentencepiece, its modules importing each other
+    # relatively: copied as is into a Triton model under another name
+    trees = [ast.parse(f.read_text()) for f in sorted((REPO / "export" / "runtime").glob("*.py"))]
     imported = {
         (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+        for tree in trees
         for n in ast.walk(tree)
-        if isinstance(n, ast.Import | ast.ImportFrom)
+        if isinstance(n, ast.Import | ast.ImportFrom) and not (isinstance(n, ast.ImportFrom) and n.level)
         for a in (n.names if isinstance(n, ast.Import) else [n])
     }
     assert imported <= {
         "__future__",
         "ctypes",  # glibc's malloc_trim after loading (a no-op elsewhere)
         "hashlib",
+        "importlib",  # the package's names that load onnxruntime, on first use
         "json",
         "math",
         "mmap",  # the self-attention stores' own mappings
@@ -115,7 +118,7 @@ def test_decoder_gathers_the_past_and_returns_only_new_positions(exported, tmp_p
     assert "history" in inputs and "beam_order" not in inputs and manifest["runtime_format"] == rt.RUNTIME_FORMAT
     producer = {o: n for n in graph.node for o in n.output}
     for spec in (c for c in manifest["caches"] if c["kind"] == "self"):
-        node = producer[rt._NEXT + spec["name"]]  # the new position as computed, never cut off a grown cache
+        node = producer[rt.NEXT_PREFIX + spec["name"]]  # the new position as computed, never cut off a grown cache
         assert node.op_type not in ("Concat", "Slice", "Identity"), (spec["name"], node.op_type)
     assert not [n for n in graph.node if n.op_type == "Concat" and any(".self." in i for i in n.input)]
     runtime = export.load(out, threads=1)
@@ -188,10 +191,10 @@ def test_shared_weights_are_read_once_for_both_sessions(exported, tmp_path) -> N
         for g in graphs:
             np.testing.assert_array_equal(in_file.reshape(w["shape"]), numpy_helper.to_array(g[name]))
     model = export.load(out)
-    assert model.shared.keys() == shared.keys()
+    assert model.backend.shared.keys() == shared.keys()
     own = _tampered(out, tmp_path, lambda m: m.pop("shared_weights"))
     alone = export.load(own)
-    assert alone.shared == {}
+    assert alone.backend.shared == {}
     src = model.pad(model.encode_texts(["ein kleiner Test .", "noch ein Satz"]))
     one, two = model.encode(src, with_memory=True), alone.encode(src, with_memory=True)
     for name in one:
@@ -203,7 +206,7 @@ def test_runtime_providers_name_the_fix(exported) -> None:
     """provider=cpu is the default; provider=cuda asks for CUDA with TF32 off (the export's parity), and where
     this onnxruntime has no CUDA provider, loading says to install onnxruntime-gpu instead of falling back."""
     out, _ = exported("transformer")
-    assert export.load(out, provider="cpu").decoder.get_providers() == ["CPUExecutionProvider"]
+    assert export.load(out, provider="cpu").backend.decoder.get_providers() == ["CPUExecutionProvider"]
     with pytest.raises(rt.ExportRuntimeError, match=r"provider='tpu': choose one of \['cpu', 'cuda'\]"):
         export.load(out, provider="tpu")
     if "CUDAExecutionProvider" in ort.get_available_providers():

@@ -215,15 +215,19 @@ def test_repository_is_self_contained_and_configs_parse(repo, translator_export)
         "model.py",
         "model_common.py",
         "model_metrics.py",
-        "export_runtime.py",
+        "export_runtime",
         "encoder.onnx",
         "decoder.onnx",
         "tokenizer.model",
         "manifest.json",
     }
-    # the runtime is copied unchanged, and nothing in the model dir imports the project or torch
-    assert (model / "1" / "export_runtime.py").read_bytes() == (REPO / "export" / "runtime.py").read_bytes()
-    for py in (model / "1").glob("*.py"):
+    # the runtime package is copied whole and unchanged, and nothing in the model dir imports the project or torch
+    package = sorted(p.name for p in (REPO / "export" / "runtime").glob("*.py"))
+    assert sorted(p.name for p in (model / "1" / "export_runtime").iterdir()) == package
+    for name in package:
+        copied = (model / "1" / "export_runtime" / name).read_bytes()
+        assert copied == (REPO / "export" / "runtime" / name).read_bytes(), name
+    for py in (model / "1").rglob("*.py"):
         text = py.read_text()
         assert "import torch" not in text and "from zoo" not in text and "from export" not in text, py
 
@@ -811,8 +815,8 @@ def test_ngc_variant_configs_and_bls_against_standins(translator_export, local, 
         "transformer-smoke-encoder",
     ]
     onnx_inputs = {
-        "encoder": {i.name for i in local["transformer-smoke"].encoder.get_inputs()},
-        "decoder": {i.name for i in local["transformer-smoke"].decoder.get_inputs()},
+        "encoder": {i.name for i in local["transformer-smoke"].backend.encoder.get_inputs()},
+        "decoder": {i.name for i in local["transformer-smoke"].backend.decoder.get_inputs()},
     }
     for part in ("encoder", "decoder"):
         config = text_format.Parse(

@@ -42,7 +42,7 @@ import os
 import time
 from typing import Any
 
-import export_runtime  # the verbatim copy of export/runtime.py beside this file
+import export_runtime  # the verbatim copy of the package export/runtime/ beside this file
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from model_metrics import ModelMetrics

@@ -1,7 +1,7 @@
 """Triton Python-backend model serving one exported attention-zoo model (copied as `<name>/1/model.py`).
 
 Why this file is so small: the model directory must be self-contained — it imports only numpy, onnxruntime,
-sentencepiece and its neighbours `export_runtime.py` (a verbatim copy of export/runtime.py) and
+sentencepiece and its neighbours `export_runtime/` (a verbatim copy of the package export/runtime/) and
 `model_common.py` (request parsing, per-request errors, one generation per execute call), so it can be copied
 to any Triton server whose Python environment has those three packages; no torch, no project checkout.
 """

@@ -1,0 +1,127 @@
+"""Run an exported attention-zoo model with numpy + onnxruntime + sentencepiece only.
+
+    import export
+    model = export.load("exports/transformer-deen")
+    model.translate(["Guten Morgen."])            # → ["Good morning."]
+
+Why a separate runtime: serving must not need torch. This package imports the standard library, numpy, onnxruntime
+and sentencepiece, and of itself only relatively, so the Triton models get a copy of the whole package under
+another name; everything model-specific comes from the export directory's manifest.json.
+
+    manifest   the manifest's schema and the one reader that checks it (`read_manifest`)
+    search     settings (`Search`), results, errors and limits; greedy and beam search over a step function
+    stores     host memory of a search: the self-attention store, its pool, the shared onnxruntime arena
+    backend    where the two graphs run (`OrtBackend`: in-process sessions)
+    model      `ExportedModel` (tokenizer, search, batching, scoring around a backend) and `load`
+
+The names that need no onnxruntime are imported here at once; the others on first use, so that a process that
+needs only the search types or the manifest schema does not load onnxruntime.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .errors import ExportedModelError, ExportRuntimeError
+from .manifest import (
+    MANIFEST,
+    MANIFEST_KEYS,
+    NEXT_PREFIX,
+    RUNTIME_FORMAT,
+    CacheEntry,
+    CheckpointRef,
+    GenerationDefaults,
+    GraphInfo,
+    Graphs,
+    HeadsInfo,
+    Int8Quality,
+    Manifest,
+    RuntimeDefaults,
+    SharedWeight,
+    SizeInfo,
+    Vocab,
+    read_manifest,
+    sha256_file,
+)
+from .search import (
+    SEARCH_LIMITS,
+    Hypothesis,
+    Scored,
+    ScoreError,
+    Search,
+    SearchError,
+    Translation,
+    check_num_hypotheses,
+    max_lengths,
+    search_setting,
+)
+
+if TYPE_CHECKING:
+    from .backend import OPTIMIZATION_LEVELS, PROVIDERS, Backend, OrtBackend, execution_providers, shared_initializers
+    from .model import ExportedModel, Stepper, cross_rows, load
+    from .stores import SelfCache, StorePool, mapped_zeros
+
+_ON_FIRST_USE = {  # name → module: these import onnxruntime (and sentencepiece)
+    **dict.fromkeys(
+        ("OPTIMIZATION_LEVELS", "PROVIDERS", "Backend", "OrtBackend", "execution_providers", "shared_initializers"),
+        "backend",
+    ),
+    **dict.fromkeys(("ExportedModel", "Stepper", "cross_rows", "load"), "model"),
+    **dict.fromkeys(("SelfCache", "StorePool", "mapped_zeros"), "stores"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _ON_FIRST_USE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_ON_FIRST_USE[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "MANIFEST",
+    "MANIFEST_KEYS",
+    "NEXT_PREFIX",
+    "OPTIMIZATION_LEVELS",
+    "PROVIDERS",
+    "RUNTIME_FORMAT",
+    "SEARCH_LIMITS",
+    "Backend",
+    "CacheEntry",
+    "CheckpointRef",
+    "ExportRuntimeError",
+    "ExportedModel",
+    "ExportedModelError",
+    "GenerationDefaults",
+    "GraphInfo",
+    "Graphs",
+    "HeadsInfo",
+    "Hypothesis",
+    "Int8Quality",
+    "Manifest",
+    "OrtBackend",
+    "RuntimeDefaults",
+    "ScoreError",
+    "Scored",
+    "Search",
+    "SearchError",
+    "SelfCache",
+    "SharedWeight",
+    "SizeInfo",
+    "Stepper",
+    "StorePool",
+    "Translation",
+    "Vocab",
+    "check_num_hypotheses",
+    "cross_rows",
+    "execution_providers",
+    "load",
+    "mapped_zeros",
+    "max_lengths",
+    "read_manifest",
+    "search_setting",
+    "sha256_file",
+    "shared_initializers",
+]

@@ -1,0 +1,148 @@
+"""Where an exported model's two graphs run: what differs between the in-process model and the Triton BLS model.
+
+`ExportedModel` holds a backend and does everything else (tokenizer, search, stores, batching) itself. `OrtBackend`
+runs both graphs in onnxruntime sessions of this process; serve/triton/bls_model.py's `BlsBackend` sends them to
+the Triton models that serve the graphs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import onnxruntime as ort
+
+from .errors import ExportedModelError, ExportRuntimeError
+from .manifest import Manifest, SharedWeight
+from .stores import release_free_heap, use_shared_cpu_arena
+
+OPTIMIZATION_LEVELS = {
+    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+PROVIDERS = ("cpu", "cuda")
+# On the CPU, residual Add + LayerNormalization stay two nodes: onnxruntime's fused SkipLayerNormalization made a
+# decoder step slower at beam × batch rows, and no faster at batch 1. Measured: results/runtime/docstring_figures.md
+CPU_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
+
+
+class Backend(Protocol):
+    """What `ExportedModel` needs of the place its graphs run."""
+
+    decoder_inputs: frozenset[str]  # the decoder graph's input names (feeds it does not take are left out)
+    per_source_cross: bool  # whether the decoder may get one cross-cache row per source (the graph's own layout)
+
+    def encode(self, outputs: list[str], src: np.ndarray) -> list[np.ndarray]:
+        """Run the encoder graph on src_tokens [B, S] int64: `outputs` as arrays the caller may keep, in order."""
+        ...
+
+    def decode(self, outputs: list[str], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Run the decoder graph once: `outputs` as writable arrays, in order."""
+        ...
+
+
+def execution_providers(provider: str, device_id: int = 0) -> list[Any]:
+    """onnxruntime's provider list for `provider` (cpu | cuda). CUDA runs with TF32 off: TF32 moved the outputs
+    far enough from the CPU's to change hypotheses, and the parity the export verified (≤ 1e-4) is what a served
+    model should keep. Measured: results/runtime/docstring_figures.md."""
+    if provider not in PROVIDERS:
+        raise ExportRuntimeError(f"provider={provider!r}: choose one of {list(PROVIDERS)}")
+    if provider == "cpu":
+        return ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise ExportRuntimeError(
+            f"provider=cuda, but this onnxruntime ({ort.__version__}) has no CUDAExecutionProvider "
+            f"(it has {ort.get_available_providers()}): install onnxruntime-gpu instead of onnxruntime, "
+            "or use provider=cpu"
+        )
+    return [("CUDAExecutionProvider", {"device_id": int(device_id), "use_tf32": "0"}), "CPUExecutionProvider"]
+
+
+def shared_initializers(directory: Path, weights: Sequence[SharedWeight]) -> dict[str, tuple[np.ndarray, Any]]:
+    """One in-memory copy of each weight both graphs hold (the tied embedding, the positions table), for both
+    sessions (`SessionOptions.add_initializer`), where each session would keep its own: read from the bytes the
+    manifest points at, so the runtime needs no ONNX parser. The arrays are returned beside their OrtValues, which
+    do not own them. Measured: results/runtime/docstring_figures.md."""
+    shared = {}
+    for w in weights:
+        dtype, count = np.dtype(w["dtype"]), math.prod(w["shape"])
+        array = np.fromfile(directory / w["file"], dtype=dtype, count=count, offset=w["offset"]).reshape(w["shape"])
+        shared[w["name"]] = (array, ort.OrtValue.ortvalue_from_numpy(array))
+    return shared
+
+
+def session_options(
+    manifest: Manifest, threads: int | None, optimization: str | None, spinning: bool, provider: str
+) -> ort.SessionOptions:
+    """Both sessions' options: the manifest's runtime defaults unless given, sequential execution."""
+    defaults = manifest.get("runtime", {})
+    options = ort.SessionOptions()
+    threads = threads if threads is not None else defaults.get("threads")
+    if threads:
+        options.intra_op_num_threads = int(threads)
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    level = optimization or defaults.get("graph_optimization_level", "all")
+    if level not in OPTIMIZATION_LEVELS:
+        raise ExportedModelError(f"unknown graph optimization level {level!r}; use {sorted(OPTIMIZATION_LEVELS)}")
+    options.graph_optimization_level = OPTIMIZATION_LEVELS[level]
+    options.log_severity_level = 3
+    # by default no spin-waiting after a run: the host does real work between steps and the cores may be
+    # shared (other processes, torch in the same process); spinning trades that CPU for wake-up latency
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    # No memory pattern: every decoder step has new shapes (the past grows by one position, beams finish),
+    # so patterns never repeat. On the CPU, both sessions allocate from the one arena of the process
+    # (`use_shared_cpu_arena`: see there why an arena, and why one).
+    options.enable_mem_pattern = False
+    if provider == "cpu":
+        use_shared_cpu_arena(options)
+    else:
+        options.enable_cpu_mem_arena = False
+    return options
+
+
+class OrtBackend:
+    """Both graphs in onnxruntime sessions of this process (CPU, or CUDA with provider=cuda)."""
+
+    per_source_cross = True
+
+    def __init__(
+        self,
+        directory: Path,
+        manifest: Manifest,
+        threads: int | None = None,
+        optimization: str | None = None,
+        spinning: bool = False,
+        provider: str = "cpu",
+        device_id: int = 0,
+    ) -> None:
+        options = session_options(manifest, threads, optimization, spinning, provider)
+        providers = execution_providers(provider, device_id)
+        self.shared = shared_initializers(directory, manifest.get("shared_weights", []))
+        for name, (_, value) in self.shared.items():
+            options.add_initializer(name, value)
+        graphs = manifest["graphs"]
+        disabled = CPU_DISABLED_OPTIMIZERS if provider == "cpu" else []
+        self.encoder = ort.InferenceSession(
+            str(directory / graphs["encoder"]["file"]), options, providers=providers, disabled_optimizers=disabled
+        )
+        self.decoder = ort.InferenceSession(
+            str(directory / graphs["decoder"]["file"]), options, providers=providers, disabled_optimizers=disabled
+        )
+        release_free_heap()  # the parsed graph files are gone now; glibc keeps their pages unless asked
+        self.decoder_inputs = frozenset(i.name for i in self.decoder.get_inputs())
+
+    def encode(self, outputs: list[str], src: np.ndarray) -> list[np.ndarray]:
+        return self.encoder.run(outputs, {"src_tokens": src})
+
+    def decode(self, outputs: list[str], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """numpy in, numpy out (`InferenceSession.run`): onnxruntime reads contiguous arrays in place and hands its
+        outputs over as arrays, which costs less per call than wrapping each input in an OrtValue from Python
+        (the state lives on the host between steps, so there is nothing to keep as OrtValues).
+        Measured: results/runtime/docstring_figures.md."""
+        return self.decoder.run(outputs, inputs)

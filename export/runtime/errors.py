@@ -1,0 +1,11 @@
+"""The runtime's error base: it imports nothing of zoo, so it cannot use zoo's."""
+
+from __future__ import annotations
+
+
+class ExportRuntimeError(Exception):
+    """The torch-free runtime's own error base: a bad export directory or a bad request."""
+
+
+class ExportedModelError(ExportRuntimeError):
+    """An export directory that cannot be loaded (missing, corrupt or from a newer exporter)."""

@@ -1,0 +1,323 @@
+"""manifest.json of an export directory: its schema, written down once, and the one reader that checks it.
+
+export/manifest.py builds the file, `read_manifest` below checks what the runtime needs, the repository writers
+(serve/) copy what it lists, the Triton models (in-process and BLS) load through it, the tests read it. It lives in
+the runtime because the runtime is what every reader can import: a Triton model gets a copy of this package and
+nothing else of the project. The key order of the file is the order of these declarations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any, TypedDict, get_origin, get_type_hints
+
+import numpy as np
+
+from .errors import ExportedModelError
+
+MANIFEST = "manifest.json"
+RUNTIME_FORMAT = 2  # 2: the host stores the growing self caches; the graph gathers rows by `history`
+NEXT_PREFIX = "next."  # decoder output name prefix of what a step adds to a self-attention state
+
+
+class GraphInfo(TypedDict):
+    file: str  # a plain file name inside the export, listed in `files`
+    ir_version: int
+    opset: int
+    inputs: list[str]  # the graph's actual I/O (the exporter drops inputs a mechanism never reads)
+    outputs: list[str]
+
+
+class Graphs(TypedDict):
+    encoder: GraphInfo
+    decoder: GraphInfo
+
+
+class Vocab(TypedDict):
+    size: int
+    pad_id: int
+    unk_id: int
+    bos_id: int
+    eos_id: int
+
+
+class CacheEntry(TypedDict):
+    """One cached tensor of one decoder layer (export/graph.py CacheSpec.to_dict)."""
+
+    name: str  # graph I/O name, e.g. "L0.self.k"
+    layer: int
+    kind: str  # "self" | "cross"
+    key: str  # the mechanism's own name, e.g. "k"
+    shape: list[int | str]  # ints for fixed axes, "batch" / "sources" / "steps" / "src_len" for dynamic ones
+    dtype: str
+
+
+class CheckpointRef(TypedDict):
+    path: str
+    sha256: str
+
+
+class HeadsInfo(TypedDict):
+    num_heads: int  # heads in the exported graph
+    head_dim: int
+    kept: list[int]  # original head indices
+
+
+class SizeInfo(TypedDict):
+    before: dict[str, Any]  # zoo.flops.size_summary of the checkpoint's model
+    after: dict[str, Any]  # … and of the exported one
+    params_ratio: float
+    params_excl_emb_ratio: float
+    flops_ratio: float
+
+
+class GenerationDefaults(TypedDict):
+    beam_size: int  # the fields of search.Search, then translate()'s batching
+    len_penalty: float
+    max_len_a: float
+    max_len_b: int
+    min_len: int
+    max_tokens: int
+    max_sentences: int
+
+
+class RuntimeDefaults(TypedDict):
+    graph_optimization_level: str  # a key of backend.OPTIMIZATION_LEVELS
+    threads: int | None
+
+
+class Int8Quality(TypedDict):
+    split: str
+    beam_size: int
+    bleu_fp32: float
+    bleu_int8: float
+    chrf_fp32: float
+    chrf_int8: float
+    p_value: float
+    significant: bool
+    identical_outputs: int
+
+
+class SharedWeight(TypedDict):
+    name: str  # an initializer both graphs hold byte for byte (the tied embedding, the positions table)
+    dtype: str  # numpy dtype name
+    shape: list[int]
+    file: str  # the graph file whose bytes from `offset` on are the weight's raw (little-endian) data
+    offset: int
+
+
+class _ManifestKeys(TypedDict):
+    format_version: int
+    runtime_format: int  # the oldest runtime format that reads this export
+    name: str  # public model name (and Triton model name)
+    entry: str
+    data: str | None
+    task: str
+    attention: str
+    attention_options: dict[str, Any]
+    created: str  # ISO 8601, UTC
+    checkpoint: CheckpointRef
+    head_plan: dict[str, list[int]]  # module → kept original head indices (modules keeping all are absent)
+    head_plan_source: str
+    heads_removed: bool
+    head_importance: dict[str, dict[str, float]] | None
+    heads: dict[str, HeadsInfo]
+    model_config: dict[str, Any]  # zoo.model.ModelConfig.to_dict of the exported model
+    vocab: Vocab
+    max_positions: int
+    tokenizer: str  # file names: plain names inside the export, each listed in `files`
+    heldout: str
+    graphs: Graphs
+    caches: list[CacheEntry]
+    next_prefix: str
+    quantized: bool
+    size: SizeInfo
+    generation: GenerationDefaults
+    runtime: RuntimeDefaults
+    versions: dict[str, str]
+    files: dict[str, str]  # file name → sha256, every file of the export but the manifest
+
+
+class Manifest(_ManifestKeys, total=False):
+    """manifest.json of an export directory. The keys below are added as the export proceeds (a manifest is
+    first written without them so the export can be loaded and verified)."""
+
+    verification: dict[str, Any]  # export/verify.py verify_export's report on the fp32 graphs
+    verification_int8: dict[str, Any]  # … on the INT8 graphs (quantize=true)
+    int8_quality: Int8Quality  # quantize=true
+    timings_s: dict[str, float]
+    shared_weights: list[SharedWeight]  # read once and given to both sessions (exports before it: each its own)
+
+
+MANIFEST_KEYS: tuple[str, ...] = tuple(Manifest.__annotations__)  # every key, in file order
+
+
+def _schema_type(path: str) -> type:
+    """The type the schema gives key `path` ("a.b…"), as isinstance takes it (dict for dict[str, str])."""
+    node: Any = Manifest
+    for part in path.split("."):
+        node = get_type_hints(node)[part]
+    return get_origin(node) or node
+
+
+# what read_manifest checks before anything is opened (other keys are informational or have defaults)
+_RUNTIME_FIELDS = {
+    path: _schema_type(path)
+    for path in (
+        "files",
+        "graphs.encoder.file",
+        "graphs.decoder.file",
+        "tokenizer",
+        "heldout",
+        "vocab.pad_id",
+        "vocab.unk_id",
+        "vocab.bos_id",
+        "vocab.eos_id",
+        "vocab.size",
+        "max_positions",
+        "name",
+        "caches",
+    )
+}
+
+
+def sha256_file(path: Path) -> str:
+    """A file's sha256, read in 1 MiB blocks (graph files are large)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _plain_name(value: Any, key: str) -> str:
+    """A file name the manifest may refer to: a plain name inside the export directory. An export is
+    untrusted input (downloaded, shared): `../x`, `/etc/x` or `sub/x` would make loading or serving it read
+    or write outside the directory."""
+    if (
+        not isinstance(value, str)
+        or not value
+        or value in (".", "..")
+        or "/" in value
+        or "\\" in value
+        or "\x00" in value
+        or Path(value).is_absolute()
+    ):
+        raise ExportedModelError(
+            f"{MANIFEST}: {key}={value!r} is not a plain file name inside the export "
+            "directory (no separators, no '..', not absolute); the export is malformed or "
+            "tampered with — re-export it with `python -m export`"
+        )
+    return value
+
+
+def _field(m: dict[str, Any], path: str, kind: type | tuple[type, ...]) -> Any:
+    """`m[a][b]…` for path "a.b…", of the given type, or a one-line error naming the key."""
+    node: Any = m
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise ExportedModelError(f"{MANIFEST}: missing key {path!r}; re-export the model with `python -m export`")
+        node = node[part]
+    if not isinstance(node, kind) or (isinstance(node, bool) and kind is int):
+        raise ExportedModelError(
+            f"{MANIFEST}: {path!r} has the wrong type ({type(node).__name__}); re-export the "
+            "model with `python -m export`"
+        )
+    return node
+
+
+def _load_json(directory: Path) -> dict[str, Any]:
+    """manifest.json as a JSON object of a runtime format this runtime reads."""
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise ExportedModelError(
+            f"{directory} is not an export directory (no {MANIFEST}); create one with "
+            "`python -m export checkpoint=<run dir> out=<dir>`"
+        )
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ExportedModelError(f"cannot read {path}: {exc}; re-export the model") from exc
+    if not isinstance(m, dict):
+        raise ExportedModelError(f"{path} is not a JSON object; re-export the model")
+    if not isinstance(m.get("runtime_format", 0), int) or m.get("runtime_format", 0) > RUNTIME_FORMAT:
+        raise ExportedModelError(f"{directory} needs a newer runtime (format {m.get('runtime_format')!r})")
+    if m.get("runtime_format", 0) < RUNTIME_FORMAT:
+        raise ExportedModelError(
+            f"{directory} was exported for runtime format {m.get('runtime_format')!r} (its decoder reorders and "
+            f"grows the self-attention cache itself); this runtime reads format {RUNTIME_FORMAT}: re-export it "
+            "with `python -m export checkpoint=<its checkpoint>`"
+        )
+    return m
+
+
+def read_manifest(
+    directory: str | os.PathLike[str], check_files: bool = True, holds: Collection[str] | None = None
+) -> Manifest:
+    """An export directory's manifest, checked before anything is opened: the keys the runtime needs with
+    their types, every referenced file a plain name listed in `files` (so it is checksummed), and the files the
+    directory holds present (with `check_files`: with their sha256). `holds`: the keys naming the files this
+    directory holds, e.g. ("tokenizer",) for the BLS model's copy, whose graphs other models serve; None: all."""
+    directory = Path(directory)
+    m = _load_json(directory)
+    files = _field(m, "files", _RUNTIME_FIELDS["files"])
+    for name, digest in files.items():
+        _plain_name(name, f"files[{name!r}]")
+        if not isinstance(digest, str) or len(digest) != 64:
+            raise ExportedModelError(f"{MANIFEST}: files[{name!r}] is not a sha256 digest; re-export the model")
+    referenced = {
+        key: _field(m, key, _RUNTIME_FIELDS[key]) for key in ("graphs.encoder.file", "graphs.decoder.file", "tokenizer")
+    }
+    if "heldout" in m:  # optional for the runtime
+        referenced["heldout"] = _field(m, "heldout", _RUNTIME_FIELDS["heldout"])
+    for key, value in referenced.items():
+        if _plain_name(value, key) not in files:
+            raise ExportedModelError(
+                f"{MANIFEST}: {key}={value!r} is not listed (and checksummed) in 'files'; re-export the model"
+            )
+    for key in ("vocab.pad_id", "vocab.unk_id", "vocab.bos_id", "vocab.eos_id", "vocab.size", "max_positions", "name"):
+        _field(m, key, _RUNTIME_FIELDS[key])
+    for i, cache in enumerate(_field(m, "caches", _RUNTIME_FIELDS["caches"])):
+        if not isinstance(cache, dict) or not {"name", "kind", "shape", "dtype"} <= cache.keys():
+            raise ExportedModelError(f"{MANIFEST}: caches[{i}] needs name, kind, shape and dtype; re-export the model")
+    held = set(files) if holds is None else {referenced[key] for key in holds}
+    for name, digest in files.items():
+        if name not in held:
+            continue
+        file = directory / name
+        if not file.is_file():
+            raise ExportedModelError(f"{file} is missing from the export")
+        if check_files and sha256_file(file) != digest:
+            raise ExportedModelError(f"{file} does not match its sha256 in {MANIFEST}; the export is corrupt")
+    for i, weight in enumerate(m.get("shared_weights", [])):
+        _check_shared_weight(directory, files, held, weight, f"shared_weights[{i}]")
+    return m  # type: ignore[return-value]  # a dict checked as far as the runtime reads it
+
+
+def _check_shared_weight(directory: Path, files: dict[str, str], held: set[str], weight: Any, key: str) -> None:
+    """A shared weight names a listed file and a byte range inside it (where the directory holds the file), of a
+    plain numeric dtype."""
+    fields = {"name": str, "dtype": str, "shape": list, "file": str, "offset": int}
+    if not isinstance(weight, dict) or any(not isinstance(weight.get(k), t) for k, t in fields.items()):
+        raise ExportedModelError(f"{MANIFEST}: {key} needs name, dtype, shape, file and offset; re-export the model")
+    if _plain_name(weight["file"], f"{key}.file") not in files:
+        raise ExportedModelError(
+            f"{MANIFEST}: {key}.file is not listed (and checksummed) in 'files'; re-export the model"
+        )
+    try:
+        dtype = np.dtype(weight["dtype"])
+    except TypeError:
+        dtype = np.dtype(object)
+    shape = weight["shape"]
+    if dtype.kind not in "fiub" or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise ExportedModelError(
+            f"{MANIFEST}: {key} has dtype {weight['dtype']!r} / shape {shape!r}; re-export the model"
+        )
+    end = weight["offset"] + dtype.itemsize * math.prod(shape)
+    if weight["offset"] < 0 or (weight["file"] in held and end > (directory / weight["file"]).stat().st_size):
+        raise ExportedModelError(f"{MANIFEST}: {key} reaches past the end of {weight['file']}; re-export the model")

@@ -1,0 +1,439 @@
+"""`ExportedModel`: an export directory's tokenizer, search and stores around a backend that runs its two graphs.
+
+Texts in, texts out as zoo.evaluation does it (same truncation, same batches, the search of `search.py`), plus
+n-best lists with scores and teacher-forced scoring. Where the graphs run is the backend's business (`backend.py`):
+in-process onnxruntime sessions (`load`), or other Triton models (serve/triton/bls_model.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sentencepiece as spm
+
+from .backend import Backend, OrtBackend
+from .errors import ExportedModelError
+from .manifest import NEXT_PREFIX, Manifest, read_manifest
+from .search import (
+    Hypothesis,
+    Scored,
+    Search,
+    SearchVocab,
+    Translation,
+    beam,
+    beam_first_rows,
+    check_num_hypotheses,
+    check_pairs,
+    check_targets,
+    greedy,
+    length_batches,
+    max_lengths,
+    normalised,
+    search_setting,
+    truncate_sources,
+    truncate_targets,
+)
+from .stores import SelfCache, StorePool
+
+
+def cross_rows(sentence: np.ndarray, per_source: bool) -> np.ndarray:
+    """The source of every cross-cache row the decoder needs for decoder rows whose sources are `sentence` [N]:
+    one row per source when the graph shares a source's cache across its rows (`per_source`) and the rows come
+    in equal consecutive groups of one source each (a sentence's beams; G = 1 for greedy), else one per row."""
+    n = len(sentence)
+    if not per_source or n == 0:
+        return sentence
+    changes = np.flatnonzero(sentence[1:] != sentence[:-1])
+    group = int(changes[0]) + 1 if changes.size else n
+    if n % group == 0 and (sentence.reshape(-1, group) == sentence[::group, None]).all():
+        return sentence[::group]
+    return sentence
+
+
+class Stepper:
+    """A decoding state over the live rows: per-row best tokens from the backend's decoder, the self-attention
+    state in a host-owned `SelfCache`, the cross-attention inputs re-sliced on the host only when the set of
+    sentences changes (finished sentences leaving). Exports whose cross caches are per source (manifest shape
+    "sources") get one cache row per sentence, shared by its beams."""
+
+    def __init__(
+        self,
+        model: ExportedModel,
+        encoded: dict[str, np.ndarray],
+        rows: np.ndarray,
+        full: bool = False,
+        steps: int = 0,
+        slots: int = 0,
+    ) -> None:
+        self.m = model
+        self._take_cross(encoded, rows)
+        self.cache = SelfCache(model.self_specs, len(rows), steps, slots, model.store_pool)
+        self.full = full
+        self.logits: np.ndarray | None = None  # [N, V] of the last step when `full`
+        self.log_probs: np.ndarray | None = None
+
+    def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """last [N] int64 tokens at position t → the k best (log-prob [N, k] f32, token [N, k] int64)
+        of every row, descending (writable arrays)."""
+        names = (["logits", "log_probs"] if self.full else []) + ["top_log_probs", "top_tokens"]
+        out = self._run(last, t, k, names)
+        if self.full:
+            self.logits, self.log_probs = out[0], out[1]
+            out = out[2:]
+        return out[0], out[1]
+
+    def distribution(self, last: np.ndarray, t: int) -> np.ndarray:
+        """last [N] int64 tokens at position t → every row's full next-token log-probs [N, V] f32 (scoring:
+        the graph's `log_probs` output; its top-k outputs are not fetched)."""
+        return self._run(last, t, 1, ["log_probs"])[0]
+
+    def _run(self, last: np.ndarray, t: int, k: int, names: list[str]) -> list[np.ndarray]:
+        """One decoder step fetching outputs `names`; what it adds to the self-attention state goes to the store."""
+        feeds = {
+            "tokens": np.ascontiguousarray(last, dtype=np.int64).reshape(-1, 1),
+            "step": np.array([t], dtype=np.int64),
+            "topk": np.array([min(k, self.m.vocab_size)], dtype=np.int64),
+            **self.cross,
+            **self.cache.feeds(),
+        }
+        used = self.m.backend.decoder_inputs
+        out = self._decode([*names, *self.m.next_names], {n: v for n, v in feeds.items() if n in used})
+        self.cache.update(out[len(names) :])
+        return out[: len(names)]
+
+    def _decode(self, outputs: list[str], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """The decoder graph, once, wherever the model's backend runs it."""
+        return self.m.backend.decode(outputs, inputs)
+
+    def _take_cross(self, encoded: dict[str, np.ndarray], rows: np.ndarray) -> None:
+        """The cross-attention inputs (caches, memory_pad_mask) for decoder rows whose sources are `rows` [N]."""
+        self.sentence = rows  # [N] source row of every decoder row
+        self.cross_sources = cross_rows(rows, self.m.cross_per_source)  # [sources or N] source of every cross row
+        # every source once, in order (beam search and greedy over a fresh batch): the encoder's own arrays. A copy
+        # would hold the cross caches twice while it is made and leave that much freed but resident heap behind
+        # for the rest of the search. Measured: results/runtime/docstring_figures.md
+        whole = np.array_equal(self.cross_sources, np.arange(len(encoded["memory_pad_mask"])))
+        self.cross = {
+            name: np.ascontiguousarray(encoded[name] if whole else encoded[name][self.cross_sources])
+            for name in [*self.m.cross_names, "memory_pad_mask"]
+        }
+
+    def select(self, rows: np.ndarray) -> None:
+        """Continue from rows `rows` of the last step (beam reordering / finished sentences leaving)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self.sentence = self.sentence[rows]
+        sources = cross_rows(self.sentence, self.m.cross_per_source)
+        if sources.shape != self.cross_sources.shape or not np.array_equal(sources, self.cross_sources):
+            position = {int(s): i for i, s in enumerate(self.cross_sources)}  # every kept source has a row now
+            keep = np.array([position[int(s)] for s in sources], dtype=np.int64)
+            self.cross = {k: np.ascontiguousarray(v[keep]) for k, v in self.cross.items()}
+            self.cross_sources = sources
+        self.cache.select(rows)
+
+
+class ExportedModel:
+    """An export directory (its manifest read by `read_manifest`) with its sentencepiece model, searching over the
+    graphs that `backend` runs. `load` builds one with onnxruntime sessions."""
+
+    def __init__(self, directory: str | os.PathLike[str], manifest: Manifest, backend: Backend) -> None:
+        self.directory = Path(directory)
+        self.manifest = m = manifest
+        self.backend = backend
+        vocab = m["vocab"]
+        self.pad_id, self.unk_id, self.bos_id, self.eos_id = (
+            vocab[k] for k in ("pad_id", "unk_id", "bos_id", "eos_id")
+        )
+        self.vocab_size: int = vocab["size"]
+        self.max_positions: int = m["max_positions"]
+        self.name: str = m["name"]
+        self.self_specs = [c for c in m["caches"] if c["kind"] == "self"]
+        self.self_names = [c["name"] for c in self.self_specs]
+        self.next_names = [NEXT_PREFIX + n for n in self.self_names]
+        self.cross_names = [c["name"] for c in m["caches"] if c["kind"] == "cross"]
+        # the graph's cross caches are per source (batch axis "sources": exports since it was introduced) and the
+        # backend feeds them so (the BLS decoder model's Triton config has one batch axis: a row per hypothesis)
+        self.cross_per_source = (
+            backend.per_source_cross
+            and bool(self.cross_names)
+            and all(c["shape"][0] == "sources" for c in m["caches"] if c["kind"] == "cross")
+        )
+        gen = m.get("generation", {})
+        self.search = Search.from_generation(gen)
+        self.max_tokens: int = gen.get("max_tokens", 6000)
+        self.max_sentences: int = gen.get("max_sentences", 128)
+        self.sp = spm.SentencePieceProcessor()
+        self.sp.LoadFromSerializedProto((self.directory / m["tokenizer"]).read_bytes())
+        self._special = frozenset((self.pad_id, self.bos_id, self.eos_id))
+        self._vocab = SearchVocab(self.vocab_size, self.pad_id, self.bos_id, self.eos_id)
+        self.store_pool = StorePool()  # self-attention store memory reused from search to search
+        missing = sorted({*self.self_names, "tokens", "step", "topk"} - backend.decoder_inputs)
+        if missing:
+            raise ExportedModelError(f"{m['graphs']['decoder']['file']} lacks inputs {missing}; re-export the model")
+
+    # ------------------------------------------------------------------ building blocks
+    def encode(self, src: np.ndarray, with_memory: bool = False) -> dict[str, np.ndarray]:
+        """src [B, S] int64 (pad-right) → memory_pad_mask [B, S] and every cross cache (+ memory)."""
+        names = (["memory"] if with_memory else []) + ["memory_pad_mask", *self.cross_names]
+        out = self.backend.encode(names, np.ascontiguousarray(src, dtype=np.int64))
+        return dict(zip(names, out, strict=True))
+
+    def stepper(
+        self,
+        encoded: dict[str, np.ndarray],
+        rows: np.ndarray | None = None,
+        full: bool = False,
+        steps: int = 0,
+        slots: int = 0,
+    ) -> Stepper:
+        """A decoding state over source rows `rows` (default: every row once); `full` also fetches
+        the [N, V] logits and log-probs of every step (verification); `steps`: the most steps expected and
+        `slots` the most rows a step will have (the self-attention store is sized for them and grows if a caller
+        goes beyond)."""
+        if rows is None:
+            rows = np.arange(len(encoded["memory_pad_mask"]), dtype=np.int64)
+        return Stepper(self, encoded, np.asarray(rows, dtype=np.int64), full, steps, slots)
+
+    # ------------------------------------------------------------------ search
+    def greedy_search(self, src: np.ndarray, search: Search | None = None) -> list[list[int]]:
+        """Argmax decoding of src [B, S]; token ids per sentence (no bos/eos)."""
+        return [h.tokens for h in self._greedy(src, search or self.search)]
+
+    def _greedy(self, src: np.ndarray, search: Search) -> list[Hypothesis]:
+        """Argmax decoding of src [B, S]: one hypothesis per sentence, scored as beam search scores."""
+        max_len = max_lengths((src != self.pad_id).sum(1), search, self.max_positions)  # [B]
+        step = self.stepper(self.encode(src), steps=int(max_len.max()))
+        return greedy(step, max_len, search, self._vocab)
+
+    def beam_search(self, src: np.ndarray, search: Search | None = None) -> list[list[int]]:
+        """Batched beam search of src [B, S]; best hypothesis per sentence."""
+        return [hyps[0].tokens if hyps else [] for hyps in self._beam(src, search or self.search)]
+
+    def _beam(self, src: np.ndarray, search: Search) -> list[list[Hypothesis]]:
+        """Beam search of src [B, S]: every finished hypothesis per sentence, best first (search.beam)."""
+        b = src.shape[0]
+        max_len = max_lengths((src != self.pad_id).sum(1), search, self.max_positions)  # [B]
+        g = beam_first_rows(search.beam_size, self.vocab_size)  # rows per sentence of the first step
+        rows = np.repeat(np.arange(b, dtype=np.int64), g)  # [B*g]
+        step = self.stepper(self.encode(src), rows, steps=int(max_len.max()), slots=b * search.beam_size)
+        return beam(step, g, max_len, search, self._vocab)
+
+    def generate(self, src: np.ndarray, search: Search | None = None) -> list[list[int]]:
+        """Greedy when beam_size <= 1, else beam search (as zoo.generate.generate)."""
+        search = search or self.search
+        if search.beam_size <= 1:
+            return self.greedy_search(src, search)
+        return self.beam_search(src, search)
+
+    def generate_nbest(
+        self, src: np.ndarray, search: Search | None = None, num_hypotheses: int = 1
+    ) -> list[list[Hypothesis]]:
+        """The `num_hypotheses` best hypotheses per source of src [B, S] with their scores, best first (greedy
+        when beam_size <= 1: its one hypothesis), as zoo.generate.generate_nbest. The first is always
+        `generate`'s output; fewer than asked only when the search finished fewer (a length limit of 1 token
+        leaves the empty hypothesis alone). SearchError for num_hypotheses outside 1 … beam_size."""
+        search = search or self.search
+        n = check_num_hypotheses(num_hypotheses, search.beam_size)
+        if search.beam_size <= 1:
+            return [[h] for h in self._greedy(src, search)]
+        return [hyps[:n] for hyps in self._beam(src, search)]
+
+    # ------------------------------------------------------------------ text in, text out
+    def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids per text, truncated to half the position limit (as zoo's translate_texts)."""
+        return truncate_sources(self.sp.encode(list(texts), out_type=int), self.max_positions, self.unk_id)
+
+    def decode_ids(self, ids: Sequence[int]) -> str:
+        return self.sp.decode([int(i) for i in ids if int(i) not in self._special])
+
+    def pad(self, encoded: Sequence[Sequence[int]]) -> np.ndarray:
+        """Right-padded [B, S] int64 batch."""
+        src = np.full((len(encoded), max(len(e) for e in encoded)), self.pad_id, dtype=np.int64)
+        for row, ids in enumerate(encoded):
+            src[row, : len(ids)] = ids
+        return src
+
+    def search_settings(self, **given: Any) -> Search:
+        """The manifest's search defaults with the given (non-None) settings, validated (SearchError)."""
+        return replace(self.search, **{k: v for k, v in given.items() if v is not None})
+
+    def request_cost(self, lengths: Sequence[int], search: Search) -> int:
+        """rows × beam × maximum output tokens of a batch of sources with these token lengths: the bound on
+        decoder row-steps a server charges a request against its budget, before running anything."""
+        if not lengths:
+            return 0
+        limits = max_lengths(np.asarray(lengths, dtype=np.int64), search, self.max_positions)
+        return int(limits.sum()) * int(search.beam_size)
+
+    def _batches(self, lengths: Sequence[int], max_tokens: int | None, max_sentences: int | None) -> list[list[int]]:
+        return length_batches(lengths, max_tokens or self.max_tokens, max_sentences or self.max_sentences)
+
+    def translate_encoded(
+        self,
+        encoded: Sequence[Sequence[int]],
+        search: Search,
+        max_tokens: int | None = None,
+        max_sentences: int | None = None,
+    ) -> list[str]:
+        """Token ids per source (as `encode_texts` gives them) → output strings in input order."""
+        nbest = self.translate_encoded_nbest(encoded, search, 1, max_tokens, max_sentences)
+        return [hyps[0].text if hyps else "" for hyps in nbest]
+
+    def translate_encoded_nbest(
+        self,
+        encoded: Sequence[Sequence[int]],
+        search: Search,
+        num_hypotheses: int = 1,
+        max_tokens: int | None = None,
+        max_sentences: int | None = None,
+    ) -> list[list[Translation]]:
+        """Token ids per source → per source its `num_hypotheses` best `Translation(text, score, tokens)`, best
+        first, in input order (the first text is `translate_encoded`'s output). SearchError for num_hypotheses
+        outside 1 … beam_size, raised before anything runs."""
+        num_hypotheses = check_num_hypotheses(num_hypotheses, search.beam_size)
+        outputs: list[list[Translation]] = [[] for _ in encoded]
+        for idx in self._batches([len(e) for e in encoded], max_tokens, max_sentences):
+            nbest = self.generate_nbest(self.pad([encoded[i] for i in idx]), search, num_hypotheses)
+            for i, hyps in zip(idx, nbest, strict=True):
+                outputs[i] = [Translation(self.decode_ids(h.tokens), h.score, h.tokens) for h in hyps]
+        return outputs
+
+    def translate(
+        self,
+        texts: str | Sequence[str],
+        beam_size: int | None = None,
+        len_penalty: float | None = None,
+        max_len_a: float | None = None,
+        max_len_b: int | None = None,
+        min_len: int | None = None,
+        max_tokens: int | None = None,
+        max_sentences: int | None = None,
+        num_hypotheses: int | None = None,
+        return_scores: bool = False,
+    ) -> list[str] | list[list[Translation]]:
+        """Source strings → output strings in input order (unset options: the manifest's defaults; a setting
+        outside SEARCH_LIMITS raises SearchError naming the allowed range).
+
+        With `num_hypotheses` (an integer 1 … beam_size, else SearchError naming them) or `return_scores`, per
+        source a list of `Translation(text, score, tokens)` instead: the num_hypotheses (default 1) best
+        hypotheses, best first, scored as the search ranks them. The first text is always what the plain call
+        returns."""
+        if isinstance(texts, str):
+            texts = [texts]
+        search = self.search_settings(
+            beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len
+        )
+        if num_hypotheses is None and not return_scores:
+            return self.translate_encoded(self.encode_texts(texts), search, max_tokens, max_sentences)
+        n = check_num_hypotheses(1 if num_hypotheses is None else num_hypotheses, search.beam_size)
+        return self.translate_encoded_nbest(self.encode_texts(texts), search, n, max_tokens, max_sentences)
+
+    # ------------------------------------------------------------------ forced decoding
+    def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids per target text to score, truncated to what the search can produce (as zoo's)."""
+        return truncate_targets(self.sp.encode(list(texts), out_type=int), self.max_positions)
+
+    def check_targets(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> None:
+        """ScoreError unless `score_encoded` can run these: one target per source, each at most max_positions - 2
+        ids in the vocabulary."""
+        check_targets(targets, len(sources), self.vocab_size, self.max_positions)
+
+    def score_cost(self, targets: Sequence[Sequence[int]]) -> int:
+        """Decoder row-steps of scoring these targets (tokens + eos each): `request_cost`'s unit, for budgets."""
+        return sum(len(t) + 1 for t in targets)
+
+    def score_encoded(
+        self,
+        sources: Sequence[Sequence[int]],
+        targets: Sequence[Sequence[int]],
+        len_penalty: float | None = None,
+        max_tokens: int | None = None,
+        max_sentences: int | None = None,
+    ) -> list[Scored]:
+        """Token ids per source (as `encode_texts` gives them) and per target (as `encode_targets`) → per pair
+        `Scored(tokens, token_logprobs, score)` in input order: the teacher-forced log-prob of each target token
+        and of eos, and the sentence score normalised with `len_penalty` (default: the manifest's) as beam
+        search ranks hypotheses — equal to zoo.generate.score_targets to 1e-4. Batched by source length as
+        `translate_encoded`. ScoreError (`check_targets`) or SearchError (len_penalty) before anything runs."""
+        self.check_targets(sources, targets)
+        penalty = float(search_setting("len_penalty", self.search.len_penalty if len_penalty is None else len_penalty))
+        out: list[Scored | None] = [None] * len(sources)
+        for idx in self._batches([len(s) for s in sources], max_tokens, max_sentences):
+            scored = self._teacher_forced(self.pad([sources[i] for i in idx]), [targets[i] for i in idx])
+            for i, (ids, token_lp) in zip(idx, scored, strict=True):
+                total = float(np.sum(token_lp, dtype=np.float32))
+                out[i] = Scored(ids, token_lp.tolist(), normalised(total, len(ids), penalty))
+        return [s for s in out if s is not None]
+
+    def _teacher_forced(self, src: np.ndarray, targets: Sequence[Sequence[int]]) -> list[tuple[list[int], np.ndarray]]:
+        """src [B, S] and one target per row → per row (target ids + eos, their log-probs [len] f32), feeding
+        bos + target one step at a time through the search's own decoder graph and reading each next token's
+        log-prob from the full `log_probs` output. Rows leave the batch once their eos is scored."""
+        b = src.shape[0]
+        lengths = np.array([len(t) + 1 for t in targets])  # [B] scored positions: tokens + eos
+        width = int(lengths.max())
+        feed = np.full((b, width), self.pad_id, dtype=np.int64)  # [B, T] bos + target
+        want = np.full((b, width), self.pad_id, dtype=np.int64)  # [B, T] target + eos
+        for row, ids in enumerate(targets):
+            feed[row, : lengths[row]] = [self.bos_id, *ids]
+            want[row, : lengths[row]] = [*ids, self.eos_id]
+        lp = np.zeros((b, width), dtype=np.float32)  # [B, T]
+        step = self.stepper(self.encode(src), steps=width)
+        live = np.arange(b)  # rows of the batch still being scored, in stepper order
+        for t in range(width):
+            dist = step.distribution(feed[live, t], t)  # [n, V]
+            lp[live, t] = dist[np.arange(live.size), want[live, t]]
+            keep = np.nonzero(lengths[live] > t + 1)[0]
+            if keep.size == 0:
+                break
+            if keep.size < live.size:
+                step.select(keep)
+                live = live[keep]
+        return [(want[row, :n].tolist(), lp[row, :n]) for row, n in enumerate(lengths.tolist())]
+
+    def score(
+        self,
+        sources: str | Sequence[str],
+        targets: str | Sequence[str],
+        len_penalty: float | None = None,
+        max_tokens: int | None = None,
+        max_sentences: int | None = None,
+    ) -> list[Scored]:
+        """Forced decoding of text pairs: per (source, target) the target's `Scored(tokens, token_logprobs,
+        score)` (see `score_encoded`) — for reranking, filtering, quality estimation. Sources are truncated as
+        `translate` truncates them, targets to max_positions - 2 tokens (`encode_targets`); an empty target
+        scores eos alone. Scoring a hypothesis `translate` returned gives back its score to 1e-4 unless the search
+        forced eos at its length limit or its text re-tokenises to other ids (`score_encoded` its `tokens` for
+        the exact score). ScoreError unless there is one target per source."""
+        if isinstance(sources, str):
+            sources = [sources]
+        if isinstance(targets, str):
+            targets = [targets]
+        check_pairs(len(sources), len(targets))
+        return self.score_encoded(
+            self.encode_texts(sources), self.encode_targets(targets), len_penalty, max_tokens, max_sentences
+        )
+
+
+def load(
+    directory: str | os.PathLike[str],
+    threads: int | None = None,
+    optimization: str | None = None,
+    check_files: bool = True,
+    spinning: bool = False,
+    provider: str = "cpu",
+    device_id: int = 0,
+) -> ExportedModel:
+    """Load an export directory (`python -m export …` output) for translation: `threads` ORT intra-op
+    threads (default: the manifest's, else all cores), `optimization` ORT graph optimisation level
+    (disabled|basic|extended|all, default: the manifest's), `check_files` verifies sha256 checksums,
+    `spinning` lets ORT's idle threads spin (lower latency on dedicated cores), `provider` cpu | cuda runs the
+    graphs on ORT's CPU or CUDA execution provider (GPU `device_id`; needs onnxruntime-gpu)."""
+    directory = Path(directory)
+    manifest = read_manifest(directory, check_files=check_files)
+    backend = OrtBackend(directory, manifest, threads, optimization, spinning, provider, device_id)
+    return ExportedModel(directory, manifest, backend)
