@@ -447,11 +447,12 @@ def bench(cfg: Any) -> dict[str, Any]:
     off = ModelSettings.from_mapping({**srv, "dynamic_batching": False})  # type: ignore[dict-item]
     names, pools = [], {}
     for e in exports:
-        name = write_python_model(e, repo, settings, overwrite=True)
+        manifest = read_manifest(e)  # checked (files hashed) once for both models of the export
+        name = write_python_model(e, repo, settings, overwrite=True, manifest=manifest)
         names.append(name)
         pools[name] = load_sentences(e, cfg.sentences)
         if cfg.no_batching_concurrency:
-            write_python_model(e, repo, off, overwrite=True, name=name + NO_BATCHING)
+            write_python_model(e, repo, off, overwrite=True, name=name + NO_BATCHING, manifest=manifest)
     search = {k: v for k, v in OmegaConf.to_container(cfg.search, resolve=True).items() if v is not None}  # type: ignore[union-attr]
     rounds: dict[tuple, list[Point]] = {}
     inproc: dict[str, Any] = {}

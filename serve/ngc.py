@@ -79,9 +79,16 @@ def onnx_config(name: str, onnx_path: Path, settings: ModelSettings) -> str:
     return text
 
 
-def write_ngc_model(export_dir: Path, repo: Path, settings: ModelSettings, overwrite: bool = False) -> str:
-    """One export → the three model dirs of the NGC variant; returns the public (BLS) model name."""
-    manifest = read_manifest(export_dir)
+def write_ngc_model(
+    export_dir: Path,
+    repo: Path,
+    settings: ModelSettings,
+    overwrite: bool = False,
+    manifest: export_runtime.Manifest | None = None,
+) -> str:
+    """One export → the three model dirs of the NGC variant; returns the public (BLS) model name. `manifest`:
+    the export's, as `read_manifest` returned it (read and checked here when not given)."""
+    manifest = manifest if manifest is not None else read_manifest(export_dir)
     name = check_name(manifest["name"])
     graphs = manifest["graphs"]
     repo.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ Why: users should get a working repository without writing Triton configs or bac
 Every config.pbtxt written is parsed back with Triton's model-config protobuf (shipped in tritonclient), so a
 malformed config fails here with the field named instead of at server start. What a model directory consists of
 (settings, config text, manifest, names, staging a model dir) is serve.model_config, which serve.ngc shares.
+Each export's manifest is read (and its files hashed) once, then handed to the writer of its variant.
 """
 
 from __future__ import annotations
@@ -30,65 +31,31 @@ from omegaconf import DictConfig, OmegaConf
 from export import runtime as export_runtime
 from export.runtime import ExportRuntimeError
 from serve.errors import ServeError
-
-# The shared model-directory pieces live in serve.model_config (serve.ngc needs them too); the public ones are
-# re-exported here for callers of serve.repository.
 from serve.model_config import (
-    COMMON_FILE,
-    HERE,
-    INPUT,
-    KINDS,
-    OUTPUT,
-    RUNTIME_DIR,
-    TRITON_MODELS,
-    TRUNCATED,
     ModelSettings,
     RepositoryError,
-    batching_text,
     check_name,
     copy_model_code,
-    parameters_text,
-    parse_config,
-    pbtxt_string,
     python_config,
     read_manifest,
     staged_model_dir,
-    text_io_text,
 )
 from serve.ngc import write_ngc_model
 from serve.warmup import plan_warmup, warmup_text, write_warmup_data
 from zoo.errors import one_line_errors
 
-__all__ = [
-    "COMMON_FILE",
-    "HERE",
-    "INPUT",
-    "KINDS",
-    "OUTPUT",
-    "RUNTIME_DIR",
-    "TRITON_MODELS",
-    "TRUNCATED",
-    "ModelSettings",
-    "RepositoryError",
-    "batching_text",
-    "check_name",
-    "main",
-    "parameters_text",
-    "parse_config",
-    "pbtxt_string",
-    "python_config",
-    "read_manifest",
-    "text_io_text",
-    "write_python_model",
-    "write_repository",
-]
-
 
 def write_python_model(
-    export_dir: Path, repo: Path, settings: ModelSettings, overwrite: bool = False, name: str | None = None
+    export_dir: Path,
+    repo: Path,
+    settings: ModelSettings,
+    overwrite: bool = False,
+    name: str | None = None,
+    manifest: export_runtime.Manifest | None = None,
 ) -> str:
-    """One export → `<repo>/<name>/` (python variant); returns the model name."""
-    manifest = read_manifest(export_dir)
+    """One export → `<repo>/<name>/` (python variant); returns the model name. `manifest`: the export's, as
+    `read_manifest` returned it (read and checked here when not given)."""
+    manifest = manifest if manifest is not None else read_manifest(export_dir)
     name = check_name(name or manifest["name"])
     repo.mkdir(parents=True, exist_ok=True)
     with staged_model_dir(repo, name, overwrite) as stage:
@@ -122,15 +89,17 @@ def write_repository(
     dirs = [Path(d) for d in export_dirs]
     if not dirs:
         raise RepositoryError("no export_dir given")
-    names = [check_name(read_manifest(d)["name"]) for d in dirs]
+    manifests = [read_manifest(d) for d in dirs]  # every file hashed here, once
+    names = [check_name(m["name"]) for m in manifests]
     clash = sorted({n for n in names if names.count(n) > 1})
     if clash:
         raise RepositoryError(f"several exports are named {clash}; export them with distinct name=… (§3b)")
     repo = Path(repo)
+    read = list(zip(dirs, manifests, strict=True))
     if variant == "python":
-        return [write_python_model(d, repo, settings, overwrite) for d in dirs]
+        return [write_python_model(d, repo, settings, overwrite, manifest=m) for d, m in read]
     if variant == "ngc":
-        return [write_ngc_model(d, repo, settings, overwrite) for d in dirs]
+        return [write_ngc_model(d, repo, settings, overwrite, manifest=m) for d, m in read]
     raise RepositoryError(f"variant={variant!r}; use python or ngc")
 
 

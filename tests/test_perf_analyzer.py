@@ -24,7 +24,8 @@ from export.runtime import SEARCH_LIMITS
 from serve import perf_analyzer as pa
 from serve.bench import load_sentences
 from serve.client import Client
-from serve.repository import ModelSettings, write_python_model
+from serve.model_config import ModelSettings
+from serve.repository import write_python_model
 from serve.server import Server
 from tests.zoo_testing import REPO
 from zoo.entries import CONF_DIR

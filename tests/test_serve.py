@@ -37,9 +37,9 @@ from tritonclient.utils import InferenceServerException
 import export
 from export.exporter import export_checkpoint
 from serve.client import Client, ClientError, translate
-from serve.model_config import read_manifest
+from serve.model_config import ModelSettings, RepositoryError, read_manifest
 from serve.ngc import python_standins
-from serve.repository import ModelSettings, RepositoryError, write_repository
+from serve.repository import write_repository
 from serve.server import OUR_SHM, SHM_DIR, Server, ServerError, _mapped_shm, free_ports, port_free
 from serve.warmup import SAMPLE_FILE, WARMUP_DIR, plan_warmup, serialize_strings
 from tests.conftest import smoke_overrides

@@ -17,7 +17,7 @@ import numpy as np
 import sentencepiece as spm
 
 from .backend import Backend, OrtBackend
-from .errors import ExportedModelError
+from .errors import ExportedModelError, ExportRuntimeError
 from .manifest import NEXT_PREFIX, Manifest, read_manifest
 from .search import (
     Hypothesis,
@@ -43,16 +43,17 @@ from .stores import SelfCache, StorePool
 
 def cross_rows(sentence: np.ndarray, per_source: bool) -> np.ndarray:
     """The source of every cross-cache row the decoder needs for decoder rows whose sources are `sentence` [N]:
-    one row per source when the graph shares a source's cache across its rows (`per_source`) and the rows come
-    in equal consecutive groups of one source each (a sentence's beams; G = 1 for greedy), else one per row."""
+    one row per decoder row, or with `per_source` one per source — the rows then come in equal consecutive
+    groups of one source each, as every search makes them (a sentence's beams; one row per sentence)."""
     n = len(sentence)
     if not per_source or n == 0:
         return sentence
     changes = np.flatnonzero(sentence[1:] != sentence[:-1])
     group = int(changes[0]) + 1 if changes.size else n
-    if n % group == 0 and (sentence.reshape(-1, group) == sentence[::group, None]).all():
-        return sentence[::group]
-    return sentence
+    sources = sentence[::group]
+    if n % group or not np.array_equal(sentence, np.repeat(sources, group)):
+        raise ExportRuntimeError(f"decoder rows of sources {sentence.tolist()} are not equal groups of one source")
+    return sources
 
 
 class Stepper:
