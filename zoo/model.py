@@ -63,12 +63,6 @@ class ModelConfig:
             raise ValueError(f"unknown ModelConfig fields {sorted(unknown)}; known: {sorted(known)}")
         return cls(**data)
 
-    def attention_module_names(self) -> list[str]:
-        names = [f"encoder.layers.{i}.self_attn" for i in range(self.encoder_layers)]
-        for i in range(self.decoder_layers):
-            names += [f"decoder.layers.{i}.self_attn", f"decoder.layers.{i}.cross_attn"]
-        return names
-
     def heads_of(self, module: str) -> int:
         """Number of heads module `module` is built with."""
         if self.heads_removed and module in self.head_plan:

@@ -148,10 +148,6 @@ class Tokenizer:
         """Raw text of ``ids``; pad/bos/eos are ignored, unk renders as ``⁇``."""
         return self._sp.decode([int(i) for i in ids if int(i) not in self._special])
 
-    def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
-        """:meth:`decode` for many sequences."""
-        return [self.decode(ids) for ids in batch]
-
     def id_to_piece(self, idx: int) -> str:
         """The piece string of one id (for debugging and attention plots)."""
         return self._sp.id_to_piece(idx)

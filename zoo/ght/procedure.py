@@ -9,7 +9,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -419,7 +418,3 @@ class GHTProcedure(Procedure):
         if self.plan:
             self._apply_plan(self.trainer.bare)  # weights already restored: re-arm the freeze
         self._set_capture(self.stage == Stage.GCT)
-
-
-def write_plan_summary(run_dir: Path, plan: dict[str, list[int]]) -> None:
-    (run_dir / "head_plan.json").write_text(json.dumps(plan, indent=2))
