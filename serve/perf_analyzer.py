@@ -50,6 +50,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from serve.errors import ServeError
+from zoo.data.cache import DEFAULT_CACHE, resolve_cache_dir
+from zoo.data.debian import DebianArchive
+from zoo.data.types import DataError
 from zoo.errors import one_line_errors
 
 VERSION = "2.51.0"
@@ -172,8 +175,8 @@ def cache_dir(root: str | Path | None = None) -> Path:
         return Path(root).expanduser()
     if os.environ.get(ENV_DIR):
         return Path(os.environ[ENV_DIR]).expanduser()
-    # zoo.data.cache's rule, not imported from there: importing zoo.data imports torch
-    zoo_cache = os.environ.get("ZOO_CACHE") or "~/.cache/attention_zoo"
+    # zoo.data.cache's rule without resolve_cache_dir's mkdir: looking for an installation creates nothing
+    zoo_cache = os.environ.get("ZOO_CACHE") or DEFAULT_CACHE
     return Path(zoo_cache).expanduser() / "perf_analyzer"
 
 
@@ -328,11 +331,6 @@ def _extract(path: Path, wheel: Wheel, stage: Path) -> None:
 
 def _libb64() -> Path:
     """libb64.so.0d from Debian's package, fetched with the corpus tools' private apt state (no root)."""
-    # imported here, not at the top: zoo.data pulls in torch, which serving needs only when fetching from Debian
-    from zoo.data.cache import resolve_cache_dir
-    from zoo.data.debian import DebianArchive
-    from zoo.data.types import DataError
-
     try:
         package = DebianArchive(resolve_cache_dir(None) / "debian").package(LIBB64_PACKAGE)
     except DataError as exc:

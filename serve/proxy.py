@@ -26,6 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serve.errors import ServeError
+from zoo.data.cache import resolve_cache_dir  # the corpus tools' cache and Debian fetcher (no torch)
+from zoo.data.debian import DebianArchive
+from zoo.data.types import DataError
 
 PROXY_DIR = "nginx"  # inside the server's state dir: config, pid, logs (body buffers: see _buffer_dir)
 BUFFERS_PREFIX = "zoo-nginx-"
@@ -53,11 +56,6 @@ def nginx_binary(cache_root: Path | None = None) -> Path:
     found = shutil.which("nginx")
     if found:
         return Path(found)
-    # imported here, not at the top: zoo.data pulls in torch, which serving needs only when nginx must be fetched
-    from zoo.data.cache import resolve_cache_dir  # the corpus tools' cache and Debian fetcher
-    from zoo.data.debian import DebianArchive
-    from zoo.data.types import DataError
-
     root = resolve_cache_dir(cache_root) / "debian"
     try:
         binary = DebianArchive(root).package("nginx") / "root" / "usr" / "sbin" / "nginx"

@@ -209,3 +209,13 @@ def test_module_imports_in_a_fresh_interpreter(module: str) -> None:
         [sys.executable, "-c", f"import {module}"], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("module", ["zoo.data.debian", "serve.proxy", "serve.perf_analyzer"])
+def test_debian_fetcher_loads_no_torch(module: str) -> None:
+    """Serving fetches nginx (serve.proxy) and perf_analyzer's libb64 through zoo.data's Debian fetcher; on a
+    serving host that must not load torch (seconds of start-up, and a serving host may not have it)."""
+    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]", f"importing {module} loaded torch: {proc.stdout.strip()}"
