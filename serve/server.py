@@ -26,8 +26,9 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Collection
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
@@ -262,6 +263,122 @@ def _is_tritonserver(pid: int) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class ServerSettings:
+    """How `Server.start` runs tritonserver, with the defaults in one place (`serve.start` maps conf/start.yaml
+    onto it). A port of 0 means any free port.
+
+    `restrict` puts the non-inference APIs (RESTRICTED_APIS) behind a fresh admin key in `<state>/admin_key`
+    (0600): requests without the `zoo-admin-key` header get 403 (HTTP), without the
+    `triton-grpc-protocol-zoo-admin-key` metadata UNAVAILABLE "This protocol is restricted" (gRPC). `proxy`
+    serves `http_port` with nginx (serve/proxy.py) and moves Triton's HTTP to a loopback port; None lets Triton
+    listen on `http_port` itself (exposed to the chunked-body crash of 2.51). `metrics` serves Triton's
+    Prometheus endpoint, GET /metrics on `metrics_port` (through nginx when proxied: Triton's metrics listener
+    is the same HTTP library as its inference one)."""
+
+    host: str = "127.0.0.1"  # bind address of HTTP, gRPC and metrics (0.0.0.0 serves other machines)
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    state_dir: str | Path | None = None  # server.json, pid, log, backend links; None: `<repo>.serve/` (state_dir_for)
+    timeout: float = 180.0  # seconds to wait until every model is ready
+    log_verbose: int = 0  # tritonserver's --log-verbose
+    detach: bool = False  # start in its own session: the server outlives this process (stop it with serve.stop)
+    extra_args: tuple[str, ...] = ()  # appended to tritonserver's command line
+    restrict: bool = True  # RESTRICTED_APIS need the admin key
+    proxy: ProxySettings | None = field(default_factory=ProxySettings)  # nginx in front; None: Triton listens itself
+    metrics: bool = True  # Triton's Prometheus endpoint on metrics_port
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The ports a server listens on: the public ones, and Triton's own HTTP and metrics listeners (loopback
+    ports behind the proxy, else the public ones)."""
+
+    http: int
+    grpc: int
+    metrics: int
+    triton_http: int
+    triton_metrics: int
+
+
+def pick_ports(settings: ServerSettings) -> Ports:
+    """The requested ports, checked free now (a busy one is a ServerError naming the fix), a free port for each
+    0, and behind the proxy two loopback ports for Triton's own HTTP and metrics listeners."""
+    host = settings.host
+    ports = {"http_port": settings.http_port, "grpc_port": settings.grpc_port, "metrics_port": settings.metrics_port}
+    for key, port in ports.items():
+        if port and not port_free(port, host):
+            raise ServerError(
+                f"port {port} ({key}) on {host} is busy (another tritonserver? "
+                f"`python -m serve.stop`); choose another with {key}=… or {key}=0 for a free one"
+            )
+    unset = [key for key, port in ports.items() if not port]
+    ports.update(zip(unset, free_ports(len(unset), host, avoid=set(ports.values())), strict=True))
+    proxied = settings.proxy is not None
+    inner = free_ports(1 + bool(settings.metrics), "127.0.0.1", avoid=set(ports.values())) if proxied else []
+    return Ports(
+        http=ports["http_port"],
+        grpc=ports["grpc_port"],
+        metrics=ports["metrics_port"],
+        triton_http=inner[0] if inner else ports["http_port"],
+        triton_metrics=inner[1] if len(inner) > 1 else ports["metrics_port"],
+    )
+
+
+def claim_state_dir(repo: Path, state_dir: str | Path | None) -> Path:
+    """The server's state dir, created; a ServerError while a server started from it still runs (its
+    server.json, pid file and admin key would be overwritten)."""
+    state = Path(state_dir) if state_dir else state_dir_for(repo)
+    state.mkdir(parents=True, exist_ok=True)
+    previous = read_info(state)
+    if previous and _alive(previous.pid) and _is_tritonserver(previous.pid):
+        raise ServerError(
+            f"a server (pid {previous.pid}) already runs from {state}; stop it with `python -m serve.stop repo={repo}`"
+        )
+    return state
+
+
+def triton_command(repo: Path, state: Path, settings: ServerSettings, ports: Ports, shm_prefix: str) -> list[str]:
+    """tritonserver's command line: the wheel's backend links, the listeners, no pinned memory (CPU-only
+    machines), this server's shm prefix, strict readiness, and the admin key when `settings.restrict`."""
+    listen = "127.0.0.1" if settings.proxy is not None else settings.host  # HTTP and metrics: behind nginx
+    return [
+        str(wheel_dir() / "bin" / "tritonserver"),
+        f"--model-repository={repo}",
+        f"--backend-directory={backend_dir(state)}",
+        f"--http-address={listen}",
+        f"--http-port={ports.triton_http}",
+        f"--grpc-address={settings.host}",
+        f"--grpc-port={ports.grpc}",
+        f"--allow-metrics={str(settings.metrics).lower()}",
+        f"--metrics-address={listen}",
+        f"--metrics-port={ports.triton_metrics}",
+        "--allow-gpu-metrics=false",
+        "--pinned-memory-pool-byte-size=0",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+        "--strict-readiness=true",
+        "--exit-on-error=true",
+        f"--log-verbose={int(settings.log_verbose)}",
+        *(_restriction_args(state) if settings.restrict else ()),
+        *settings.extra_args,
+    ]
+
+
+def launch_triton(cmd: list[str], log: Path, detach: bool) -> subprocess.Popen:
+    """Run `cmd` with its output in `log`, in the environment the wheel's binary needs (server_env); `detach`:
+    in its own session, so it outlives this process."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=server_env(),
+            start_new_session=detach,
+        )
+
+
 class Server:
     """A tritonserver process started on a repository; `stop()` ends it and removes its shm regions."""
 
@@ -274,115 +391,65 @@ class Server:
     def start(
         cls,
         repo: str | Path,
-        host: str = "127.0.0.1",
-        http_port: int = 8000,
-        grpc_port: int = 8001,
-        metrics_port: int = 8002,
-        state_dir: str | Path | None = None,
-        timeout: float = 180.0,
-        log_verbose: int = 0,
-        detach: bool = False,
-        extra_args: tuple[str, ...] = (),
+        settings: ServerSettings | None = None,
+        *,
         cancelled: Callable[[], bool] | None = None,
-        restrict: bool = True,
-        proxy: ProxySettings | None = ProxySettings(),
-        metrics: bool = True,
+        **overrides: Any,
     ) -> Server:
-        """Launch and wait until every model is ready. Port 0 picks a free port. `detach` starts the server in
-        its own session so it outlives this process (then stop it with `serve.stop`). `cancelled()` true while
-        waiting (e.g. a signal arrived) stops the server and raises ServerError. `restrict` (default) puts the
-        non-inference APIs (RESTRICTED_APIS) behind a fresh admin key stored in `<state>/admin_key` (0600):
-        requests without the `zoo-admin-key` header get 403 (HTTP), without the `triton-grpc-protocol-zoo-admin-key`
-        metadata UNAVAILABLE "This protocol is restricted" (gRPC). `proxy` (default)
-        serves `http_port` with nginx (serve/proxy.py) and moves Triton's HTTP to a loopback port; None = Triton
-        listens on `http_port` itself (exposed to the chunked-body crash of 2.51). `metrics` (default) serves
-        Triton's Prometheus endpoint, GET /metrics on `metrics_port` bound like the other ports (through nginx
-        when proxied: Triton's metrics listener is the same HTTP library as its inference one)."""
+        """Launch tritonserver on `repo`, wait until every model is ready, then put nginx in front of it.
+        `overrides` are ServerSettings fields that replace those of `settings` (`Server.start(repo,
+        http_port=0)`). `cancelled()` true while waiting (e.g. a signal arrived) stops the server and raises
+        ServerError; any other failure once the process runs also stops it before the error propagates."""
+        settings = replace(settings or ServerSettings(), **overrides)
         repo = Path(repo).resolve()
         models = check_repository(repo)
-        state = Path(state_dir) if state_dir else state_dir_for(repo)
-        state.mkdir(parents=True, exist_ok=True)
-        previous = read_info(state)
-        if previous and _alive(previous.pid) and _is_tritonserver(previous.pid):
-            raise ServerError(
-                f"a server (pid {previous.pid}) already runs from {state}; stop it with "
-                f"`python -m serve.stop repo={repo}`"
-            )
-        ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
-        for key, port in ports.items():
-            if port and not port_free(port, host):
-                raise ServerError(
-                    f"port {port} ({key}) on {host} is busy (another tritonserver? "
-                    f"`python -m serve.stop`); choose another with {key}=… or {key}=0 for a free one"
-                )
-        unset = [key for key, port in ports.items() if not port]
-        ports.update(zip(unset, free_ports(len(unset), host, avoid=set(ports.values())), strict=True))
-        # behind the proxy, Triton's own HTTP (and metrics) listen on loopback ports of their own
-        inner = free_ports(1 + bool(metrics), "127.0.0.1", avoid=set(ports.values())) if proxy is not None else []
-        triton_http = inner[0] if inner else ports["http_port"]
-        triton_metrics = inner[1] if len(inner) > 1 else ports["metrics_port"]
+        state = claim_state_dir(repo, settings.state_dir)
+        ports = pick_ports(settings)
         clean_stale_shm()
         prefix = f"{OUR_SHM}{secrets.token_hex(4)}_"
         log = state / "server.log"
-        cmd = [
-            str(wheel_dir() / "bin" / "tritonserver"),
-            f"--model-repository={repo}",
-            f"--backend-directory={backend_dir(state)}",
-            f"--http-address={'127.0.0.1' if proxy is not None else host}",
-            f"--http-port={triton_http}",
-            f"--grpc-address={host}",
-            f"--grpc-port={ports['grpc_port']}",
-            f"--allow-metrics={str(metrics).lower()}",
-            f"--metrics-address={'127.0.0.1' if proxy is not None else host}",
-            f"--metrics-port={triton_metrics}",
-            "--allow-gpu-metrics=false",
-            "--pinned-memory-pool-byte-size=0",
-            f"--backend-config=python,shm-region-prefix-name={prefix}",
-            "--strict-readiness=true",
-            "--exit-on-error=true",
-            f"--log-verbose={int(log_verbose)}",
-            *(_restriction_args(state) if restrict else ()),
-            *extra_args,
-        ]
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=server_env(),
-                start_new_session=detach,
-            )
+        process = launch_triton(triton_command(repo, state, settings, ports, prefix), log, settings.detach)
+        proxied = settings.proxy is not None
         info = ServerInfo(
             pid=process.pid,
             repo=str(repo),
-            host=host,
+            host=settings.host,
+            http_port=ports.http,
+            grpc_port=ports.grpc,
+            metrics_port=ports.metrics,
             shm_prefix=prefix,
             log=str(log),
             state_dir=str(state),
             models=models,
-            admin_key_file=str(state / ADMIN_KEY_FILE) if restrict else None,
-            triton_http_port=triton_http if proxy is not None else None,
-            metrics=metrics,
-            triton_metrics_port=triton_metrics if proxy is not None and metrics else None,
-            **ports,
+            admin_key_file=str(state / ADMIN_KEY_FILE) if settings.restrict else None,
+            triton_http_port=ports.triton_http if proxied else None,
+            metrics=settings.metrics,
+            triton_metrics_port=ports.triton_metrics if proxied and settings.metrics else None,
         )
         server = cls(info, process)
         try:  # from here on, any failure or interrupt stops what was started
-            (state / STATE_FILE).write_text(json.dumps(asdict(info), indent=1))
+            server.save_state()
             (state / "server.pid").write_text(f"{process.pid}\n")
-            server.wait_ready(timeout, cancelled)
-            if proxy is not None:
-                metrics_ports = (ports["metrics_port"], triton_metrics) if metrics else None
-                nginx = start_proxy(
-                    state, host, ports["http_port"], triton_http, proxy, detach=detach, metrics=metrics_ports
-                )
-                server.proxy_process, info.proxy_pid = nginx, nginx.pid
-                (state / STATE_FILE).write_text(json.dumps(asdict(info), indent=1))
+            server.wait_ready(settings.timeout, cancelled)
+            if settings.proxy is not None:
+                server.add_proxy(settings.proxy, ports, detach=settings.detach)
         except BaseException:
             server.stop()
             raise
         return server
+
+    def save_state(self) -> None:
+        """Write server.json: what `serve.stop`, clients and the next start read."""
+        (Path(self.info.state_dir) / STATE_FILE).write_text(json.dumps(asdict(self.info), indent=1))
+
+    def add_proxy(self, proxy: ProxySettings, ports: Ports, detach: bool = False) -> None:
+        """nginx on the public HTTP (and metrics) port, passing to Triton's loopback listeners; its pid is
+        saved with the server's, so stopping the server stops it."""
+        metrics = (ports.metrics, ports.triton_metrics) if self.info.metrics else None
+        state, host = Path(self.info.state_dir), self.info.host
+        nginx = start_proxy(state, host, ports.http, ports.triton_http, proxy, detach=detach, metrics=metrics)
+        self.proxy_process, self.info.proxy_pid = nginx, nginx.pid
+        self.save_state()
 
     def wait_ready(self, timeout: float, cancelled: Callable[[], bool] | None = None) -> None:
         """Poll readiness; if the process dies, raise with Triton's own reason from the log."""

@@ -1,8 +1,8 @@
 """`python -m serve.start repo=<dir> [http_port=8000 grpc_port=8001 host=127.0.0.1 detach=false]`
 
-Thin Hydra entry point around `serve.server.Server.start`: launches the wheel's tritonserver, waits until every
-model is ready, prints the endpoints, then (unless detach=true) stays in the foreground and stops the server
-cleanly on Ctrl-C / SIGTERM — or returns when `python -m serve.stop` ended it.
+Thin Hydra entry point around `serve.server.Server.start` (conf/start.yaml → ServerSettings): launches the
+wheel's tritonserver, waits until every model is ready, prints the endpoints, then (unless detach=true) stays in
+the foreground and stops the server cleanly on Ctrl-C / SIGTERM — or returns when `python -m serve.stop` ended it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,26 @@ from omegaconf import DictConfig
 
 from serve.errors import ServeError
 from serve.proxy import ProxySettings
-from serve.server import ADMIN_HEADER, RESTRICTED_APIS, Server
+from serve.server import ADMIN_HEADER, RESTRICTED_APIS, Server, ServerSettings
 from zoo.errors import one_line_errors
+
+
+def settings_from(cfg: DictConfig) -> ServerSettings:
+    """conf/start.yaml's keys as ServerSettings (its names are the command line's: timeout_s, restrict_apis, and
+    proxy + max_body_mb for the nginx settings)."""
+    return ServerSettings(
+        host=str(cfg.host),
+        http_port=int(cfg.http_port),
+        grpc_port=int(cfg.grpc_port),
+        metrics_port=int(cfg.metrics_port),
+        state_dir=cfg.state_dir,
+        timeout=float(cfg.timeout_s),
+        log_verbose=int(cfg.log_verbose),
+        detach=bool(cfg.detach),
+        restrict=bool(cfg.restrict_apis),
+        proxy=ProxySettings(max_body_mb=float(cfg.max_body_mb)) if cfg.proxy else None,
+        metrics=bool(cfg.metrics),
+    )
 
 
 @hydra.main(config_path="../conf", config_name="start", version_base="1.3")
@@ -32,21 +50,7 @@ def main(cfg: DictConfig) -> None:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     with one_line_errors(ServeError, status=lambda: 130 if stop.is_set() else 2):
-        server = Server.start(
-            cfg.repo,
-            host=str(cfg.host),
-            http_port=int(cfg.http_port),
-            grpc_port=int(cfg.grpc_port),
-            metrics_port=int(cfg.metrics_port),
-            state_dir=cfg.state_dir,
-            timeout=float(cfg.timeout_s),
-            log_verbose=int(cfg.log_verbose),
-            detach=bool(cfg.detach),
-            cancelled=stop.is_set,
-            restrict=bool(cfg.restrict_apis),
-            proxy=ProxySettings(max_body_mb=float(cfg.max_body_mb)) if cfg.proxy else None,
-            metrics=bool(cfg.metrics),
-        )
+        server = Server.start(cfg.repo, settings_from(cfg), cancelled=stop.is_set)
     info = server.info
     admin = (
         f"  admin APIs ({', '.join(RESTRICTED_APIS)}) need header {ADMIN_HEADER}: key in {info.admin_key_file}"
