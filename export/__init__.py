@@ -3,7 +3,7 @@
 `export.load(dir).translate([...])` needs only numpy, onnxruntime and sentencepiece (the runtime
 package imports nothing else, so serving never pulls torch in); `export.export_checkpoint(cfg)`
 (torch) is imported lazily on first use for the same reason, and so are the runtime's names that load
-onnxruntime (a process that needs only the runtime's search types does not load it).
+onnxruntime (zoo takes its search types from `export.runtime` and must not load onnxruntime with them).
 """
 
 from __future__ import annotations

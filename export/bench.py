@@ -75,7 +75,7 @@ from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import build_splits
 from zoo.errors import one_line_errors
 from zoo.flops import model_flops
-from zoo.generate import SearchConfig, generate
+from zoo.generate import generate
 from zoo.metrics import paired_bootstrap
 from zoo.model import Transformer
 
@@ -355,7 +355,6 @@ def bench_point(
     """Time engines {name: ("torch", model) | ("ort", runtime)} on the same batches and search; `pairs`
     [(engine, its baseline), …] get a speed ratio and a hypothesis agreement each (default: the second
     engine against the first). `ratio` is the first pair's."""
-    torch_search = SearchConfig(**asdict(search))
     tensors = [torch.from_numpy(b) for b in batches]
     results: dict[str, list[list[int]]] = {}
 
@@ -363,7 +362,7 @@ def bench_point(
         if kind == "torch":
 
             def run() -> None:
-                results[name] = [h for src in tensors for h in generate(engine, src, torch_search)]
+                results[name] = [h for src in tensors for h in generate(engine, src, search)]
 
         else:
             own = search_for(engine, search)

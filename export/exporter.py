@@ -21,7 +21,7 @@ import contextlib
 import json
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,6 @@ from zoo.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoi
 from zoo.data import DataError, Tokenizer, build_splits
 from zoo.entries import CONF_DIR, list_entries
 from zoo.flops import size_summary
-from zoo.generate import SearchConfig
 from zoo.metrics import corpus_chrf, paired_bootstrap
 from zoo.model import ModelConfig, Transformer
 
@@ -270,8 +269,8 @@ def _prune(cfg: DictConfig, source: _Source, plan: _HeadPlan) -> _Exported:
 
 
 def _search(cfg: DictConfig) -> Search:
-    """The runtime's search settings: the same conversion train and evaluate use, in the runtime's type."""
-    return Search(**asdict(SearchConfig.from_generation(cfg.generation)))
+    """The search settings of the export (its manifest's defaults, and what verification runs in both engines)."""
+    return Search.from_generation(cfg.generation)
 
 
 # ---------------------------------------------------------------------------------------------- graphs

@@ -10,7 +10,7 @@ the numpy/ORT runtime's greedy and beam search produce exactly the hypotheses of
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -18,9 +18,10 @@ import torch
 
 from export.graph import ExportError, cross_caches
 from export.runtime import ExportedModel, Search
+from export.runtime.search import truncate_sources
 from zoo.data import Tokenizer
 from zoo.evaluation import translate_texts
-from zoo.generate import SearchConfig, generate
+from zoo.generate import generate
 from zoo.model import Transformer
 
 
@@ -35,8 +36,7 @@ def encode_pairs(
     tokenizer: Tokenizer, srcs: Sequence[str], tgts: Sequence[str], max_positions: int, max_target_tokens: int
 ) -> tuple[list[list[int]], list[list[int]]]:
     """Source ids as the runtime truncates them; target ids capped for teacher forcing."""
-    limit = max(1, max_positions // 2)
-    src = [tokenizer.encode(s)[:limit] or [tokenizer.unk_id] for s in srcs]
+    src = truncate_sources((tokenizer.encode(s) for s in srcs), max_positions, tokenizer.unk_id)
     cap = min(max_target_tokens, max_positions - 1)
     tgt = [tokenizer.encode(t)[: cap - 1] for t in tgts]
     return src, tgt
@@ -139,15 +139,13 @@ def verify_export(
         worst = {k: max(worst[k], diffs[k]) for k in worst}
     report.update({f"max_abs_{k}_diff": v for k, v in worst.items()})
 
-    torch_search = SearchConfig(**asdict(search))
-    greedy = Search(**{**asdict(search), "beam_size": 1})
-    for label, s, ts in (("beam", search, torch_search), ("greedy", greedy, SearchConfig(**asdict(greedy)))):
-        ref = generate(gated, src_all, ts)
+    for label, s in (("beam", search), ("greedy", replace(search, beam_size=1))):
+        ref = generate(gated, src_all, s)
         got = runtime.generate(src_all.numpy(), s)
         same = sum(a == b for a, b in zip(ref, got, strict=True))
         report[label] = {"beam_size": s.beam_size, "identical": same, "total": len(ref)}
     ref_text = translate_texts(
-        gated, tokenizer, list(srcs), torch_search, max_tokens=runtime.max_tokens, max_sentences=runtime.max_sentences
+        gated, tokenizer, list(srcs), search, max_tokens=runtime.max_tokens, max_sentences=runtime.max_sentences
     )
     got_text = runtime.translate(list(srcs), **asdict(search))
     report["translate_identical"] = sum(a == b for a, b in zip(ref_text, got_text, strict=True))

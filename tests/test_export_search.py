@@ -25,7 +25,7 @@ from zoo import evaluation
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import Tokenizer
 from zoo.evaluation import score_ids, translate_texts, translate_texts_nbest
-from zoo.generate import Scored, SearchConfig, _max_lengths, generate
+from zoo.generate import Scored, Search, _max_lengths, generate
 
 
 def _heldout_batch(run_dir: Path, n: int = 32) -> tuple[torch.Tensor, list[str], Tokenizer, dict]:
@@ -47,16 +47,16 @@ def test_ort_search_equals_torch_search(exported, smoke_run) -> None:
     model.apply_head_plan(PLAN, remove=False)  # the gated original: what the pruned export must equal
     runtime = export.load(out, threads=1)
     for search in (
-        SearchConfig(beam_size=4, len_penalty=0.6),
-        SearchConfig(beam_size=2, len_penalty=1.3, min_len=3),
-        SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=5, min_len=5),
-        SearchConfig(beam_size=5, max_len_a=0.0, max_len_b=4, min_len=4),
+        Search(beam_size=4, len_penalty=0.6),
+        Search(beam_size=2, len_penalty=1.3, min_len=3),
+        Search(beam_size=1, max_len_a=0.0, max_len_b=5, min_len=5),
+        Search(beam_size=5, max_len_a=0.0, max_len_b=4, min_len=4),
     ):  # fixed length
         mine = rt.Search(
             **{k: getattr(search, k) for k in ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len")}
         )
         assert runtime.generate(src.numpy(), mine) == generate(model, src, search), search
-    reference = translate_texts(model, tok, texts, SearchConfig(beam_size=5))
+    reference = translate_texts(model, tok, texts, Search(beam_size=5))
     assert runtime.translate(texts, beam_size=5) == reference
     assert runtime.translate(texts[0]) == reference[:1]  # a single string, the manifest's defaults (beam 5)
     assert len({*reference}) > len(reference) // 3  # the (pruned) smoke model is not degenerate
@@ -73,9 +73,9 @@ def test_ort_beam_equals_torch_beam_on_the_test_split(entry: str, exported, smok
     texts = (smoke_corpus / "test.de").read_text(encoding="utf-8").splitlines()
     runtime = export.load(out, threads=1)
     src = torch.from_numpy(runtime.pad(runtime.encode_texts(texts)))
-    ids = generate(reference, src, SearchConfig(beam_size=5))
+    ids = generate(reference, src, Search(beam_size=5))
     assert runtime.generate(src.numpy(), rt.Search(beam_size=5)) == ids
-    assert runtime.translate(texts, beam_size=5) == translate_texts(reference, tok, texts, SearchConfig(beam_size=5))
+    assert runtime.translate(texts, beam_size=5) == translate_texts(reference, tok, texts, Search(beam_size=5))
     if entry == "transformer":  # non-degeneracy is checked on the baseline smoke checkpoint (zoo/DESIGN.md §3c);
         assert len({tuple(h) for h in ids}) > len(ids) // 3  # pruned 300-update variants repeat more
 
@@ -93,7 +93,7 @@ def test_ort_nbest_and_scores_equal_torch(entry: str, exported, smoke_run, smoke
     runtime = export.load(out, threads=1)
     src_ids = runtime.encode_texts(texts)
     pairs = []  # (source row, hypothesis, search) of every hypothesis ORT returned
-    for search in (SearchConfig(beam_size=5, len_penalty=0.8), SearchConfig(beam_size=1)):
+    for search in (Search(beam_size=5, len_penalty=0.8), Search(beam_size=1)):
         settings = {"beam_size": search.beam_size, "len_penalty": search.len_penalty}
         ours = runtime.translate(texts, **settings, num_hypotheses=search.beam_size)
         theirs = translate_texts_nbest(reference, tok, texts, search, search.beam_size)
@@ -183,7 +183,7 @@ def test_max_lengths_match_torch() -> None:
     for a in (0.0, 0.5, 1.1, 1.2, 1.5, 2.0):
         for b in (0, 3, 10):
             for limit in (64, 256, 1024):
-                search = SearchConfig(max_len_a=a, max_len_b=b)
+                search = Search(max_len_a=a, max_len_b=b)
                 ref = _max_lengths(src, 0, search, limit).numpy()
                 got = rt.max_lengths(src.ne(0).sum(1).numpy(), rt.Search(max_len_a=a, max_len_b=b), limit)
                 assert np.array_equal(ref, got), (a, b, limit)

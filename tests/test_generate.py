@@ -19,7 +19,7 @@ from zoo.entries import CONF_DIR
 from zoo.evaluate import evaluate
 from zoo.generate import (
     ScoreError,
-    SearchConfig,
+    Search,
     SearchError,
     _max_lengths,
     beam_search,
@@ -53,7 +53,7 @@ def test_cached_search_equals_full_recompute_for_every_entry(entry: str) -> None
     src = torch.randint(4, model.cfg.vocab_size, (6, 9), generator=g)
     for row, length in enumerate((9, 2, 5, 1, 7, 3)):
         src[row, length:] = 0
-    cfg = SearchConfig(beam_size=4, len_penalty=1.0, max_len_a=0.8, max_len_b=2)
+    cfg = Search(beam_size=4, len_penalty=1.0, max_len_a=0.8, max_len_b=2)
     for gated in (False, True):
         if gated:  # as GHT-PS fine-tuning gates them (head_gate: every mechanism's, Mixhead's included)
             modules = model.attention_modules()
@@ -68,7 +68,7 @@ def test_cached_search_equals_full_recompute_on_trained_checkpoints(entry: str, 
     """The same on smoke-trained checkpoints (one per mechanism family; GHT-PS with its voted plan), whose
     hypotheses end by emitting eos at different steps."""
     src, model, _ = _sources(smoke_run(entry))
-    cfg = SearchConfig(beam_size=4, len_penalty=1.0, max_len_a=1.2, max_len_b=10)
+    cfg = Search(beam_size=4, len_penalty=1.0, max_len_a=1.2, max_len_b=10)
     cached = beam_search(model, src, cfg, use_cache=True)
     reference = beam_search(model, src, cfg, use_cache=False)
     assert cached == reference
@@ -80,7 +80,7 @@ def test_smoke_checkpoint_is_non_degenerate(smoke_run) -> None:
     (Smoke-trained GHT models under the full-strength group constraint can still emit one sentence for
     every input after 300 updates; their beam equality above holds regardless.)"""
     src, model, _ = _sources(smoke_run("transformer"))
-    hyps = beam_search(model, src, SearchConfig(beam_size=4))
+    hyps = beam_search(model, src, Search(beam_size=4))
     assert len({tuple(h) for h in hyps}) >= len(hyps) // 2
     long_hyps = [h for h in hyps if len(h) > 3]
     assert sum(len(set(h)) > 1 for h in long_hyps) >= len(long_hyps) / 2
@@ -88,9 +88,9 @@ def test_smoke_checkpoint_is_non_degenerate(smoke_run) -> None:
 
 def test_beam_one_is_greedy_and_beam_finds_better_or_equal_scores(smoke_run) -> None:
     src, model, _ = _sources(smoke_run("transformer"))
-    greedy = greedy_search(model, src, SearchConfig(beam_size=1))
-    assert generate(model, src, SearchConfig(beam_size=1)) == greedy
-    beam = beam_search(model, src, SearchConfig(beam_size=4, len_penalty=0.0))
+    greedy = greedy_search(model, src, Search(beam_size=1))
+    assert generate(model, src, Search(beam_size=1)) == greedy
+    beam = beam_search(model, src, Search(beam_size=4, len_penalty=0.0))
 
     def logprob(hyp: list[int], row: int) -> float:
         ids = torch.tensor([[model.cfg.bos_id, *hyp]])
@@ -111,7 +111,7 @@ def test_beam_one_is_greedy_and_beam_finds_better_or_equal_scores(smoke_run) -> 
 
 def test_max_length_is_respected(smoke_run) -> None:
     src, model, _ = _sources(smoke_run("transformer"), n=8)
-    cfg = SearchConfig(beam_size=3, max_len_a=0.0, max_len_b=3)
+    cfg = Search(beam_size=3, max_len_a=0.0, max_len_b=3)
     for hyp in beam_search(model, src, cfg) + greedy_search(model, src, cfg):
         assert len(hyp) <= 2  # max_len counts the eos
 
@@ -122,7 +122,7 @@ def test_nbest_lists_are_scored_sorted_and_led_by_the_single_best(smoke_run) -> 
     search forced eos at the length limit it counted that eos as 0."""
     src, model, _ = _sources(smoke_run("transformer"))
     cut = total = 0
-    for cfg in (SearchConfig(beam_size=4, len_penalty=0.6), SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=5)):
+    for cfg in (Search(beam_size=4, len_penalty=0.6), Search(beam_size=1, max_len_a=0.0, max_len_b=5)):
         n = cfg.beam_size
         nbest = generate_nbest(model, src, cfg, num_hypotheses=n)
         assert [hyps[0].tokens for hyps in nbest] == generate(model, src, cfg)
@@ -153,7 +153,7 @@ def test_bad_num_hypotheses_and_targets_are_refused_naming_the_allowed_values(sm
             check_num_hypotheses(bad, 4)
     assert check_num_hypotheses("3", 4) == check_num_hypotheses(3.0, 4) == 3
     with pytest.raises(SearchError, match=r"in \[1, 1\]"):
-        generate_nbest(model, src, SearchConfig(beam_size=1), num_hypotheses=2)
+        generate_nbest(model, src, Search(beam_size=1), num_hypotheses=2)
     translator = Translator(model, tok, {})
     with pytest.raises(SearchError, match=r"num_hypotheses=6 is out of range"):
         translator.translate([], beam_size=5, num_hypotheses=6)  # refused before anything runs

@@ -11,7 +11,9 @@ How the code is laid out (tests/test_imports.py fails on any module-level import
   `zoo.flops`; the commands sit on top.
 * **`export` builds on `zoo`; its runtime does not.** The exporter and verifier import zoo (model, data,
   generation) to prune and check; `export.runtime` (numpy + onnxruntime) imports neither torch nor zoo, so a
-  serving host needs only the export directory.
+  serving host needs only the export directory. The runtime owns the search's settings, results and errors, and
+  `zoo.generate` / `zoo.evaluation` import them from `export.runtime.search` (numpy only: the runtime's
+  onnxruntime parts load on first use, never in a torch process that does not ask for them).
 * **`serve` builds on `export.runtime`**, never on the model code (its nginx fetch reuses `zoo.data`'s Debian
   package cache); `zoo.report` orchestrates `zoo` and `export`.
 * **`zoo.devtools` sits above everything**: one-off measurement scripts (`python -m zoo.devtools.<name>`) kept as

@@ -11,7 +11,7 @@ import torch
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import Tokenizer
 from zoo.evaluation import Translation, score_texts, translate_texts, translate_texts_nbest
-from zoo.generate import Scored, SearchConfig
+from zoo.generate import Scored, Search
 from zoo.model import Transformer
 
 
@@ -47,13 +47,13 @@ class Translator:
     ) -> list[str] | list[list[Translation]]:
         """Source strings → output strings in input order.
 
-        With `num_hypotheses` (an integer 1 … beam_size, else zoo.generate.SearchError naming them) or
+        With `num_hypotheses` (an integer 1 … beam_size, else SearchError naming them) or
         `return_scores`, per source a list of `Translation(text, score, tokens)` instead: the num_hypotheses
         (default 1) best hypotheses, best first, scored as the search ranks them (summed token log-probs, eos
         included, / length ** len_penalty). The first text is always what the plain call returns."""
         if isinstance(texts, str):
             texts = [texts]
-        search = SearchConfig(
+        search = Search(
             beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len
         )
         with torch.inference_mode():
@@ -72,7 +72,7 @@ class Translator:
         hypothesis text re-tokenises differently from the ids the search produced (score those with
         zoo.evaluation.score_ids). Sources are truncated as `translate` truncates them, targets to
         max_positions - 2 tokens (the longest output the search can produce); an empty target scores eos
-        alone. zoo.generate.ScoreError unless there is one target per source."""
+        alone. ScoreError unless there is one target per source."""
         if isinstance(sources, str):
             sources = [sources]
         if isinstance(targets, str):

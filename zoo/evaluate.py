@@ -19,7 +19,7 @@ from zoo.data import DataError, Example, Tokenizer, build_splits
 from zoo.errors import one_line_errors
 from zoo.evaluation import Translation, evaluate_examples
 from zoo.flops import format_size_summary, size_summary
-from zoo.generate import SearchConfig, check_num_hypotheses
+from zoo.generate import Search, SearchError, check_num_hypotheses
 
 
 def _read_lines(path: str) -> list[str]:
@@ -56,7 +56,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     if cfg.limit:
         examples = examples[: int(cfg.limit)]
     g = cfg.generation
-    search = SearchConfig.from_generation(g)
+    search = Search.from_generation(g)
     nbest = cfg.nbest
     if nbest is not None:  # refused before decoding anything
         nbest = check_num_hypotheses(nbest, max(1, search.beam_size))
@@ -117,7 +117,7 @@ def _print(m: dict[str, Any], task: str, out: Path) -> None:
 
 @hydra.main(config_path="../conf", config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    with one_line_errors():
+    with one_line_errors(SearchError):
         evaluate(cfg)
 
 

@@ -5,64 +5,37 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from tqdm import tqdm
 
+from export.runtime.search import (
+    Scored,
+    Search,
+    Translation,
+    check_num_hypotheses,
+    check_pairs,
+    check_targets,
+    length_batches,
+    truncate_sources,
+    truncate_targets,
+)
 from zoo.data import Example, Tokenizer
 from zoo.data import remove_bpe as strip_bpe
-from zoo.generate import (
-    Scored,
-    ScoreError,
-    SearchConfig,
-    check_num_hypotheses,
-    check_targets,
-    generate_nbest,
-    score_targets,
-)
+from zoo.generate import generate_nbest, score_targets
 from zoo.metrics import quality_report, tokenized_bleu
 from zoo.model import Transformer
 
 
-class Translation(NamedTuple):
-    """One output hypothesis of a source text: its text, its score (zoo.generate: summed token log-probs, eos
-    included, / length ** len_penalty) and its token ids (no bos/eos) — the ids are what `score_ids` scores
-    exactly; re-tokenising the text usually, not always, gives them back."""
-
-    text: str
-    score: float
-    tokens: list[int]
-
-
-def _batches(lengths: Sequence[int], max_tokens: int, max_sentences: int) -> list[list[int]]:
-    """Indices grouped by similar length (longest first), each group ≤ max_tokens padded source
-    tokens and ≤ max_sentences sentences: padding is what makes beam search slow on CPU."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches, current, longest = [], [], 0
-    for i in order:
-        width = max(longest, lengths[i])
-        if current and (width * (len(current) + 1) > max_tokens or len(current) >= max_sentences):
-            batches.append(current)
-            current, width = [], lengths[i]
-        current.append(i)
-        longest = width
-    if current:
-        batches.append(current)
-    return batches
-
-
 def encode_sources(tokenizer: Tokenizer, texts: Sequence[str], max_positions: int) -> list[list[int]]:
-    """Token ids per source, truncated to half the position limit (the generator also needs room for the
-    output); an empty source becomes [unk]."""
-    limit = max(1, max_positions // 2)
-    return [tokenizer.encode(t)[:limit] or [tokenizer.unk_id] for t in texts]
+    """Token ids per source, truncated as the runtime truncates them (search.truncate_sources)."""
+    return truncate_sources((tokenizer.encode(t) for t in texts), max_positions, tokenizer.unk_id)
 
 
 def encode_targets(tokenizer: Tokenizer, texts: Sequence[str], max_positions: int) -> list[list[int]]:
-    """Token ids per target to score, truncated to what the search can produce: max_positions - 2 tokens, so
-    that with eos the output stays below the position limit (zoo.generate clamps output lengths there)."""
-    return [tokenizer.encode(t)[: max(0, max_positions - 2)] for t in texts]
+    """Token ids per target to score, truncated to what the search can produce (search.truncate_targets)."""
+    return truncate_targets((tokenizer.encode(t) for t in texts), max_positions)
 
 
 def _padded(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> torch.Tensor:
@@ -78,7 +51,7 @@ def translate_texts(
     model: Transformer,
     tokenizer: Tokenizer,
     texts: Sequence[str],
-    search: SearchConfig = SearchConfig(),
+    search: Search = Search(),
     max_tokens: int = 6000,
     max_sentences: int = 128,
     progress: bool = False,
@@ -94,7 +67,7 @@ def translate_texts_nbest(
     model: Transformer,
     tokenizer: Tokenizer,
     texts: Sequence[str],
-    search: SearchConfig = SearchConfig(),
+    search: Search = Search(),
     num_hypotheses: int = 1,
     max_tokens: int = 6000,
     max_sentences: int = 128,
@@ -116,7 +89,7 @@ def translate_texts_nbest(
 
 
 def _decode_batches(encoded: Sequence[Sequence[int]], max_tokens: int, max_sentences: int, progress: bool) -> Any:
-    batches = _batches([len(e) for e in encoded], max_tokens, max_sentences)
+    batches = length_batches([len(e) for e in encoded], max_tokens, max_sentences)
     return tqdm(batches, desc="decode", unit="batch", leave=False) if progress else batches
 
 
@@ -136,7 +109,7 @@ def score_ids(
     device = next(model.parameters()).device
     check_targets(targets, len(sources), model.cfg.vocab_size, model.cfg.max_positions)  # before running anything
     out: list[Scored | None] = [None] * len(sources)
-    for idx in _batches([len(s) for s in sources], max_tokens, max_sentences):
+    for idx in length_batches([len(s) for s in sources], max_tokens, max_sentences):
         src = _padded([sources[i] for i in idx], model.cfg.pad_id, device)
         for i, scored in zip(idx, score_targets(model, src, [targets[i] for i in idx], len_penalty), strict=True):
             out[i] = scored
@@ -156,8 +129,7 @@ def score_texts(
     reranking, filtering, quality estimation). Sources are truncated as `translate_texts` does, targets to what
     the search can produce (`encode_targets`); an empty target scores eos alone. ScoreError when the counts
     differ."""
-    if len(sources) != len(targets):
-        raise ScoreError(f"got {len(sources)} sources but {len(targets)} targets; give one target per source")
+    check_pairs(len(sources), len(targets))
     limit = model.cfg.max_positions
     return score_ids(
         model,
@@ -174,7 +146,7 @@ def evaluate_examples(
     tokenizer: Tokenizer,
     examples: Sequence[Example],
     task: str,
-    search: SearchConfig = SearchConfig(),
+    search: Search = Search(),
     remove_bpe: str | None = None,
     progress: bool = False,
     nbest: int | None = None,

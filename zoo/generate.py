@@ -14,62 +14,42 @@ without torch, to 1e-4.
 
 from __future__ import annotations
 
-import math
-import numbers
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from zoo.errors import ZooError
+from export.runtime.search import (
+    Hypothesis,
+    Scored,
+    ScoreError,
+    Search,
+    SearchError,
+    check_num_hypotheses,
+    check_targets,
+    greedy_hypotheses,
+    max_lengths,
+    normalised,
+    strip,
+)
 from zoo.model import Transformer
 
-
-class SearchError(ZooError, ValueError):
-    """A bad search request (e.g. num_hypotheses outside 1 … beam_size); the message names the allowed values."""
-
-
-class ScoreError(ZooError, ValueError):
-    """Targets that cannot be scored (not one per source, too long for the model, ids outside the vocabulary)."""
-
-
-class Hypothesis(NamedTuple):
-    """A finished search hypothesis: token ids (no bos/eos) and its length-normalised score (module docstring)."""
-
-    tokens: list[int]
-    score: float
-
-
-class Scored(NamedTuple):
-    """A teacher-forced target: the scored ids (the target's tokens, then eos), each one's log-probability
-    given the source and the tokens before it, and the sentence score normalised as the search ranks."""
-
-    tokens: list[int]
-    token_logprobs: list[float]
-    score: float
-
-
-@dataclass(frozen=True)
-class SearchConfig:
-    beam_size: int = 5
-    len_penalty: float = 1.0
-    max_len_a: float = 1.2
-    max_len_b: int = 10
-    min_len: int = 1
-
-    @classmethod
-    def from_generation(cls, g: Mapping[str, Any]) -> SearchConfig:
-        """The one conversion of a config's `generation` node (train, evaluate, export) into search settings;
-        keys the node lacks (train/evaluate have no `min_len`) keep their defaults."""
-        return cls(
-            beam_size=int(g["beam_size"]),
-            len_penalty=float(g["len_penalty"]),
-            max_len_a=float(g["max_len_a"]),
-            max_len_b=int(g["max_len_b"]),
-            min_len=int(g.get("min_len", cls.min_len)),
-        )
+# The search's settings, results, errors and helpers are the torch-free runtime's (export/runtime/search.py): one
+# class each for both engines, so an `except SearchError` catches either engine's, and a Search is checked once.
+__all__ = [
+    "Hypothesis",
+    "ScoreError",
+    "Scored",
+    "Search",
+    "SearchError",
+    "beam_search",
+    "check_num_hypotheses",
+    "check_targets",
+    "generate",
+    "generate_nbest",
+    "greedy_search",
+    "score_targets",
+]
 
 
 class _Stepper:
@@ -95,42 +75,19 @@ class _Stepper:
             self.model.reorder_state(self.state, order)
 
 
-def check_num_hypotheses(value: Any, beam_size: int) -> int:
-    """`value` as a number of hypotheses to return: an integer 1 … beam_size (SearchError naming them otherwise).
-    Whole-number floats and numeric strings are accepted, as for the other search settings."""
-    allowed = f"allowed: an integer in [1, {beam_size}] (at most beam_size={beam_size})"  # export.runtime's words
-    if isinstance(value, bool) or not isinstance(value, numbers.Real | str):
-        raise SearchError(f"num_hypotheses={value!r} is not a number; {allowed}")
-    try:
-        number = float(value)
-    except ValueError:
-        raise SearchError(f"num_hypotheses={value!r} is not a number; {allowed}") from None
-    if not math.isfinite(number) or not 1 <= number <= beam_size:
-        raise SearchError(f"num_hypotheses={value!r} is out of range; {allowed}")
-    if number != int(number):
-        raise SearchError(f"num_hypotheses={value!r} is not an integer; {allowed}")
-    return int(number)
+def _max_lengths(src: Tensor, pad_id: int, cfg: Search, limit: int) -> Tensor:
+    """Per-sentence output limits [B] of src [B, S]: the runtime's `max_lengths`, on src's device."""
+    lengths = src.ne(pad_id).sum(1).cpu().numpy()  # [B]
+    return torch.from_numpy(max_lengths(lengths, cfg, limit)).to(src.device)
 
 
-def normalised(total: float, length: int, len_penalty: float) -> float:
-    """A hypothesis' score from its summed log-probs and its length counting eos (the module docstring)."""
-    return total / float(length) ** len_penalty
-
-
-def _max_lengths(src: Tensor, pad_id: int, cfg: SearchConfig, limit: int) -> Tensor:
-    src_len = src.ne(pad_id).sum(1)
-    return (cfg.max_len_a * src_len + cfg.max_len_b).long().clamp(min=1, max=limit - 1)  # [B]
-
-
-def greedy_search(
-    model: Transformer, src: Tensor, cfg: SearchConfig = SearchConfig(), use_cache: bool = True
-) -> list[list[int]]:
+def greedy_search(model: Transformer, src: Tensor, cfg: Search = Search(), use_cache: bool = True) -> list[list[int]]:
     """Argmax decoding; returns token ids per source sentence (no bos/eos)."""
     return [h.tokens for h in _greedy(model, src, cfg, use_cache)]
 
 
 @torch.inference_mode()
-def _greedy(model: Transformer, src: Tensor, cfg: SearchConfig, use_cache: bool) -> list[Hypothesis]:
+def _greedy(model: Transformer, src: Tensor, cfg: Search, use_cache: bool) -> list[Hypothesis]:
     """Argmax decoding of src [B, S]: one hypothesis per sentence, scored as beam search scores."""
     mcfg = model.cfg
     memory, pad_mask = model.encode(src)
@@ -154,31 +111,16 @@ def _greedy(model: Transformer, src: Tensor, cfg: SearchConfig, use_cache: bool)
         finished |= nxt.eq(mcfg.eos_id)
         if finished.all():
             break
-    out = []
-    for row, score in zip(tokens, total.tolist(), strict=True):
-        ids = _strip(row[1:].tolist(), mcfg.eos_id, mcfg.pad_id)
-        out.append(Hypothesis(ids, normalised(score, len(ids) + 1, cfg.len_penalty)))
-    return out
+    return greedy_hypotheses(tokens.tolist(), total.tolist(), cfg.len_penalty, mcfg.eos_id, mcfg.pad_id)
 
 
-def _strip(ids: list[int], eos: int, pad: int) -> list[int]:
-    out = []
-    for i in ids:
-        if i in (eos, pad):
-            break
-        out.append(i)
-    return out
-
-
-def beam_search(
-    model: Transformer, src: Tensor, cfg: SearchConfig = SearchConfig(), use_cache: bool = True
-) -> list[list[int]]:
+def beam_search(model: Transformer, src: Tensor, cfg: Search = Search(), use_cache: bool = True) -> list[list[int]]:
     """Batched beam search; the best hypothesis' token ids per source sentence (no bos/eos)."""
     return [hyps[0].tokens if hyps else [] for hyps in _beam(model, src, cfg, use_cache)]
 
 
 @torch.inference_mode()
-def _beam(model: Transformer, src: Tensor, cfg: SearchConfig, use_cache: bool) -> list[list[Hypothesis]]:
+def _beam(model: Transformer, src: Tensor, cfg: Search, use_cache: bool) -> list[list[Hypothesis]]:
     """Batched beam search of src [B, S] with length-normalised scores (score / length**len_penalty, length
     counting eos, as fairseq). A sentence stops when `beam_size` hypotheses have finished; finished
     sentences leave the batch, so their cache rows stop costing time. Returns every finished hypothesis
@@ -226,7 +168,7 @@ def _beam(model: Transformer, src: Tensor, cfg: SearchConfig, use_cache: bool) -
                 bucket = finals[int(active[r])]
                 if len(bucket) < k and c < k:  # only eos among the top K counts, as fairseq
                     hyp = prefix[r, beam_idx[r, c], 1:].tolist()
-                    bucket.append(Hypothesis(_strip(hyp, mcfg.eos_id, mcfg.pad_id), float(top_scores[r, c]) / norm))
+                    bucket.append(Hypothesis(strip(hyp, mcfg.eos_id, mcfg.pad_id), float(top_scores[r, c]) / norm))
             done = torch.tensor([len(finals[int(s)]) >= k for s in active.tolist()], device=device)
 
         # continue with the best K non-eos candidates of every live sentence
@@ -247,9 +189,7 @@ def _beam(model: Transformer, src: Tensor, cfg: SearchConfig, use_cache: bool) -
     return [sorted(bucket, key=lambda h: -h.score) for bucket in finals]  # stable: first finished wins ties
 
 
-def generate(
-    model: Transformer, src: Tensor, cfg: SearchConfig = SearchConfig(), use_cache: bool = True
-) -> list[list[int]]:
+def generate(model: Transformer, src: Tensor, cfg: Search = Search(), use_cache: bool = True) -> list[list[int]]:
     """Greedy when beam_size == 1, else beam search."""
     if cfg.beam_size <= 1:
         return greedy_search(model, src, cfg, use_cache)
@@ -259,7 +199,7 @@ def generate(
 def generate_nbest(
     model: Transformer,
     src: Tensor,
-    cfg: SearchConfig = SearchConfig(),
+    cfg: Search = Search(),
     num_hypotheses: int = 1,
     use_cache: bool = True,
 ) -> list[list[Hypothesis]]:
@@ -302,15 +242,3 @@ def score_targets(
         total = float(token_lp.sum())
         out.append(Scored(tgt_out[row, :length].tolist(), token_lp.tolist(), normalised(total, length, len_penalty)))
     return out
-
-
-def check_targets(targets: Sequence[Sequence[int]], sources: int, vocab_size: int, max_positions: int) -> None:
-    """ScoreError unless there is one target per source, each at most max_positions - 2 ids in [0, vocab_size)."""
-    if len(targets) != sources:
-        raise ScoreError(f"got {sources} sources but {len(targets)} targets; give one target per source")
-    cap = max_positions - 2
-    for i, ids in enumerate(targets):
-        if len(ids) > cap:
-            raise ScoreError(f"target {i} has {len(ids)} tokens; the model produces at most {cap} (+ eos)")
-        if any(not 0 <= int(t) < vocab_size for t in ids):
-            raise ScoreError(f"target {i} holds token ids outside the vocabulary [0, {vocab_size})")

@@ -21,7 +21,7 @@ from zoo.entries import entry_model_config, missing_model_message
 from zoo.errors import ZooError, one_line_errors
 from zoo.evaluation import evaluate_examples
 from zoo.flops import format_size_summary, size_summary
-from zoo.generate import SearchConfig
+from zoo.generate import Search, SearchError
 from zoo.ght.procedure import GHTOptions, GHTProcedure
 from zoo.model import ModelConfig, build_model
 from zoo.optim import LR_SCHEDULES
@@ -71,8 +71,8 @@ def _effective_max_len(cfg: DictConfig) -> int:
     return min(max_len, positions)
 
 
-def search_config(cfg: DictConfig) -> SearchConfig:
-    return SearchConfig.from_generation(cfg.generation)
+def search_config(cfg: DictConfig) -> Search:
+    return Search.from_generation(cfg.generation)
 
 
 def _pick_device(name: str) -> torch.device:
@@ -134,6 +134,7 @@ def _train(cfg: DictConfig, threads: ThreadChoice) -> dict[str, Any]:
     dist.init_distributed(device)
     if "name" in cfg.model:
         _procedure(cfg, started_from_weights=False)  # reject bad procedure options before creating a run dir
+    search_config(cfg)  # and bad generation settings (SearchError), which only the test evaluation reads
     schedule = cfg.trainer.get("lr_schedule", "inverse_sqrt")
     if schedule not in LR_SCHEDULES:
         raise UsageError(f"trainer.lr_schedule={schedule!r} is not a schedule; use one of {', '.join(LR_SCHEDULES)}")
@@ -300,7 +301,7 @@ def _format_test_line(entry: str, task: str, m: dict[str, Any]) -> str:
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    with one_line_errors():
+    with one_line_errors(SearchError):
         train(cfg)
 
 

@@ -27,7 +27,7 @@ from zoo import distributed as dist
 from zoo.checkpoint import average_weights, load_checkpoint, save_checkpoint
 from zoo.data import Batch, Example, TokenBatchSampler, Tokenizer, collate
 from zoo.evaluation import evaluate_examples
-from zoo.generate import SearchConfig
+from zoo.generate import Search
 from zoo.model import Transformer
 from zoo.optim import (
     LR_SCHEDULES,
@@ -194,7 +194,7 @@ class Trainer:
             seed=cfg.seed,
         )
         self.state = TrainState()
-        self.search = SearchConfig(beam_size=1, max_len_a=cfg.valid_max_len_a, max_len_b=cfg.valid_max_len_b)
+        self.search = Search(beam_size=1, max_len_a=cfg.valid_max_len_a, max_len_b=cfg.valid_max_len_b)
         self.procedure.bind(self)
 
     def _schedule(self) -> torch.optim.lr_scheduler.LambdaLR:

@@ -9,6 +9,7 @@ import sys
 
 from zoo.api import Translator
 from zoo.errors import one_line_errors
+from zoo.generate import SearchError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,9 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     with one_line_errors():
         translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
     texts = args.text or [line.rstrip("\n") for line in sys.stdin]
-    for out in translator.translate(
-        texts, beam_size=args.beam, len_penalty=args.len_penalty, max_len_a=args.max_len_a, max_len_b=args.max_len_b
-    ):
+    with one_line_errors(SearchError):
+        outputs = translator.translate(
+            texts, beam_size=args.beam, len_penalty=args.len_penalty, max_len_a=args.max_len_a, max_len_b=args.max_len_b
+        )
+    for out in outputs:
         print(out)
     return 0
 

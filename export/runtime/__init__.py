@@ -9,13 +9,13 @@ and sentencepiece, and of itself only relatively, so the Triton models get a cop
 another name; everything model-specific comes from the export directory's manifest.json.
 
     manifest   the manifest's schema and the one reader that checks it (`read_manifest`)
-    search     settings (`Search`), results, errors and limits; greedy and beam search over a step function
+    search     settings (`Search`), results, errors and limits of both engines; greedy and beam over a step
     stores     host memory of a search: the self-attention store, its pool, the shared onnxruntime arena
     backend    where the two graphs run (`OrtBackend`: in-process sessions)
     model      `ExportedModel` (tokenizer, search, batching, scoring around a backend) and `load`
 
-The names that need no onnxruntime are imported here at once; the others on first use, so that a process that
-needs only the search types or the manifest schema does not load onnxruntime.
+The names that need no onnxruntime are imported here at once; the others on first use, so that zoo, which takes its
+search types from here, never loads onnxruntime into a torch process.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Search settings, results and errors of both engines, and the runtime's greedy and beam search over a step function.
 
-`Search` is checked once, where it is made, so nothing downstream checks it again. The rules both searches
-(this one and zoo.generate's on torch) follow (the export verifies
+One set of types: zoo.generate (torch) imports these, so a setting, a result or an error is the same class in
+both engines, and `Search` is checked once, where it is made. The rules both searches follow (the export verifies
 identical hypotheses): pad and bos are banned, eos is banned before `min_len` and forced at each sentence's length
 limit (`max_lengths`); beam search keeps fairseq's 2·K candidates, counts only eos among the top K as finished,
 stops a sentence after K finished hypotheses and drops it from the batch; greedy runs until every row has ended.

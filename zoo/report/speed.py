@@ -27,18 +27,18 @@ def _torch_engine(model_path: str, threads: int | None, search: dict[str, Any]) 
 
     from zoo.checkpoint import load_checkpoint, model_from_checkpoint
     from zoo.data import Tokenizer
-    from zoo.generate import SearchConfig, generate
+    from zoo.evaluation import encode_sources
+    from zoo.generate import Search, generate
 
     if threads:
         torch.set_num_threads(threads)
     payload = load_checkpoint(model_path)
     model = model_from_checkpoint(payload).eval()
     tokenizer = Tokenizer.from_bytes(payload["tokenizer"])
-    cfg = SearchConfig(**search)
-    limit = max(1, model.cfg.max_positions // 2)
+    cfg = Search(**search)
 
     def encode(texts: Sequence[str]) -> list[list[int]]:
-        return [tokenizer.encode(t)[:limit] or [tokenizer.unk_id] for t in texts]
+        return encode_sources(tokenizer, texts, model.cfg.max_positions)
 
     def run(batch: list[list[int]]) -> list[list[int]]:
         src = torch.full((len(batch), max(len(b) for b in batch)), model.cfg.pad_id, dtype=torch.long)
