@@ -86,7 +86,7 @@ def _official_constraint(
 def test_token_sum_is_the_official_scale_summed_over_modules_per_target_token() -> None:
     """`token_sum` = the official criterion: every module's terms in one sum, divided by the batch's target
     tokens (fairseq's sample_size). The old code averaged over modules first: 3× too weak here (3 modules)."""
-    from zoo.data import collate
+    from zoo.data.batching import collate
     from zoo.ght.procedure import GHTOptions, GHTProcedure
     from zoo.model import ModelConfig, build_model
 

@@ -275,7 +275,8 @@ def test_spread_sample_covers_the_whole_split() -> None:
 def test_checkpoint_average_is_kept_only_if_it_validates_at_least_as_well_as_best(tmp_path, smoke_run) -> None:
     """avg.pt must earn its place on the validation score best.pt was chosen by."""
     from zoo.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-    from zoo.data import Example, Tokenizer, encode_examples
+    from zoo.data import Example, Tokenizer
+    from zoo.data.batching import encode_examples
     from zoo.trainer import Trainer
 
     payload = load_checkpoint(smoke_run("transformer") / "checkpoints" / "last.pt")

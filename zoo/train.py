@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from zoo import distributed as dist
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
-from zoo.data import Tokenizer, build_splits, encode_examples
+from zoo.data import Tokenizer, build_splits
+from zoo.data.batching import encode_examples
 from zoo.entries import entry_model_config, missing_model_message
 from zoo.errors import ZooError, one_line_errors
 from zoo.evaluation import evaluate_examples

@@ -25,7 +25,8 @@ from tqdm import tqdm
 
 from zoo import distributed as dist
 from zoo.checkpoint import average_weights, load_checkpoint, save_checkpoint
-from zoo.data import Batch, Example, TokenBatchSampler, Tokenizer, collate
+from zoo.data import Example, Tokenizer
+from zoo.data.batching import Batch, TokenBatchSampler, collate
 from zoo.evaluation import evaluate_examples
 from zoo.generate import Search
 from zoo.model import Transformer

@@ -20,7 +20,8 @@ from zoo.analyze.figures import (
 from zoo.analyze.maps import collect_maps, module_kind, summarise_maps
 from zoo.analyze.scores import SCORE_DEFINITION, collect_scores, score_rank_report
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
-from zoo.data import DataError, Example, Tokenizer, build_splits, collate, encode_examples
+from zoo.data import DataError, Example, Tokenizer, build_splits
+from zoo.data.batching import collate, encode_examples
 from zoo.errors import ZooError
 from zoo.model import Transformer
 

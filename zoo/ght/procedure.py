@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from zoo import distributed as dist
 from zoo.checkpoint import save_checkpoint
-from zoo.data import Batch, collate
+from zoo.data.batching import Batch, collate
 from zoo.ght.constraint import dunn_index, group_constraint_loss, homogeneity_diversity, silhouette
 from zoo.ght.features import MODULE_KINDS, head_points, module_kind
 from zoo.ght.kmeans import kmeans

@@ -76,14 +76,13 @@ def _bootstrap(
     refs: References,
     entry: str,
     seed: int,
+    baseline: str,
     samples: int,
-    baseline: str | None = None,
-    stats: Stats | None = None,
+    stats: Stats,
 ) -> dict[str, Any] | None:
-    """Paired bootstrap of `entry` against a baseline (default: the suite's) trained with the same seed, on the
-    suite's headline metric, recomputed from the two records' stored hypotheses: translation BLEU by sacreBLEU's
-    test, summarization ROUGE-L by the same rule over per-document scores (`stats` gives them)."""
-    baseline = baseline or suite.baseline
+    """Paired bootstrap of `entry` against `baseline` trained with the same seed, on the suite's headline metric,
+    recomputed from the two records' stored hypotheses: translation BLEU by sacreBLEU's test, summarization
+    ROUGE-L by the same rule over per-document scores (`stats` gives them)."""
     base, system = records.get((baseline, seed)), records.get((entry, seed))
     if entry == baseline or base is None or system is None:
         return None
@@ -91,7 +90,6 @@ def _bootstrap(
         result = paired_bootstrap(base["hypotheses"], system["hypotheses"], refs.texts, n_samples=samples)
         base_score, sys_score = result["baseline"]["bleu"], result["system"]["bleu"]
     else:
-        assert stats is not None, "a summarization bootstrap needs the per-document statistics"
         base_stats, sys_stats = stats(baseline, seed), stats(entry, seed)
         assert base_stats is not None and sys_stats is not None
         result = paired_bootstrap_means(base_stats[:, 0], sys_stats[:, 0], n_samples=samples)
@@ -194,6 +192,16 @@ def collect(
             )
         return stats[(entry, seed)]
 
+    tests: dict[tuple[str, int, str], dict[str, Any] | None] = {}
+
+    def bootstrap(entry: str, seed: int, baseline: str) -> dict[str, Any] | None:
+        """Each pair's paired bootstrap once: the table and the claims against the suite's baseline share it."""
+        if (entry, seed, baseline) not in tests:
+            tests[(entry, seed, baseline)] = _bootstrap(
+                suite, records, refs, entry, seed, baseline, bootstrap_samples, run_stats
+            )
+        return tests[(entry, seed, baseline)]
+
     entries: dict[str, Any] = {}
     for entry in ordered_entries(suite, records):
         seeds = sorted(s for e, s in records if e == entry)
@@ -212,11 +220,7 @@ def collect(
             "size_before_pruning": first["size"] if first["pruned_size"] else None,
             "train_minutes": mean_std([r["train_minutes"] for r in runs.values()]),
             "updates": mean_std([r["updates"] for r in runs.values()]),
-            "bootstrap": [
-                b
-                for seed in seeds
-                if (b := _bootstrap(suite, records, refs, entry, seed, bootstrap_samples, stats=run_stats)) is not None
-            ],
+            "bootstrap": [b for seed in seeds if (b := bootstrap(entry, seed, suite.baseline)) is not None],
             "speed": (speed_record or {}).get("points") or {},
             "speed_settings": (speed_record or {}).get("settings") or [],
             "triton": (speed_record or {}).get("triton"),
@@ -230,9 +234,7 @@ def collect(
         suite,
         entries,
         sorted({s for _, s in records}),
-        lambda system, seed, baseline: _bootstrap(
-            suite, records, refs, system, seed, bootstrap_samples, baseline, stats=run_stats
-        ),
+        bootstrap,
         run_stats,
         score=bleu_from_stats if suite.task == "translation" else mean_from_stats,
         samples=bootstrap_samples,

@@ -109,7 +109,7 @@ def _span(values: list[float] | None, fmt: str) -> str:
 
 def _headline(data: dict[str, Any]) -> str:
     """The label of the suite's headline metric (BLEU; ROUGE-L for summarization)."""
-    return LABELS[data.get("headline", data["metrics"][0])]
+    return LABELS[data["headline"]]
 
 
 def _translation(data: dict[str, Any]) -> bool:
@@ -400,8 +400,7 @@ def _claims_table(
         pair = f"`{c['system']}` vs `{c['baseline']}`"
         if full:
             quality = " / ".join(
-                _pm((q or {}).get(data.get("headline", data["metrics"][0])))
-                for q in (c["quality"]["system"], c["quality"]["baseline"])
+                _pm((q or {}).get(data["headline"])) for q in (c["quality"]["system"], c["quality"]["baseline"])
             )
             row = [c["paper"], c["claim"], *([_source_cell(c["source"])] if source else [])]
             row += [f"{c['design']}; {_size_cell(c['size'])}", pair, quality, _bootstrap_cell(c["bootstrap"])]
@@ -418,7 +417,7 @@ def _per_source_section(data: dict[str, Any]) -> list[str]:
     if not per_source:
         return []
     origins = sorted({o for ps in per_source.values() for o in ps})
-    key = data.get("headline", data["metrics"][0])
+    key = data["headline"]
     lines = [
         f"## {LABELS[key]} per data source (mean over seeds)",
         "",
@@ -489,7 +488,7 @@ def _save(fig: Any, out: Path) -> None:
 
 
 def _plot_scatter(data: dict[str, Any], out: Path, x_of: Callable[[dict[str, Any]], float | None], xlabel: str) -> None:
-    key = data.get("headline", data["metrics"][0])
+    key = data["headline"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for entry, rec in data["entries"].items():
         q, x = rec["quality"].get(key), x_of(rec)
