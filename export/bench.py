@@ -40,6 +40,19 @@ thread count). Peak memory in-process is the rise of the process's peak RSS (VmH
 measured in a fresh process per runtime and export (export/rss_probe.py: VmHWM after loading and
 after the headline work) next to the export's weight bytes. With `--int8-export`, BLEU of fp32 vs
 INT8 ORT on the test split (paired bootstrap).
+
+`_run` reads as its steps:
+  load      the baseline runtime, the checkpoint and the torch model the export holds, the exports, the
+            sentences, the matmul roofline
+  engines   the engines timed side by side and the pairs compared (a baseline runtime loads its exports here,
+            so a foreign checkpoint is refused before any timing)
+  header    the report's description of the run, printed in one line
+  grid      every mode × search × batch point, natural-mode targets checked
+  headline  fixed-length beam 5 × batch 32 with at least 3 rounds: from the grid, else measured apart
+  paper     the GHT paper's speed setting (--paper-batch 0 leaves it out)
+  memory    a fresh torch-free process per runtime and export on the headline's batches
+  pruning   with --pruned-export: pruned vs unpruned speed on the last point's batches, beside the FLOP ratio
+  int8      with --int8-export: BLEU of fp32 vs INT8
 """
 
 from __future__ import annotations
@@ -56,7 +69,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -474,8 +487,64 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
-    baseline_file, base_rt = load_baseline_runtime(args.baseline_runtime) if args.baseline_runtime else (None, None)
+    baseline = load_baseline_runtime(args.baseline_runtime) if args.baseline_runtime else None
     torch.set_num_threads(args.threads)
+    inputs = _load_inputs(args)
+    sweep = _engines(args, inputs, baseline)
+    report = _report_header(args, inputs, sweep)
+    last_batches = _grid(args, inputs, sweep)
+    head_batches = _headline(args, inputs, sweep, report)
+    if args.paper_batch > 0:  # 0: leave the paper's point out
+        last_batches = _paper_point(args, inputs, sweep)
+    report["memory"] = _memory(args, inputs, sweep, head_batches)
+    if args.pruned_export:
+        report["pruning"] = _pruning(args, inputs, last_batches)
+    if inputs.int8 is not None:
+        _int8_bleu(args, inputs, report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return report
+
+
+# ---------------------------------------------------------------------------------------------- the steps' results
+@dataclass
+class _Inputs:
+    """What every point is measured on (the load step)."""
+
+    payload: dict[str, Any] | None  # the checkpoint (None with --no-torch and no --checkpoint)
+    runtime: ExportedModel  # --export
+    int8: ExportedModel | None  # --int8-export
+    model: Transformer | None  # the torch model the export holds
+    texts: list[str]
+    refs: list[str] | None  # references of `texts`, when known
+    roofline: float | None  # fp32 matmul GFLOP/s (with a torch model only)
+
+
+@dataclass
+class _Sweep:
+    """The engines timed side by side, the pairs compared, and the points measured so far (the engines step)."""
+
+    engines: dict[str, tuple[str, Any]]
+    pairs: list[tuple[str, str]]
+    flops_models: dict[str, Transformer] | None
+    pad: int
+    baseline_file: Path | None  # --baseline-runtime, resolved
+    baseline_exports: dict[str, Path]  # kind → the export the baseline runtime reads
+    points: list[dict[str, Any]] = field(default_factory=list)  # the report's "points"
+
+    def measure(
+        self, label: str, batches: list[np.ndarray], search: Search, repeats: int, fixed: int | None
+    ) -> dict[str, Any]:
+        """One point on every engine, kept in `points`; analytic FLOPs only where the work is fixed."""
+        flops = self.flops_models if fixed else None
+        p = bench_point(label, self.engines, batches, search, repeats, flops, fixed, self.pad, self.pairs)
+        self.points.append(p)
+        return p
+
+
+# ---------------------------------------------------------------------------------------------- load
+def _load_inputs(args: argparse.Namespace) -> _Inputs:
+    """The exports, the torch model they were made from, the sentences and the roofline, before any timing."""
     payload = load_checkpoint(args.checkpoint) if args.checkpoint else None
     runtime = load(args.export, threads=args.threads, spinning=args.ort_spinning)
     if args.pruned_export and runtime.manifest.get("heads_removed") and runtime.manifest.get("head_plan"):
@@ -494,91 +563,117 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = (args.paper_batch, args.batch1_sentences, HEADLINE_SENTENCES, 64, *args.batches)
     texts, refs = load_sentences(payload, args.src, max(sizes), runtime)
     roofline = matmul_roofline(args.threads) if model is not None else None
+    return _Inputs(payload, runtime, int8, model, texts, refs, roofline)
 
+
+# ---------------------------------------------------------------------------------------------- engines
+def _engines(args: argparse.Namespace, inputs: _Inputs, baseline: tuple[Path, ModuleType] | None) -> _Sweep:
+    """Which engines run and which pairs are compared; a baseline runtime must load its export first, so a
+    foreign checkpoint is refused before any timing."""
     engines: dict[str, tuple[str, Any]] = {}
     pairs: list[tuple[str, str]] = []
+    baseline_exports: dict[str, Path] = {}
     if not args.no_torch:
-        engines["torch"] = ("torch", model)
-    baseline_exports: dict[str, Path] = {}  # kind → the export the baseline runtime reads
+        engines["torch"] = ("torch", inputs.model)
 
     def add_baseline(kind: str, name: str, ours: ExportedModel, given: str | None, flag: str) -> None:
+        assert baseline is not None
         directory = given or str(ours.directory)
-        base = load_with_baseline(base_rt, baseline_file, directory, ours, flag, args.threads, args.ort_spinning)
-        engines[f"{name}-baseline"] = ("ort", base)
+        file, module = baseline
+        engines[f"{name}-baseline"] = (
+            "ort",
+            load_with_baseline(module, file, directory, ours, flag, args.threads, args.ort_spinning),
+        )
         baseline_exports[kind] = Path(directory)
         pairs.append((name, f"{name}-baseline"))
 
-    if base_rt is not None:
-        add_baseline("fp32", "ort", runtime, args.baseline_export, "--baseline-export")
-    engines["ort"] = ("ort", runtime)
-    if base_rt is not None and int8 is not None:
-        add_baseline("int8", "int8", int8, args.baseline_int8_export, "--baseline-int8-export")
-        engines["int8"] = ("ort", int8)
+    if baseline is not None:
+        add_baseline("fp32", "ort", inputs.runtime, args.baseline_export, "--baseline-export")
+    engines["ort"] = ("ort", inputs.runtime)
+    if baseline is not None and inputs.int8 is not None:
+        add_baseline("int8", "int8", inputs.int8, args.baseline_int8_export, "--baseline-int8-export")
+        engines["int8"] = ("ort", inputs.int8)
     if not args.no_torch:
         pairs.append(("ort", "torch"))
-    flops_models = {name: model for name in engines} if model is not None else None
+    flops_models = {name: inputs.model for name in engines} if inputs.model is not None else None
+    baseline_file = baseline[0] if baseline is not None else None
+    return _Sweep(engines, pairs, flops_models, inputs.runtime.pad_id, baseline_file, baseline_exports)
 
+
+def _report_header(args: argparse.Namespace, inputs: _Inputs, sweep: _Sweep) -> dict[str, Any]:
+    """The report's description of what was measured (its points are filled in by the later steps), printed in
+    one line."""
+    baseline_file = sweep.baseline_file
     report: dict[str, Any] = {
-        "checkpoint": payload["path"] if payload is not None else None,
+        "checkpoint": inputs.payload["path"] if inputs.payload is not None else None,
         "export": str(args.export),
         "int8_export": str(args.int8_export) if args.int8_export else None,
-        "baseline_exports": {kind: str(path) for kind, path in baseline_exports.items()},
+        "baseline_exports": {kind: str(path) for kind, path in sweep.baseline_exports.items()},
         "runtime": {"path": str(RUNTIME_FILE), "sha256": sha256_file(RUNTIME_FILE)},
         "baseline_runtime": (
             {"path": str(baseline_file), "sha256": sha256_file(baseline_file)} if baseline_file is not None else None
         ),
-        "engines": list(engines),
+        "engines": list(sweep.engines),
         "machine": machine(),
         "threads": args.threads,
         "ort_spinning": args.ort_spinning,
         "repeats": args.repeats,
         "fixed_len": args.fixed_len,
-        "matmul_roofline_gflops": roofline,
-        "model": runtime.manifest["model_config"],
-        "points": [],
+        "matmul_roofline_gflops": inputs.roofline,
+        "model": inputs.runtime.manifest["model_config"],
+        "points": sweep.points,
     }
+    roofline = inputs.roofline
     roof = f"fp32 matmul roofline {roofline:.1f} GFLOP/s (torch.mm 1024³), " if roofline else ""
-    base = f"; baseline runtime {baseline_file} (sha256 {report['baseline_runtime']['sha256'][:12]})" if base_rt else ""
+    base = (
+        f"; baseline runtime {baseline_file} (sha256 {report['baseline_runtime']['sha256'][:12]})"
+        if baseline_file is not None
+        else ""
+    )
     print(
-        f"{runtime.name}: engines {', '.join(engines)}; threads {args.threads}, {roof}"
+        f"{inputs.runtime.name}: engines {', '.join(sweep.engines)}; threads {args.threads}, {roof}"
         f"medians of {args.repeats} interleaved runs{base}"
     )
-    pad = runtime.pad_id
+    return report
+
+
+# ---------------------------------------------------------------------------------------------- points
+def _grid(args: argparse.Namespace, inputs: _Inputs, sweep: _Sweep) -> list[np.ndarray]:
+    """Every mode × search × batch point, each checked against its target where one is set; returns the last
+    point's batches."""
     per_batch = {1: args.batch1_sentences, 32: 64, 256: 256}
-
-    def measure(
-        label: str, batches: list[np.ndarray], search: Search, repeats: int, fixed: int | None
-    ) -> dict[str, Any]:
-        p = bench_point(label, engines, batches, search, repeats, flops_models if fixed else None, fixed, pad, pairs)
-        report["points"].append(p)
-        return p
-
+    batches: list[np.ndarray] = []
     for mode in args.modes:
         for spec in args.searches:
             for batch in args.batches:
                 fixed = args.fixed_len if mode == "fixed" else None
-                batches = make_batches(runtime, texts, batch, per_batch.get(batch, batch))
-                p = measure(f"{mode} {spec} batch {batch}", batches, _searches(spec, fixed), args.repeats, fixed)
+                batches = make_batches(inputs.runtime, inputs.texts, batch, per_batch.get(batch, batch))
+                p = sweep.measure(f"{mode} {spec} batch {batch}", batches, _searches(spec, fixed), args.repeats, fixed)
                 p["mode"] = mode
                 target = TARGETS.get((spec, batch)) if mode == "natural" else None
                 vs_torch = pair(p, "ort", "torch")
                 if target and vs_torch:
                     p["target"], p["meets_target"] = target, vs_torch["ratio"] >= target
                     met = "met" if p["meets_target"] else "MISSED"
-                    print(_line(p, roofline) + f"  target ≥{target}x: {met}", flush=True)
+                    print(_line(p, inputs.roofline) + f"  target ≥{target}x: {met}", flush=True)
                 else:
-                    print(_line(p, roofline), flush=True)
+                    print(_line(p, inputs.roofline), flush=True)
+    return batches
 
-    # the headline: fixed-length beam 5 × batch 32, from the grid when it holds it with enough rounds
+
+def _headline(args: argparse.Namespace, inputs: _Inputs, sweep: _Sweep, report: dict[str, Any]) -> list[np.ndarray]:
+    """The headline, fixed-length beam 5 × batch 32: from the grid when it holds it with enough rounds, else
+    measured apart; returns its batches (the memory probe decodes them)."""
     spec, batch = f"beam{HEADLINE_BEAM}", HEADLINE_BATCH
-    head_batches = make_batches(runtime, texts, batch, HEADLINE_SENTENCES)
+    head_batches = make_batches(inputs.runtime, inputs.texts, batch, HEADLINE_SENTENCES)
     label = f"fixed {spec} batch {batch}"
-    head = next((p for p in report["points"] if p["label"] == label and p["rounds"] >= HEADLINE_MIN_ROUNDS), None)
+    head = next((p for p in sweep.points if p["label"] == label and p["rounds"] >= HEADLINE_MIN_ROUNDS), None)
     if head is None:
         rounds = max(args.repeats, HEADLINE_MIN_ROUNDS)
-        head = measure(f"headline: {label}", head_batches, _searches(spec, args.fixed_len), rounds, args.fixed_len)
+        search = _searches(spec, args.fixed_len)
+        head = sweep.measure(f"headline: {label}", head_batches, search, rounds, args.fixed_len)
         head["mode"] = "fixed"
-        print(_line(head, roofline), flush=True)
+        print(_line(head, inputs.roofline), flush=True)
     report["headline"] = {"label": head["label"], "rounds": head["rounds"], "pairs": head["pairs"]}
     if head["pairs"]:
         print(
@@ -586,102 +681,120 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             f"{head['rounds']} interleaved rounds): {_pairs_text(head)}",
             flush=True,
         )
+    return head_batches
 
-    if args.paper_batch > 0:  # 0: leave the paper's point out
-        paper = Search(beam_size=5, max_len_a=0.0, max_len_b=10)
-        batches = make_batches(runtime, texts, args.paper_batch, args.paper_batch)
-        p = measure(f"paper: beam 5, batch {args.paper_batch}, max len 10", batches, paper, args.repeats, None)
-        print(_line(p, roofline), flush=True)
 
-    # memory of a torch-free process per runtime and export, on the headline's batches
+def _paper_point(args: argparse.Namespace, inputs: _Inputs, sweep: _Sweep) -> list[np.ndarray]:
+    """The GHT paper's speed setting (beam 5, at most 10 output tokens); returns its batches."""
+    paper = Search(beam_size=5, max_len_a=0.0, max_len_b=10)
+    batches = make_batches(inputs.runtime, inputs.texts, args.paper_batch, args.paper_batch)
+    p = sweep.measure(f"paper: beam 5, batch {args.paper_batch}, max len 10", batches, paper, args.repeats, None)
+    print(_line(p, inputs.roofline), flush=True)
+    return batches
+
+
+# ---------------------------------------------------------------------------------------------- memory
+def _memory(args: argparse.Namespace, inputs: _Inputs, sweep: _Sweep, head_batches: list[np.ndarray]) -> dict[str, Any]:
+    """Peak RSS of a torch-free process per runtime and export on the headline's batches: what a server pays,
+    which this process cannot show."""
     memory: dict[str, Any] = {
         "beam": HEADLINE_BEAM,
         "batch": HEADLINE_BATCH,
         "sentences": HEADLINE_SENTENCES,
         "fixed_len": args.fixed_len,
     }
-    runtimes = {"ort": RUNTIME_FILE, **({"ort-baseline": baseline_file} if baseline_file else {})}
-    for kind, rt in (("fp32", runtime), ("int8", int8)):
+    runtimes = {"ort": RUNTIME_FILE, **({"ort-baseline": sweep.baseline_file} if sweep.baseline_file else {})}
+    for kind, rt in (("fp32", inputs.runtime), ("int8", inputs.int8)):
         if rt is None:
             continue
         entry: dict[str, Any] = {"export": str(rt.directory), "weights": export_weights(rt), "engines": {}}
         for name, file in runtimes.items():
-            directory = baseline_exports.get(kind, rt.directory) if name == "ort-baseline" else rt.directory
+            directory = sweep.baseline_exports.get(kind, rt.directory) if name == "ort-baseline" else rt.directory
             entry["engines"][name] = fresh_process_rss(
                 file, directory, head_batches, args.threads, args.ort_spinning, args.fixed_len
             )
         memory[kind] = entry
         print(_memory_line(kind, args.fixed_len, entry), flush=True)
-    report["memory"] = memory
+    return memory
 
-    if args.pruned_export:
-        pruned_rt = load(args.pruned_export, threads=args.threads, spinning=args.ort_spinning)
-        plan = pruned_rt.manifest["head_plan"]
-        pruned_model = prune(model_from_checkpoint(payload), plan)[0]
-        gated = model  # the unpruned model: --export, with every head computed (remove_heads=false)
-        fixed = Search(beam_size=5, max_len_a=0.0, max_len_b=10, min_len=10)
-        flops = {
-            "unpruned": work_flops(gated, batches, 10, 5, pad),
-            "pruned": work_flops(pruned_model, batches, 10, 5, pad),
-        }
-        prune_report = {
-            "plan": plan,
-            "analytic_flops_ratio": flops["pruned"] / flops["unpruned"],
-            "manifest_flops_ratio": pruned_rt.manifest["size"]["flops_ratio"],
-        }
-        kinds = [("ort", ("ort", runtime), ("ort", pruned_rt))]
-        if not args.no_torch:
-            kinds.insert(0, ("torch", ("torch", gated), ("torch", pruned_model)))
-        for kind, a, b in kinds:
-            p = bench_point(
-                f"{kind} unpruned vs pruned (fixed 10)",
-                {f"{kind}": a, f"{kind}-pruned": b},
-                batches,
-                fixed,
-                args.repeats,
-            )
-            p["same_model"] = False
-            prune_report[kind] = {"speedup": p["ratio"], "time_ratio": 1 / p["ratio"], "point": p}
-            print(
-                _line(p, roofline) + f"  time ratio {1 / p['ratio']:.2f} vs analytic FLOP ratio "
-                f"{prune_report['analytic_flops_ratio']:.2f}",
-                flush=True,
-            )
-        report["pruning"] = prune_report
 
-    if int8 is not None:
-        if int8.manifest.get("head_plan") != runtime.manifest.get("head_plan"):
-            print("  int8: --int8-export has another head plan than --export; its BLEU cost is not comparable")
-        elif refs is None:
-            print("  int8: no references (test split unavailable): BLEU cost not measured")
-        else:
-            n = min(args.bleu_sentences or len(texts), len(set(texts)))  # one pass over the test split
-            start = time.perf_counter()
-            fp32_out = runtime.translate(texts[:n], beam_size=5)
-            fp32_s = time.perf_counter() - start
-            start = time.perf_counter()
-            int8_out = int8.translate(texts[:n], beam_size=5)
-            int8_s = time.perf_counter() - start
-            test = paired_bootstrap(fp32_out, int8_out, refs[:n])
-            report["int8"] = {
-                "sentences": n,
-                "bleu_fp32": test["baseline"]["bleu"],
-                "bleu_int8": test["system"]["bleu"],
-                "p_value": test["p_value"],
-                "significant": test["significant"],
-                "fp32_s": fp32_s,
-                "int8_s": int8_s,
-                "identical_outputs": sum(a == b for a, b in zip(fp32_out, int8_out, strict=True)),
-            }
-            r = report["int8"]
-            print(
-                f"  int8 on {n} test sentences (beam 5): BLEU {r['bleu_fp32']:.2f} → {r['bleu_int8']:.2f} "
-                f"(paired bootstrap p={r['p_value']:.3f}{', significant' if r['significant'] else ''}); "
-                f"{n / fp32_s:.1f} → {n / int8_s:.1f} sent/s; {r['identical_outputs']}/{n} outputs identical"
-            )
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-    return report
+# ---------------------------------------------------------------------------------------------- pruning
+def _pruning(args: argparse.Namespace, inputs: _Inputs, batches: list[np.ndarray]) -> dict[str, Any]:
+    """Pruned vs unpruned speed (torch and ORT) on `batches` (the last point's), beside the analytic FLOP ratio of
+    the same work: whether removing heads pays what its FLOPs promise."""
+    pruned_rt = load(args.pruned_export, threads=args.threads, spinning=args.ort_spinning)
+    plan = pruned_rt.manifest["head_plan"]
+    assert inputs.payload is not None and inputs.model is not None  # main() requires --checkpoint
+    pruned_model = prune(model_from_checkpoint(inputs.payload), plan)[0]
+    gated = inputs.model  # the unpruned model: --export, with every head computed (remove_heads=false)
+    fixed = Search(beam_size=5, max_len_a=0.0, max_len_b=10, min_len=10)
+    pad = inputs.runtime.pad_id
+    flops = {
+        "unpruned": work_flops(gated, batches, 10, 5, pad),
+        "pruned": work_flops(pruned_model, batches, 10, 5, pad),
+    }
+    prune_report = {
+        "plan": plan,
+        "analytic_flops_ratio": flops["pruned"] / flops["unpruned"],
+        "manifest_flops_ratio": pruned_rt.manifest["size"]["flops_ratio"],
+    }
+    kinds = [("ort", ("ort", inputs.runtime), ("ort", pruned_rt))]
+    if not args.no_torch:
+        kinds.insert(0, ("torch", ("torch", gated), ("torch", pruned_model)))
+    for kind, a, b in kinds:
+        p = bench_point(
+            f"{kind} unpruned vs pruned (fixed 10)",
+            {f"{kind}": a, f"{kind}-pruned": b},
+            batches,
+            fixed,
+            args.repeats,
+        )
+        p["same_model"] = False
+        prune_report[kind] = {"speedup": p["ratio"], "time_ratio": 1 / p["ratio"], "point": p}
+        print(
+            _line(p, inputs.roofline) + f"  time ratio {1 / p['ratio']:.2f} vs analytic FLOP ratio "
+            f"{prune_report['analytic_flops_ratio']:.2f}",
+            flush=True,
+        )
+    return prune_report
+
+
+# ---------------------------------------------------------------------------------------------- int8
+def _int8_bleu(args: argparse.Namespace, inputs: _Inputs, report: dict[str, Any]) -> None:
+    """BLEU of fp32 vs INT8 ORT on the test split (paired bootstrap) as report["int8"], where the two exports
+    share a head plan and references are known; otherwise says why it was not measured."""
+    runtime, int8, texts, refs = inputs.runtime, inputs.int8, inputs.texts, inputs.refs
+    assert int8 is not None
+    if int8.manifest.get("head_plan") != runtime.manifest.get("head_plan"):
+        print("  int8: --int8-export has another head plan than --export; its BLEU cost is not comparable")
+        return
+    if refs is None:
+        print("  int8: no references (test split unavailable): BLEU cost not measured")
+        return
+    n = min(args.bleu_sentences or len(texts), len(set(texts)))  # one pass over the test split
+    start = time.perf_counter()
+    fp32_out = runtime.translate(texts[:n], beam_size=5)
+    fp32_s = time.perf_counter() - start
+    start = time.perf_counter()
+    int8_out = int8.translate(texts[:n], beam_size=5)
+    int8_s = time.perf_counter() - start
+    test = paired_bootstrap(fp32_out, int8_out, refs[:n])
+    report["int8"] = {
+        "sentences": n,
+        "bleu_fp32": test["baseline"]["bleu"],
+        "bleu_int8": test["system"]["bleu"],
+        "p_value": test["p_value"],
+        "significant": test["significant"],
+        "fp32_s": fp32_s,
+        "int8_s": int8_s,
+        "identical_outputs": sum(a == b for a, b in zip(fp32_out, int8_out, strict=True)),
+    }
+    r = report["int8"]
+    print(
+        f"  int8 on {n} test sentences (beam 5): BLEU {r['bleu_fp32']:.2f} → {r['bleu_int8']:.2f} "
+        f"(paired bootstrap p={r['p_value']:.3f}{', significant' if r['significant'] else ''}); "
+        f"{n / fp32_s:.1f} → {n / int8_s:.1f} sent/s; {r['identical_outputs']}/{n} outputs identical"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
