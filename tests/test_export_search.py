@@ -240,3 +240,56 @@ def test_a_step_where_every_hypothesis_must_end_is_not_decoded(exported, monkeyp
         hyps = runtime.generate_nbest(src, search, beam)
         assert steps == list(range(int(limits[1]) - 1)), beam
         assert [len(h[0].tokens) for h in hyps] == [int(n) - 1 for n in limits]
+
+
+@pytest.mark.parametrize("beam_size", [1, 5])
+def test_forced_lengths_give_each_sentence_exactly_its_length(beam_size: int, exported, smoke_run) -> None:
+    """The speed benchmark decodes rebuilt models for as many tokens as the trained model's hypotheses had:
+    every hypothesis (all beams) has exactly its sentence's forced length, including 0 and lengths longer than
+    the search's own max_len_a/max_len_b would allow."""
+    out, _ = exported("transformer")
+    src, _, _, _ = _heldout_batch(smoke_run("transformer"), n=6)
+    runtime = export.load(out, threads=1)
+    lengths = [0, 1, 7, 3, 40, 12]
+    limits = rt.forced_limits(lengths, runtime.max_positions)
+    search = rt.Search(beam_size=beam_size, max_len_a=0.0, max_len_b=2)  # its own bounds are ignored
+    nbest = runtime.generate_nbest(src.numpy(), search, beam_size, limits)
+    assert [len(hyps) for hyps in nbest] == [beam_size] * len(lengths)  # greedy: its one hypothesis
+    assert [[len(h.tokens) for h in hyps] for hyps in nbest] == [
+        [n] * len(hyps) for n, hyps in zip(lengths, nbest, strict=True)
+    ]
+    assert [len(ids) for ids in runtime.generate(src.numpy(), search, limits)] == lengths
+    capped = rt.forced_limits([10**6], runtime.max_positions)  # never past the position limit
+    assert capped.max_len.tolist() == [runtime.max_positions - 1]
+
+
+def test_rows_with_different_length_settings_share_one_search(exported, smoke_run) -> None:
+    """Per-row bounds (how a server batches requests whose min_len/max_len_a/max_len_b differ) give each row what
+    a search with its own settings gives it alone."""
+    out, _ = exported("transformer")
+    _, texts, _, _ = _heldout_batch(smoke_run("transformer"), n=6)
+    runtime = export.load(out, threads=1)
+    encoded = runtime.encode_texts(texts)
+    settings = [
+        rt.Search(beam_size=3, min_len=4),
+        rt.Search(beam_size=3, max_len_a=0.0, max_len_b=3),
+        rt.Search(beam_size=3),
+        rt.Search(beam_size=3, min_len=9, max_len_a=0.5, max_len_b=12),
+        rt.Search(beam_size=3, max_len_a=0.0, max_len_b=1),
+        rt.Search(beam_size=3, max_len_a=2.0, max_len_b=0),
+    ]
+    alone = [runtime.translate_encoded_nbest([ids], s, 2)[0] for ids, s in zip(encoded, settings, strict=True)]
+    bounds = rt.concat_limits(
+        [
+            rt.row_limits(np.array([len(ids)]), s, runtime.max_positions)
+            for ids, s in zip(encoded, settings, strict=True)
+        ]
+    )
+    together = runtime.translate_encoded_nbest(encoded, settings[0], 2, limits=bounds)
+    assert [[(t.tokens, t.text) for t in hyps] for hyps in together] == [
+        [(t.tokens, t.text) for t in hyps] for hyps in alone
+    ]
+    for a, b in zip(together, alone, strict=True):
+        assert [t.score for t in a] == pytest.approx([t.score for t in b], abs=1e-5)
+    with pytest.raises(rt.SearchError, match="length bounds for 5 sentences but 6 sources"):
+        runtime.translate_encoded_nbest(encoded, settings[0], 1, limits=bounds.take(range(5)))

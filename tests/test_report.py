@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from zoo.report.suite import SuiteError, suite_from_config
 ENTRIES = ["transformer", "mixhead_a"]
 
 
-def _cli(tmp: Path, corpus: Path, *extra: str) -> list[str]:
+def _cli(tmp: Path, corpus: Path, *extra: str, reports_root: Path | None = None) -> list[str]:
     train = [
         "data.path=" + str(corpus),
         "data.vocab_size=1000",
@@ -47,7 +48,8 @@ def _cli(tmp: Path, corpus: Path, *extra: str) -> list[str]:
         "bootstrap_samples=50",
         "suite.speed.triton.duration_s=3",
         "suite.speed.settings=[{name:b2,beam_size:2,batch:4,max_len_a:1.2,max_len_b:5}]",
-        f"reports_root={tmp}",
+        "suite.speed.claims=[]",
+        f"reports_root={reports_root or tmp}",
         f"results_root={tmp}/results",
         *extra,
     ]
@@ -55,10 +57,22 @@ def _cli(tmp: Path, corpus: Path, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def smoke_report(tmp_path_factory, smoke_corpus) -> Path:
-    """A two-entry, two-seed smoke suite run end to end; returns its working dir (runs, speed, triton)."""
+    """A two-entry, two-seed smoke suite trained; then its speed measured and rendered from the records alone, in
+    another working dir that has no runs (what a fresh clone has). Returns the training's working dir."""
     tmp = tmp_path_factory.mktemp("report")
-    proc = subprocess.run(_cli(tmp, smoke_corpus), cwd=REPO, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        _cli(tmp, smoke_corpus, "stages=[train]"), cwd=REPO, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.run(
+        _cli(tmp, smoke_corpus, "stages=[speed,render]", reports_root=tmp / "no_runs"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (tmp / "no_runs" / "quick" / "runs").exists()
     return tmp / "quick"
 
 
@@ -96,10 +110,6 @@ def test_every_run_leaves_a_self_describing_record(smoke_report: Path) -> None:
         assert rec["budget"]["overrides"][1] == "data.vocab_size=1000"
         assert rec["machine"]["cores"] >= 1 and rec["machine"]["class"].startswith("cpu:")
         assert len(rec["git_sha"]) >= 7 and rec["learning_curve"][-1]["step"] == 40
-        # speed is stored in the speed seed's record only, with its settings and machine
-        assert (rec["speed"] is not None) == (seed == 1)
-    speed = _record(smoke_report, "transformer", 1)["speed"]
-    assert speed["settings"][0]["name"] == "b2" and speed["points"]["b2/ort"]["sentences_per_s"] > 0
 
 
 def test_report_numbers_come_from_the_records(smoke_report: Path) -> None:
@@ -113,18 +123,24 @@ def test_report_numbers_come_from_the_records(smoke_report: Path) -> None:
         assert rec["quality"]["bleu"]["n"] == 2
         assert rec["quality"]["bleu"]["mean"] == pytest.approx(sum(bleus) / 2)
         assert rec["size"]["params"] == _record(smoke_report, entry, 1)["size"]["params"]
-        for engine in ("torch", "ort"):  # both engines, each measured in its own process
-            speed = json.loads((smoke_report / "speed" / entry / f"b2-{engine}.json").read_text())
-            assert rec["speed"][f"b2/{engine}"]["sentences_per_s"] == speed["sentences_per_s"] > 0
-            assert speed["sentences"] == 12 and speed["peak_rss_mb"] > 0 and speed["engine"] == engine
-        assert (smoke_report / "exports" / entry / "manifest.json").is_file()
-        served = json.loads((smoke_report / "triton" / "results.json").read_text())
-        point = next(p for p in served["points"] if p["model"] == rec["triton"]["model"])
-        assert rec["triton"]["sentences_per_s"] == point["sentences_per_s"] > 0 and point["errors"] == 0
         row = next(line for line in text.splitlines() if line.startswith(f"| `{entry}` |"))
-        assert f"{point['sentences_per_s']:.1f}" in row
         assert f"{rec['quality']['bleu']['mean']:.2f}" in row
-        assert f"{speed['sentences_per_s']:.1f}" in row
+    # speed: one file per machine class, every round as measured; the rendered medians and ratios come from it
+    [speed_file] = list(results.glob("speed-cpu-*.json"))
+    speed = json.loads(speed_file.read_text())
+    assert speed["suite"] == "quick" and speed["rounds"] == 3 and speed["sentences"] == 12
+    section = text[text.index("## Speed") :]
+    base = speed["entries"]["transformer"]["points"]
+    for entry in ENTRIES:
+        points = speed["entries"][entry]["points"]
+        row = next(line for line in section.splitlines() if line.startswith(f"| `{entry}` |"))
+        for key in ("b2/fp32", "b2/int8"):
+            rounds = points[key]["sentences_per_s"]
+            assert len(rounds) == 3 and min(rounds) > 0 and min(points[key]["peak_rss_mb"]) > 0
+            ratios = [a / b for a, b in zip(rounds, base[key]["sentences_per_s"], strict=True)]
+            assert f"{statistics.median(rounds):.1f} (×{statistics.median(ratios):.2f}" in row
+        # the rebuilt models decoded exactly the records' hypothesis lengths: the same tokens in both precisions
+        assert points["b2/fp32"]["output_tokens"] == points["b2/int8"]["output_tokens"]
     # the variant is compared with the baseline of the same seed, one paired bootstrap per seed, recomputed
     # from the records' hypotheses
     from zoo.metrics import paired_bootstrap
@@ -143,6 +159,45 @@ def test_report_numbers_come_from_the_records(smoke_report: Path) -> None:
     assert data["entries"]["transformer"]["bootstrap"] == []
     for png in ("quality_vs_params.png", "quality_vs_speed.png", "learning_curves.png"):
         assert (results / png).stat().st_size > 1000
+
+
+def test_rebuilt_models_decode_exactly_the_records_hypothesis_lengths(smoke_report: Path, tmp_path: Path) -> None:
+    """The speed workload: the record's hypotheses, tokenized by the tokenizer training builds, give each sentence's
+    length, and the export of the rebuilt model decodes every sentence to exactly that many tokens."""
+    import export
+    from export import runtime as rt
+    from zoo.report.speed_models import forced_lengths, speed_corpus
+
+    rec = _record(smoke_report, "mixhead_a", 1)
+    corpus = speed_corpus(rec, "mixhead_a-seed1", 12, tmp_path)
+    lengths = forced_lengths(rec, "mixhead_a-seed1", corpus)
+    assert lengths == [len(corpus.tokenizer.encode(h)) for h in rec["hypotheses"][:12]] and max(lengths) > 0
+    models = smoke_report.parent / "no_runs" / "quick" / "speed" / "models" / "mixhead_a"
+    for precision in ("fp32", "int8"):
+        model = export.load(models / precision / "mixhead_a", threads=1)
+        src = model.pad(model.encode_texts(corpus.texts))
+        out = model.generate(src, rt.Search(beam_size=2), rt.forced_limits(lengths, model.max_positions))
+        assert [len(ids) for ids in out] == lengths
+
+
+def test_speed_refuses_a_record_whose_model_cannot_be_rebuilt(
+    smoke_report: Path, smoke_corpus: Path, tmp_path: Path
+) -> None:
+    from zoo.report.records import read_json_gz, write_json_gz
+
+    clone = tmp_path / "results" / "quick"
+    shutil.copytree(_results(smoke_report), clone)
+    path = clone / "transformer-seed1.json.gz"
+    rec = read_json_gz(path)
+    rec["config"]["model"]["attention"] = "no_such_mechanism"
+    write_json_gz(path, rec, overwrite=True)
+    proc = subprocess.run(
+        _cli(tmp_path, smoke_corpus, "stages=[speed]"), cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "results/quick/transformer-seed1.json.gz" in last and "cannot be rebuilt" in last, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
 
 
 def test_render_needs_the_records_alone_and_reproduces_the_report(
@@ -299,6 +354,7 @@ def _ght_cli(tmp: Path, corpus: Path, *extra: str) -> list[str]:
         "suite.seeds=[1,2]",
         overrides,
         "bootstrap_samples=50",
+        "suite.speed.enabled=false",
         f"reports_root={tmp}",
         f"results_root={tmp}/results",
         *extra,

@@ -63,11 +63,8 @@ def resolve_resume(resume: str | bool | None, root: str | Path, entry: str, data
     return path
 
 
-def write_provenance(run_dir: Path, cfg: DictConfig) -> None:
-    """Resolved config, git sha, machine and installed packages, so a number can be traced to its code
-    and to the hardware that produced it (results records copy `machine.json`)."""
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    (run_dir / "machine.json").write_text(json.dumps(describe_machine(cfg.get("device")), indent=2) + "\n")
+def git_sha() -> str:
+    """This code's commit, "(dirty)" when the tree has changes; what a measurement names as its code."""
     repo = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(
@@ -81,7 +78,15 @@ def write_provenance(run_dir: Path, cfg: DictConfig) -> None:
     if not sha and os.environ.get("ZOO_GIT_SHA"):
         # a tree copied without .git (a container image, a remote GPU machine): the copier names the commit
         sha = f"{os.environ['ZOO_GIT_SHA']} (from ZOO_GIT_SHA: tree copied without .git)"
-    (run_dir / "git_sha.txt").write_text(f"{sha or 'unknown'}{' (dirty)' if dirty else ''}\n")
+    return f"{sha or 'unknown'}{' (dirty)' if dirty else ''}"
+
+
+def write_provenance(run_dir: Path, cfg: DictConfig) -> None:
+    """Resolved config, git sha, machine and installed packages, so a number can be traced to its code
+    and to the hardware that produced it (results records copy `machine.json`)."""
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (run_dir / "machine.json").write_text(json.dumps(describe_machine(cfg.get("device")), indent=2) + "\n")
+    (run_dir / "git_sha.txt").write_text(git_sha() + "\n")
     try:
         freeze = subprocess.run(
             [sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True, timeout=60

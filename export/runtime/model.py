@@ -21,8 +21,10 @@ from .errors import ExportedModelError, ExportRuntimeError
 from .manifest import NEXT_PREFIX, Manifest, read_manifest
 from .search import (
     Hypothesis,
+    RowLimits,
     Scored,
     Search,
+    SearchError,
     SearchVocab,
     Translation,
     beam,
@@ -34,6 +36,7 @@ from .search import (
     length_batches,
     max_lengths,
     normalised,
+    row_limits,
     search_setting,
     truncate_sources,
     truncate_targets,
@@ -200,38 +203,57 @@ class ExportedModel:
         return Stepper(self, encoded, np.asarray(rows, dtype=np.int64), full, steps, slots)
 
     # ------------------------------------------------------------------ search
-    def greedy_search(self, src: np.ndarray, search: Search | None = None) -> list[list[int]]:
+    def greedy_search(
+        self, src: np.ndarray, search: Search | None = None, limits: RowLimits | None = None
+    ) -> list[list[int]]:
         """Argmax decoding of src [B, S]; token ids per sentence (no bos/eos)."""
-        return [h.tokens for h in self._greedy(src, search or self.search)]
+        return [h.tokens for h in self._greedy(src, search or self.search, limits)]
 
-    def _greedy(self, src: np.ndarray, search: Search) -> list[Hypothesis]:
+    def _limits(self, src: np.ndarray, search: Search, limits: RowLimits | None) -> RowLimits:
+        """Each sentence's length bounds: the given ones, else what `search` sets for src [B, S]."""
+        if limits is None:
+            return row_limits((src != self.pad_id).sum(1), search, self.max_positions)
+        if len(limits.max_len) != src.shape[0]:
+            raise SearchError(f"got length bounds for {len(limits.max_len)} sentences but {src.shape[0]} sources")
+        return limits
+
+    def _greedy(self, src: np.ndarray, search: Search, limits: RowLimits | None = None) -> list[Hypothesis]:
         """Argmax decoding of src [B, S]: one hypothesis per sentence, scored as beam search scores."""
-        max_len = max_lengths((src != self.pad_id).sum(1), search, self.max_positions)  # [B]
-        step = self.stepper(self.encode(src), steps=int(max_len.max()))
-        return greedy(step, max_len, search, self._vocab)
+        limits = self._limits(src, search, limits)
+        step = self.stepper(self.encode(src), steps=int(limits.max_len.max()))
+        return greedy(step, limits, search, self._vocab)
 
-    def beam_search(self, src: np.ndarray, search: Search | None = None) -> list[list[int]]:
+    def beam_search(
+        self, src: np.ndarray, search: Search | None = None, limits: RowLimits | None = None
+    ) -> list[list[int]]:
         """Batched beam search of src [B, S]; best hypothesis per sentence."""
-        return [hyps[0].tokens if hyps else [] for hyps in self._beam(src, search or self.search)]
+        return [hyps[0].tokens if hyps else [] for hyps in self._beam(src, search or self.search, limits)]
 
-    def _beam(self, src: np.ndarray, search: Search) -> list[list[Hypothesis]]:
+    def _beam(self, src: np.ndarray, search: Search, limits: RowLimits | None = None) -> list[list[Hypothesis]]:
         """Beam search of src [B, S]: every finished hypothesis per sentence, best first (search.beam)."""
         b = src.shape[0]
-        max_len = max_lengths((src != self.pad_id).sum(1), search, self.max_positions)  # [B]
+        limits = self._limits(src, search, limits)
         g = beam_first_rows(search.beam_size, self.vocab_size)  # rows per sentence of the first step
         rows = np.repeat(np.arange(b, dtype=np.int64), g)  # [B*g]
-        step = self.stepper(self.encode(src), rows, steps=int(max_len.max()), slots=b * search.beam_size)
-        return beam(step, g, max_len, search, self._vocab)
+        step = self.stepper(self.encode(src), rows, steps=int(limits.max_len.max()), slots=b * search.beam_size)
+        return beam(step, g, limits, search, self._vocab)
 
-    def generate(self, src: np.ndarray, search: Search | None = None) -> list[list[int]]:
-        """Greedy when beam_size <= 1, else beam search (as zoo.generate.generate)."""
+    def generate(
+        self, src: np.ndarray, search: Search | None = None, limits: RowLimits | None = None
+    ) -> list[list[int]]:
+        """Greedy when beam_size <= 1, else beam search (as zoo.generate.generate). `limits`: each sentence's
+        length bounds (e.g. `forced_limits`) in place of the ones search's min_len/max_len_a/max_len_b set."""
         search = search or self.search
         if search.beam_size <= 1:
-            return self.greedy_search(src, search)
-        return self.beam_search(src, search)
+            return self.greedy_search(src, search, limits)
+        return self.beam_search(src, search, limits)
 
     def generate_nbest(
-        self, src: np.ndarray, search: Search | None = None, num_hypotheses: int = 1
+        self,
+        src: np.ndarray,
+        search: Search | None = None,
+        num_hypotheses: int = 1,
+        limits: RowLimits | None = None,
     ) -> list[list[Hypothesis]]:
         """The `num_hypotheses` best hypotheses per source of src [B, S] with their scores, best first (greedy
         when beam_size <= 1: its one hypothesis), as zoo.generate.generate_nbest. The first is always
@@ -240,8 +262,8 @@ class ExportedModel:
         search = search or self.search
         n = check_num_hypotheses(num_hypotheses, search.beam_size)
         if search.beam_size <= 1:
-            return [[h] for h in self._greedy(src, search)]
-        return [hyps[:n] for hyps in self._beam(src, search)]
+            return [[h] for h in self._greedy(src, search, limits)]
+        return [hyps[:n] for hyps in self._beam(src, search, limits)]
 
     # ------------------------------------------------------------------ text in, text out
     def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
@@ -291,14 +313,19 @@ class ExportedModel:
         num_hypotheses: int = 1,
         max_tokens: int | None = None,
         max_sentences: int | None = None,
+        limits: RowLimits | None = None,
     ) -> list[list[Translation]]:
         """Token ids per source → per source its `num_hypotheses` best `Translation(text, score, tokens)`, best
-        first, in input order (the first text is `translate_encoded`'s output). SearchError for num_hypotheses
-        outside 1 … beam_size, raised before anything runs."""
+        first, in input order (the first text is `translate_encoded`'s output). `limits`: each source's length
+        bounds in place of search's (a server batching requests whose length settings differ). SearchError for
+        num_hypotheses outside 1 … beam_size, raised before anything runs."""
         num_hypotheses = check_num_hypotheses(num_hypotheses, search.beam_size)
+        if limits is not None and len(limits.max_len) != len(encoded):
+            raise SearchError(f"got length bounds for {len(limits.max_len)} sentences but {len(encoded)} sources")
         outputs: list[list[Translation]] = [[] for _ in encoded]
         for idx in self._batches([len(e) for e in encoded], max_tokens, max_sentences):
-            nbest = self.generate_nbest(self.pad([encoded[i] for i in idx]), search, num_hypotheses)
+            part = None if limits is None else limits.take(idx)
+            nbest = self.generate_nbest(self.pad([encoded[i] for i in idx]), search, num_hypotheses, part)
             for i, hyps in zip(idx, nbest, strict=True):
                 outputs[i] = [Translation(self.decode_ids(h.tokens), h.score, h.tokens) for h in hyps]
         return outputs

@@ -142,6 +142,41 @@ def max_lengths(src_lengths: np.ndarray, search: Search, max_positions: int) -> 
     return np.clip(raw.astype(np.int64), 1, max_positions - 1)
 
 
+class RowLimits(NamedTuple):
+    """Each sentence's output length bounds: eos is banned until `min_len[i]` tokens were emitted and forced when
+    the output reaches `max_len[i]` tokens counting eos. Per sentence, so sentences with different length
+    settings (several clients' requests batched by a server, or forced lengths) share one search."""
+
+    min_len: np.ndarray  # [B] int64
+    max_len: np.ndarray  # [B] int64, ≥ 1
+
+    def take(self, rows: Sequence[int]) -> RowLimits:
+        """The bounds of these sentences, in this order."""
+        idx = np.asarray(rows, dtype=np.int64)
+        return RowLimits(self.min_len[idx], self.max_len[idx])
+
+
+def row_limits(src_lengths: np.ndarray, search: Search, max_positions: int) -> RowLimits:
+    """The bounds a Search sets for sources of these token lengths [B]: min_len for all, `max_lengths` each."""
+    max_len = max_lengths(src_lengths, search, max_positions)
+    return RowLimits(np.full(len(max_len), search.min_len, dtype=np.int64), max_len)
+
+
+def forced_limits(lengths: Sequence[int], max_positions: int) -> RowLimits:
+    """Exactly `lengths[i]` tokens and then eos for sentence i (capped by the position limit): decoding the amount
+    of work a known output took — the speed benchmark's rebuilt models, whose weights are not the trained ones."""
+    n = np.clip(np.asarray(lengths, dtype=np.int64), 0, max_positions - 2)
+    return RowLimits(n, n + 1)
+
+
+def concat_limits(parts: Sequence[RowLimits]) -> RowLimits:
+    """Several batches' bounds as one, in order."""
+    return RowLimits(
+        np.concatenate([p.min_len for p in parts]).astype(np.int64),
+        np.concatenate([p.max_len for p in parts]).astype(np.int64),
+    )
+
+
 def normalised(total: float, length: int, len_penalty: float) -> float:
     """A hypothesis' score from its summed log-probs and its length counting eos (the module docstring)."""
     return total / float(length) ** len_penalty
@@ -240,12 +275,10 @@ class Step(Protocol):
         ...
 
 
-def _mask(lp: np.ndarray, tok: np.ndarray, t: int, at_limit: np.ndarray, search: Search, vocab: SearchVocab) -> None:
-    """The bans on a row's best-token list: pad and bos always, eos before min_len; a row at its length limit
-    gets only eos (log-prob 0). In place on lp/tok [N, k]."""
-    banned = (tok == vocab.pad_id) | (tok == vocab.bos_id)
-    if t < search.min_len:
-        banned |= tok == vocab.eos_id
+def _mask(lp: np.ndarray, tok: np.ndarray, no_eos: np.ndarray, at_limit: np.ndarray, vocab: SearchVocab) -> None:
+    """The bans on a row's best-token list: pad and bos always, eos on rows still short of their min_len
+    (`no_eos` [N]); a row at its length limit gets only eos (log-prob 0). In place on lp/tok [N, k]."""
+    banned = (tok == vocab.pad_id) | (tok == vocab.bos_id) | ((tok == vocab.eos_id) & no_eos[:, None])
     lp[banned] = -np.inf
     if at_limit.any():
         lp[at_limit] = -np.inf
@@ -258,36 +291,37 @@ def _best_tokens(
     last: np.ndarray,
     t: int,
     k: int,
+    no_eos: np.ndarray,
     at_limit: np.ndarray,
-    search: Search,
     vocab: SearchVocab,
     ended: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The k best (log-prob [N, k], token [N, k]) of every row at position t after the bans; `ended` [N]: rows
-    that have finished already (greedy keeps them as padding). A step where every row must end (at its limit or
-    finished) does not run the decoder: eos at log-prob 0 is all it could give.
-    Measured: results/runtime/docstring_figures.md."""
+    """The k best (log-prob [N, k], token [N, k]) of every row at position t after the bans; `no_eos` [N]: rows
+    that may not end yet, `ended` [N]: rows that have finished already (greedy keeps them as padding). A step
+    where every row must end (at its limit or finished) does not run the decoder: eos at log-prob 0 is all it
+    could give. Measured: results/runtime/docstring_figures.md."""
     must_end = at_limit if ended is None else at_limit | ended
     if must_end.all():
         shape = (len(must_end), min(k, vocab.size))  # what the decoder's top-k would have returned
         lp, tok = np.zeros(shape, dtype=np.float32), np.full(shape, vocab.eos_id, dtype=np.int64)
-        _mask(lp, tok, t, must_end, search, vocab)
+        _mask(lp, tok, no_eos, must_end, vocab)
         return lp, tok
     lp, tok = step(last, t, k)
-    _mask(lp, tok, t, at_limit, search, vocab)
+    _mask(lp, tok, no_eos, at_limit, vocab)
     return lp, tok
 
 
-def greedy(step: Step, max_len: np.ndarray, search: Search, vocab: SearchVocab) -> list[Hypothesis]:
-    """Argmax decoding of B sentences with output limits max_len [B]: one hypothesis per sentence, scored as
+def greedy(step: Step, limits: RowLimits, search: Search, vocab: SearchVocab) -> list[Hypothesis]:
+    """Argmax decoding of B sentences within their length bounds `limits`: one hypothesis per sentence, scored as
     beam search scores."""
+    min_len, max_len = limits
     b = len(max_len)
     tokens = np.full((b, 1), vocab.bos_id, dtype=np.int64)  # [B, t+1]
     finished = np.zeros(b, dtype=bool)
     total = np.zeros(b, dtype=np.float32)  # [B] summed log-probs of the emitted tokens, eos included
     rows = np.arange(b)
     for t in range(int(max_len.max())):
-        lp, tok = _best_tokens(step, tokens[:, -1], t, BANNED + 1, max_len <= t + 1, search, vocab, finished)
+        lp, tok = _best_tokens(step, tokens[:, -1], t, BANNED + 1, min_len > t, max_len <= t + 1, vocab, finished)
         best = lp.argmax(-1)  # [B] first maximum = lowest id among ties, as argmax
         total += np.where(finished, np.float32(0), lp[rows, best])
         nxt = tok[rows, best]
@@ -307,13 +341,12 @@ def beam_first_rows(beam_size: int, vocab_size: int) -> int:
     return 1 if min(2 * beam_size + BANNED, vocab_size) - BANNED >= 2 * beam_size else beam_size
 
 
-def beam(
-    step: Step, first_rows: int, max_len: np.ndarray, search: Search, vocab: SearchVocab
-) -> list[list[Hypothesis]]:
-    """Beam search of B sentences with output limits max_len [B], `step` starting on `first_rows` consecutive
-    rows per sentence (`beam_first_rows`): every finished hypothesis per sentence (beam_size of them; fewer only
-    when the length limit is 1 token), best first — the first finished wins ties, as in zoo.generate."""
+def beam(step: Step, first_rows: int, limits: RowLimits, search: Search, vocab: SearchVocab) -> list[list[Hypothesis]]:
+    """Beam search of B sentences within their length bounds `limits`, `step` starting on `first_rows`
+    consecutive rows per sentence (`beam_first_rows`): every finished hypothesis per sentence (beam_size of them;
+    fewer only when the length limit is 1 token), best first — the first finished wins ties, as in zoo.generate."""
     k, g = search.beam_size, first_rows  # g: rows per sentence this step
+    min_len, max_len = limits
     b = len(max_len)
     active = np.arange(b)  # original sentence ids still searching
     tokens = np.full((b * g, 1), vocab.bos_id, dtype=np.int64)  # [n*g, t+1]
@@ -323,8 +356,9 @@ def beam(
     arange2k = np.arange(2 * k)
     for t in range(int(max_len.max())):
         n = active.size
-        at_limit = np.repeat(max_len[active] <= t + 1, g)
-        lp, tok = _best_tokens(step, tokens[:, -1], t, 2 * k + BANNED, at_limit, search, vocab)  # [n*g, c]
+        at_limit = np.repeat(max_len[active] <= t + 1, g)  # [n*g]
+        no_eos = np.repeat(min_len[active] > t, g)  # [n*g]
+        lp, tok = _best_tokens(step, tokens[:, -1], t, 2 * k + BANNED, no_eos, at_limit, vocab)  # [n*g, c]
         c = lp.shape[1]
         # torch.topk(2K) over [n, K*V] finds the same finite candidates among each row's c best
         cand = (scores.reshape(-1, 1) + lp).reshape(n, g * c)

@@ -3,8 +3,9 @@
 Why this file looks the way it does:
 - It needs only numpy and the backend's utilities: the model object (export runtime or BLS) is built by the
   subclass in model.py, so both variants answer requests in exactly the same way.
-- All requests of one `execute` call (what the dynamic batcher gathered) with the same settings are generated
-  (or scored) together in one runtime call — that is where batching pays off on CPU.
+- All requests of one `execute` call (what the dynamic batcher gathered) with the same beam_size, len_penalty and
+  output options are generated (or scored) together in one runtime call — that is where batching pays off on
+  CPU; their length settings (min_len, max_len_a, max_len_b) may differ, as each row keeps its own bounds.
 - Every failure is answered per request (`InferenceResponse(error=…)`): one bad request never fails the others
   of its batch, and no request goes unanswered.
 
@@ -154,9 +155,10 @@ class _Request:
         cost: int,
         key: tuple[Any, ...],
         targets: list[list[int]] | None = None,
+        search: Any = None,
     ) -> None:
         self.index, self.encoded, self.truncated, self.cost, self.key = index, encoded, truncated, cost, key
-        self.targets = targets
+        self.targets, self.search = targets, search
 
     @property
     def source_tokens(self) -> int:
@@ -231,7 +233,8 @@ class TextModel:
                 "(rows × beam_size × maximum output tokens); send fewer rows per request, a smaller beam_size or "
                 "smaller max_len_a/max_len_b",
             )
-        return _Request(index, encoded, truncated, cost, ("translate", search, n, scores))
+        key = ("translate", search.beam_size, search.len_penalty, n, scores)  # length settings may differ
+        return _Request(index, encoded, truncated, cost, key, search=search)
 
     def _price_scoring(self, index: int, texts: list[str], targets: list[str], given: dict[str, Any]) -> _Request:
         if len(targets) != len(texts):
@@ -282,7 +285,7 @@ class TextModel:
             groups.setdefault(req.key, []).append(req)
         for key, items in groups.items():
             try:
-                answers = self._score(items, key[1]) if key[0] == "score" else self._translate(items, *key[1:])
+                answers = self._score(items, key[1]) if key[0] == "score" else self._translate(items, *key[3:])
             except Exception as exc:  # the whole group failed: answer each of its requests with the reason
                 for req in items:
                     responses[req.index] = pb_utils.InferenceResponse(
@@ -305,15 +308,27 @@ class TextModel:
                 self.logger.log_warn(f"{cut} source(s) longer than {self.limit} tokens were truncated")
         return responses
 
-    def _translate(self, items: list[_Request], search: Any, n: int, scores: bool) -> list[tuple[list[Any], int]]:
-        """Several requests' sources → one `translate_encoded_nbest` call → per request its output tensors
-        (OUTPUT [rows, n], + SCORES [rows, n]) and the number of tokens it returns."""
+    def _translate(self, items: list[_Request], n: int, scores: bool) -> list[tuple[list[Any], int]]:
+        """Several requests' sources → one `translate_encoded_nbest` call, each row within its own request's
+        length bounds → per request its output tensors (OUTPUT [rows, n], + SCORES [rows, n]) and the number of
+        tokens it returns."""
         flat = [(k, j, ids) for k, req in enumerate(items) for j, ids in enumerate(req.encoded) if ids is not None]
         texts = [[[""] * n for _ in req.encoded] for req in items]
         values = [np.full((len(req.encoded), n), np.nan, dtype=np.float32) for req in items]
         generated = [0] * len(items)
         if flat:
-            nbest = self.model.translate_encoded_nbest([ids for _, _, ids in flat], search, n)
+            bounds = export_runtime.concat_limits(
+                [
+                    export_runtime.row_limits(
+                        np.array([len(ids) for ids in req.encoded if ids is not None], dtype=np.int64),
+                        req.search,
+                        self.model.max_positions,
+                    )
+                    for req in items
+                ]
+            )  # rows in `flat` order: request by request, non-empty sources in order
+            search = items[0].search  # beam_size and len_penalty: the group's (its key)
+            nbest = self.model.translate_encoded_nbest([ids for _, _, ids in flat], search, n, limits=bounds)
             for (k, j, _), hyps in zip(flat, nbest, strict=True):
                 for h, hyp in enumerate(hyps):  # fewer than n only if the search finished fewer
                     texts[k][j][h] = hyp.text

@@ -13,7 +13,7 @@ from zoo.errors import one_line_errors
 from zoo.report.measure import run_speed
 from zoo.report.publish import default_results_dir, publish
 from zoo.report.suite import SuiteError, suite_from_config
-from zoo.report.training import finished_run, run_training
+from zoo.report.training import run_training
 
 log = logging.getLogger("zoo.report")
 CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"
@@ -37,15 +37,11 @@ def report(cfg: DictConfig) -> Path | None:
     results_dir = Path(cfg.results_dir) if cfg.get("results_dir") else default_results_dir(cfg.results_root, suite)
     start = time.perf_counter()
     if "train" in stages or cfg.dry_run:
-        runs = run_training(report_dir, results_dir, suite, dry_run=cfg.dry_run)
+        run_training(report_dir, results_dir, suite, dry_run=cfg.dry_run)
         if cfg.dry_run:
             return None
-    else:
-        runs = {
-            (e, s): d for e in suite.entries for s in suite.seeds if (d := finished_run(report_dir, e, s)) is not None
-        }
     if "speed" in stages:
-        run_speed(report_dir, results_dir, suite, runs)
+        run_speed(report_dir, results_dir, suite)
     if "render" not in stages:
         return None
     published = publish(suite, results_dir, bootstrap_samples=cfg.bootstrap_samples, readme=cfg.readme)

@@ -207,7 +207,6 @@ def collect(
         seeds = sorted(s for e, s in records if e == entry)
         runs = {seed: run_summary(records[(entry, seed)]) for seed in seeds}
         first = runs[seeds[0]]
-        speed_record = next((records[(entry, s)]["speed"] for s in seeds if records[(entry, s)].get("speed")), None)
         entries[entry] = {
             "seeds": runs,
             "config": {
@@ -221,9 +220,6 @@ def collect(
             "train_minutes": mean_std([r["train_minutes"] for r in runs.values()]),
             "updates": mean_std([r["updates"] for r in runs.values()]),
             "bootstrap": [b for seed in seeds if (b := bootstrap(entry, seed, suite.baseline)) is not None],
-            "speed": (speed_record or {}).get("points") or {},
-            "speed_settings": (speed_record or {}).get("settings") or [],
-            "triton": (speed_record or {}).get("triton"),
         }
     missing = [
         f"{e} (seed{'s' if len(left) > 1 else ''} {', '.join(map(str, left))})"
@@ -255,8 +251,6 @@ def collect(
         "headline": suite.headline,
         "budget": list(suite.overrides),
         "bootstrap_samples": bootstrap_samples,
-        "triton_settings": suite.triton,
-        "speed_threads": suite.speed_threads,
         "machine": machine_summary(records),
         "references": {"sha256": refs.sha256, "segments": len(refs.texts)},
         "missing": missing,

@@ -1,223 +1,203 @@
-"""The speed stage: export each entry's checkpoint and time PyTorch and ONNX Runtime decoding, one
-process per (entry, setting, engine), skipping measurements already on disk (resumable)."""
+"""The speed stage: every entry's speed-seed record → a rebuilt model (speed_models.py) → fp32 and INT8 exports →
+interleaved timing rounds → `results/<suite>/speed-<machine>.json`. No run directory or checkpoint is needed.
+
+Steps, each resumable (what is on disk under reports/<suite>/speed/ is not redone):
+  inputs   the test sources and, per entry, its forced output lengths and a random-weight checkpoint
+  export   `python -m export` with the record's head plan, fp32 and quantize=true, one process each
+  rounds   rounds × entries × settings × precisions, each a fresh `python -m zoo.report.speed` process; the entry
+           order rotates every round, so no entry always runs first or last on a warming machine
+  store    the measurements as taken, with the machine, settings and git sha
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import subprocess
 import sys
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from tqdm import tqdm
 
-from zoo.checkpoint import resolve_checkpoint
-from zoo.data import build_splits
 from zoo.machine import describe_machine
-from zoo.report.records import add_speed, record_path
+from zoo.report.records import load_records
+from zoo.report.speed_models import (
+    SpeedCorpus,
+    forced_lengths,
+    head_plan,
+    rebuild_checkpoint,
+    speed_corpus,
+    write_plan,
+)
+from zoo.report.speed_results import PRECISIONS, speed_path, write_speed
 from zoo.report.suite import Suite
+from zoo.runs import git_sha
 
 log = logging.getLogger(__name__)
+WORKLOAD = (
+    "each sentence decoded to exactly as many tokens as the record's stored test hypothesis has (capped by the "
+    "setting's length limit), by a model rebuilt from the record's config and head plan with random weights"
+)
 
 
-def speed_texts(report_dir: Path, suite: Suite, run_dir: Path) -> Path:
-    """The first `speed.sentences` test sources, written once so every engine decodes the same lines."""
-    path = report_dir / "speed" / "texts.txt"
-    if not path.is_file():
-        test = build_splits(OmegaConf.load(run_dir / "config.yaml").data).test
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            "".join(e.src.replace("\n", " ") + "\n" for e in test[: suite.speed_sentences]), encoding="utf-8"
-        )
-    return path
+@dataclass
+class _Entry:
+    """One entry's inputs: where its rebuilt model, exports and forced lengths are."""
+
+    name: str
+    record: str  # the record file it was rebuilt from
+    size: dict[str, Any]
+    lengths: Path
+    exports: dict[str, Path | str]  # precision → export directory, or the export's error text
 
 
-def export_entry(report_dir: Path, entry: str, checkpoint: Path, threads: int | None) -> Path | str:
-    """`python -m export` into reports/<suite>/exports/<entry>; returns the directory or the error text."""
-    out = report_dir / "exports" / entry
+def _tail(proc: subprocess.CompletedProcess[str], lines: int = 3) -> str:
+    return " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-lines:])
+
+
+def _export(checkpoint: Path, plan: Path | None, out: Path, precision: str, threads: int | None) -> Path | str:
+    """`python -m export` of a rebuilt checkpoint into `out`; the directory, or the error text."""
     if (out / "manifest.json").is_file():
         return out
     cmd = [sys.executable, "-m", "export", f"checkpoint={checkpoint}", f"out={out}", "overwrite=true"]
+    cmd.append(f"name={out.parent.name}")  # the entry: suite variants are not model entries
+    if plan is not None:
+        cmd.append(f"head_plan={plan}")
+    if precision == "int8":  # its BLEU cost is meaningless on random weights: measure it on 4 held-out pairs
+        cmd += ["quantize=true", "quantize_eval.split=heldout", "quantize_eval.sentences=4"]
     if threads:
         cmd.append(f"runtime.threads={threads}")
-    print(f"[report] export {entry}: {' '.join(cmd[1:])}", flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        return f"export failed (exit {proc.returncode}): " + " | ".join(tail)
+        return f"export failed (exit {proc.returncode}): {_tail(proc, 5)}"
     return out
 
 
-def _time_engine(engine: str, model: Path, texts: Path, setting, threads: int | None, out: Path) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "zoo.report.speed",
-        "--engine",
-        engine,
-        "--model",
-        str(model),
-        "--texts",
-        str(texts),
-        "--batch",
-        str(setting.batch),
-        "--beam-size",
-        str(setting.beam_size),
-        "--max-len-a",
-        str(setting.max_len_a),
-        "--max-len-b",
-        str(setting.max_len_b),
-        "--out",
-        str(out),
-    ]
+def _inputs(work: Path, suite: Suite, records: Mapping[str, dict[str, Any]], corpus: SpeedCorpus) -> list[_Entry]:
+    entries = []
+    for name, record in tqdm(records.items(), desc="rebuild + export", unit="entry"):
+        label = f"results/{suite.name}/{name}-seed{suite.speed_seed}.json.gz"
+        directory = work / "models" / name
+        directory.mkdir(parents=True, exist_ok=True)
+        lengths = directory / "lengths.json"
+        if not lengths.is_file():
+            lengths.write_text(json.dumps(forced_lengths(record, label, corpus)) + "\n")
+        checkpoint = directory / "rebuilt.pt"
+        if not checkpoint.is_file():
+            rebuild_checkpoint(record, label, corpus, checkpoint)
+        plan = head_plan(record)
+        plan_file = write_plan(plan, directory / "head_plan.json") if plan else None
+        exports = {p: _export(checkpoint, plan_file, directory / p / name, p, suite.speed_threads) for p in PRECISIONS}
+        entries.append(_Entry(name, label, record.get("pruned_size") or record["size"], lengths, exports))
+    return entries
+
+
+def _time(entry: _Entry, precision: str, setting: Any, texts: Path, threads: int | None, out: Path) -> None:
+    """One measurement in a fresh process, written to `out` (its error text when it failed)."""
+    model = entry.exports[precision]
+    if isinstance(model, str):
+        out.write_text(json.dumps({"error": model}) + "\n")
+        return
+    cmd = [sys.executable, "-m", "zoo.report.speed", "--model", str(model), "--texts", str(texts)]
+    cmd += ["--lengths", str(entry.lengths), "--batch", str(setting.batch), "--beam-size", str(setting.beam_size)]
+    cmd += ["--max-len-a", str(setting.max_len_a), "--max-len-b", str(setting.max_len_b), "--out", str(out)]
     if threads:
         cmd += ["--threads", str(threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        out.write_text(json.dumps({"engine": engine, "error": " | ".join(tail)}) + "\n")
+        out.write_text(json.dumps({"error": _tail(proc)}) + "\n")
 
 
-def run_triton(report_dir: Path, suite: Suite, exports: Mapping[str, Path], texts: Path) -> None:
-    """All exported entries served by one real tritonserver, each loaded in turn at the suite's concurrency
-    (serve.bench), so the served number sits next to the in-process ones. Skipped if already measured."""
-    cfg = suite.triton
-    out = report_dir / "triton"
-    if not cfg.get("enabled") or not exports or (out / "results.json").is_file():
-        return
-    entries = list(exports)
-    cmd = [
-        sys.executable,
-        "-m",
-        "serve.bench",
-        "exports=[" + ",".join(str(exports[e]) for e in entries) + "]",
-        f"sentences={texts}",
-        f"protocols=[{cfg.get('protocol', 'grpc')}]",
-        f"concurrency=[{int(cfg.get('concurrency', 16))}]",
-        "no_batching_concurrency=[]",
-        "baseline=false",
-        f"duration_s={cfg.get('duration_s', 20)}",
-        f"out={out}",
-    ]
-    threads = cfg.get("threads") or suite.speed_threads
-    if threads:
-        cmd.append(f"server.threads={threads}")
-    cmd.append(f"server.instance_count={int(cfg.get('instance_count', 1))}")
-    print(f"[report] triton: {' '.join(cmd[1:])}", flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    out.mkdir(parents=True, exist_ok=True)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        (out / "error.txt").write_text(" | ".join(tail) + "\n")
-        return
-    (out / "entries.json").write_text(json.dumps(entries) + "\n")  # results.json lists models in this order
-
-
-def run_speed(report_dir: Path, results_dir: Path, suite: Suite, runs: Mapping[tuple[str, int], Path]) -> None:
-    """Measure every entry of the speed seed and store the points in that seed's results record. A failed
-    export or engine is recorded with its error (the report shows it) instead of stopping the remaining
-    entries. Speed needs the run's checkpoint, so it is measured where the run directory is."""
-    if not suite.speed_enabled or not suite.speed_settings:
-        return
-    absent = [
-        e
-        for e in suite.entries
-        if (e, suite.speed_seed) not in runs and record_path(results_dir, e, suite.speed_seed).is_file()
-    ]
-    if absent:
-        log.warning(
-            "no run directory (checkpoint) on this machine for %s seed %d: their speed cannot be measured here",
-            ", ".join(absent),
-            suite.speed_seed,
-        )
-    exports: dict[str, Path] = {}
-    texts: Path | None = None
-    for entry in suite.entries:
-        run_dir = runs.get((entry, suite.speed_seed))
-        if run_dir is None:
-            continue
-        texts = speed_texts(report_dir, suite, run_dir)
-        checkpoint = resolve_checkpoint(run_dir)
-        out_dir = report_dir / "speed" / entry
-        out_dir.mkdir(parents=True, exist_ok=True)
-        engines: dict[str, Path | str] = {"torch": checkpoint}
-        if suite.speed_export:
-            engines["ort"] = export_entry(report_dir, entry, checkpoint, suite.speed_threads)
-            if isinstance(engines["ort"], Path):
-                exports[entry] = engines["ort"]
-        for setting in suite.speed_settings:
-            for engine, model in engines.items():
-                out = out_dir / f"{setting.name}-{engine}.json"
-                if out.is_file():
-                    continue
-                if isinstance(model, str):  # the export failed: record why, once per setting
-                    out.write_text(json.dumps({"engine": engine, "error": model}) + "\n")
-                    continue
-                print(f"[report] speed {entry} {setting.name} {engine}", flush=True)
-                _time_engine(engine, model, texts, setting, suite.speed_threads, out)
-    if texts is not None:
-        run_triton(report_dir, suite, exports, texts)
-    _store_speed(report_dir, results_dir, suite, [e for e in suite.entries if (e, suite.speed_seed) in runs])
-
-
-def read_speed(report_dir: Path, entry: str) -> dict[str, Any]:
-    """speed/<entry>/<setting>-<engine>.json measurements, keyed "<setting>/<engine>"."""
-    out: dict[str, Any] = {}
-    directory = report_dir / "speed" / entry
-    if directory.is_dir():
-        for path in sorted(directory.glob("*.json")):
-            setting, _, engine = path.stem.rpartition("-")
-            out[f"{setting}/{engine}"] = json.loads(path.read_text())
-    return out
-
-
-def read_triton(report_dir: Path) -> dict[str, Any]:
-    """entry → its served load point (sentences/s, effective batch, latency) from serve.bench's results.json,
-    or {"error": ...} for every entry when the serving run failed."""
-    out = report_dir / "triton"
-    if (out / "error.txt").is_file():
-        return {"*": {"error": (out / "error.txt").read_text().strip()}}
-    if not (out / "results.json").is_file() or not (out / "entries.json").is_file():
-        return {}
-    results, entries = json.loads((out / "results.json").read_text()), json.loads((out / "entries.json").read_text())
-    by_model = {p["model"]: p for p in results["points"] if p["dynamic_batching"]}
-    served: dict[str, Any] = {}
-    for entry, model in zip(entries, results["models"], strict=True):
-        p = by_model.get(model)
-        if p is not None:
-            served[entry] = {
-                "model": model,
-                "protocol": p["protocol"],
-                "concurrency": p["concurrency"],
-                "sentences_per_s": p["sentences_per_s"],
-                "effective_batch": p["effective_batch"],
-                "p95_ms": p["latency_ms"].get("p95"),
-                "errors": p["errors"],
-            }
-    return served
-
-
-def _store_speed(report_dir: Path, results_dir: Path, suite: Suite, entries: list[str]) -> None:
-    """Copy each entry's measured points into its speed-seed record, with the settings and the machine."""
-    triton = read_triton(report_dir)
+def _rounds(work: Path, suite: Suite, entries: list[_Entry], texts: Path) -> dict[str, dict[str, Any]]:
+    """Every (round, entry, setting, precision) once, entries rotated per round; the points per entry."""
+    plan = []
+    for r in range(suite.speed_rounds):
+        shift = r % len(entries)
+        for entry in entries[shift:] + entries[:shift]:
+            plan += [(r, entry, s, p) for s in suite.speed_settings for p in PRECISIONS]
+    for r, entry, setting, precision in tqdm(plan, desc="speed rounds", unit="point"):
+        out = work / "rounds" / f"round{r + 1}" / f"{entry.name}-{setting.name}-{precision}.json"
+        if not out.is_file():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            _time(entry, precision, setting, texts, suite.speed_threads, out)
+    points: dict[str, dict[str, Any]] = {}
     for entry in entries:
-        path = record_path(results_dir, entry, suite.speed_seed)
-        points = read_speed(report_dir, entry)
-        if not path.is_file() or not points:
-            continue
-        add_speed(
-            path,
-            {
-                "settings": [s.__dict__ for s in suite.speed_settings],
-                "threads": suite.speed_threads,
-                "points": points,
-                "triton": triton.get(entry) or triton.get("*"),
-                "triton_settings": suite.triton,
-                "machine": describe_machine(),
-            },
+        for setting in suite.speed_settings:
+            for precision in PRECISIONS:
+                taken = [
+                    json.loads(
+                        (
+                            work / "rounds" / f"round{r + 1}" / f"{entry.name}-{setting.name}-{precision}.json"
+                        ).read_text()
+                    )
+                    for r in range(suite.speed_rounds)
+                ]
+                key = f"{setting.name}/{precision}"
+                errors = [t["error"] for t in taken if "error" in t]
+                points.setdefault(entry.name, {})[key] = (
+                    {"error": errors[0]}
+                    if errors
+                    else {
+                        "sentences_per_s": [t["sentences_per_s"] for t in taken],
+                        "peak_rss_mb": [t["peak_rss_mb"] for t in taken],
+                        "output_tokens": taken[0]["output_tokens"],
+                    }
+                )
+    return points
+
+
+def run_speed(report_dir: Path, results_dir: Path, suite: Suite) -> Path | None:
+    """Measure the speed of every entry that has a record of the speed seed and write the suite's speed file for
+    this machine; returns its path (None when the suite measures no speed)."""
+    if not suite.speed_enabled or not suite.speed_settings:
+        print(f"[report] suite {suite.name} measures no speed (speed.enabled / speed.settings)", flush=True)
+        return None
+    _, all_records = load_records(results_dir, suite)
+    records = {e: all_records[(e, suite.speed_seed)] for e in suite.entries if (e, suite.speed_seed) in all_records}
+    absent = [e for e in suite.entries if e not in records]
+    if absent:
+        log.warning("no seed-%d record of %s: not timed", suite.speed_seed, ", ".join(absent))
+    if suite.baseline not in records:
+        raise FileNotFoundError(
+            f"results/{suite.name}/{suite.baseline}-seed{suite.speed_seed}.json.gz (the baseline's record) is "
+            "missing: speed is reported as ratios to it; train it first (stages=[train])"
         )
+    work = report_dir / "speed"
+    corpus = speed_corpus(records[suite.baseline], f"results/{suite.name}", suite.speed_sentences, work)
+    texts = work / "texts.txt"
+    texts.write_text("".join(t + "\n" for t in corpus.texts), encoding="utf-8")
+    entries = _inputs(work, suite, records, corpus)
+    points = _rounds(work, suite, entries, texts)
+    machine = describe_machine()
+    return write_speed(
+        speed_path(results_dir, machine["class"]),
+        {
+            "suite": suite.name,
+            "baseline": suite.baseline,
+            "seed": suite.speed_seed,
+            "measured": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "git_sha": git_sha(),
+            "machine": machine,
+            "sentences": len(corpus.texts),
+            "threads": suite.speed_threads,
+            "rounds": suite.speed_rounds,
+            "workload": WORKLOAD,
+            "settings": [asdict(s) for s in suite.speed_settings],
+            "entries": {
+                e.name: {
+                    "record": e.record,
+                    "size": e.size,
+                    "exports": {p: str(x) if isinstance(x, str) else "ok" for p, x in e.exports.items()},
+                    "points": points[e.name],
+                }
+                for e in entries
+            },
+        },
+    )
 
 
-__all__ = ["export_entry", "read_speed", "read_triton", "run_speed", "run_triton", "speed_texts"]
+__all__ = ["WORKLOAD", "run_speed"]

@@ -1,10 +1,10 @@
 """The render stage: results records → REPORT.md, report.json, plots (in the results dir) and, on request,
-the README block. Reads `results/` and nothing else — the suite's records, and, only to size an epoch when
-those cannot, the records other suites made under the same budget: no run directories, no corpus."""
+the README block. Reads `results/` and nothing else — the suite's records and speed files, and, only to size an
+epoch when those cannot, the records other suites made under the same budget: no run directories, no corpus."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ from zoo.report.collect import collect, epoch_length
 from zoo.report.readme import README, write_block
 from zoo.report.records import load_records, sibling_records
 from zoo.report.render import markdown, readme_block, render
+from zoo.report.speed_results import read_speed_files, summarize
 from zoo.report.suite import Suite
 
 
@@ -54,6 +55,8 @@ def publish(
     data = {
         **collect(suite, refs, records, bootstrap_samples=bootstrap_samples, epoch=epoch),
         "results_dir": display_dir(results_dir),
+        "speed": [summarize(f) for f in read_speed_files(results_dir, suite.name, suite.baseline)],
+        "speed_claims": [asdict(c) for c in suite.speed_claims],
     }
     command = render_command(suite, results_dir)
     block = readme_block(data, render_command(suite, results_dir, readme=True))

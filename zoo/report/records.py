@@ -5,7 +5,7 @@ A suite grows run by run, on whatever machine has time: each finished (entry, se
 `results/<suite>/references.json.gz`. A record is self-describing — the resolved config, the suite's budget,
 git sha, machine, size, FLOPs, test scores overall and per source, the test hypotheses themselves (so a paired
 bootstrap against any other record can be recomputed without the runs), the learning curve and whether it had
-flattened (`convergence`), GHT probes and votes, speed points —
+flattened (`convergence`), GHT probes and votes (speed lives beside them, in `speed-<machine>.json`) —
 so the table can be rebuilt on a fresh clone that has no run directories and no corpus.
 
 Reading is strict: a corrupt file, a record of another suite or budget, hypotheses that do not align with the
@@ -277,7 +277,7 @@ def record_from_run(run_dir: Path, suite: Suite, entry: str, seed: int, refs: Re
         "learning_curve": curve,
         "convergence": convergence(curve),
         "ght": _ght(run_dir),
-        "speed": None,
+        "speed": None,  # record format 1 keeps the key; speed is stored in speed-<machine>.json
     }
 
 
@@ -416,22 +416,12 @@ def sibling_records(results_dir: Path, suite: Suite) -> dict[tuple[str, str, int
 
 def adopt_shared_record(source: Path, results_dir: Path, suite: Suite) -> Path:
     """Copy a sibling suite's record (and, the first time, its references) into this suite's results dir;
-    the copy names where it came from (`shared_from`), everything measured stays as it was (speed points only
-    where this suite measures speed)."""
+    the copy names where it came from (`shared_from`), everything measured stays as it was."""
     raw = read_json_gz(source.parent / REFERENCES_FILE)
     store_references(results_dir, suite, References(tuple(raw["references"]), tuple(raw["sources"])))
     rec = read_json_gz(source)
     rec.update(suite=suite.name, shared_from=f"{source.parent.name}/{source.name}")
-    if not suite.speed_enabled:
-        rec["speed"] = None
     return write_json_gz(results_dir / source.name, rec)
-
-
-def add_speed(path: Path, speed: dict[str, Any]) -> Path:
-    """Store measured speed points in an existing record (the one deliberate in-place update of a record)."""
-    rec = read_json_gz(path)
-    rec["speed"] = speed
-    return write_json_gz(path, rec, overwrite=True)
 
 
 __all__ = [
@@ -439,7 +429,6 @@ __all__ = [
     "RECORD_FORMAT",
     "RecordError",
     "References",
-    "add_speed",
     "adopt_shared_record",
     "convergence",
     "load_records",

@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt
 from zoo.flops import format_count, format_flops
 from zoo.ght.voting import plot_votes
 from zoo.report.claims import ALPHA, CLIMBING_GAIN, COMPACT_SILHOUETTE, LEVEL, MIN_SEEDS
+from zoo.report.render_speed import plot_quality_vs_speed, readme_speed_column, speed_section
 
 LABELS = {"bleu": "BLEU", "chrf": "chrF", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}
 PNG_METADATA = {"Software": None}  # no library version in the file: a re-render with another matplotlib is no diff
@@ -33,35 +34,10 @@ def _pm(stat: dict[str, float] | None, digits: int = 2) -> str:
     return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}"
 
 
-def _speed_cell(speed: dict[str, Any], key: str, notes: list[str], entry: str) -> str:
-    rec = speed.get(key)
-    if rec is None:
-        return "—"
-    if "error" in rec:
-        notes.append(f"`{entry}` {key}: {rec['error']}")
-        return "error"
-    return f"{rec['sentences_per_s']:.1f}"
-
-
-def _triton_cell(served: dict[str, Any] | None, notes: list[str], entry: str) -> str:
-    if not served:
-        return "—"
-    if "error" in served:
-        if not any(n.startswith("Triton:") for n in notes):
-            notes.append(f"Triton: {served['error']}")
-        return "error"
-    return f"{served['sentences_per_s']:.1f}"
-
-
 def _bootstrap_cell(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "—"
     return "; ".join(f"{r['delta']:+.2f} (p={r['p_value']:.3f}{'*' if r['significant'] else ''})" for r in rows)
-
-
-def _peak(speed: dict[str, Any], engine: str) -> str:
-    peaks = [r["peak_rss_mb"] for k, r in speed.items() if k.endswith(f"/{engine}") and "peak_rss_mb" in r]
-    return f"{max(peaks):.0f}" if peaks else "—"
 
 
 def _heads(rec: dict[str, Any]) -> str:
@@ -76,11 +52,6 @@ def _heads(rec: dict[str, Any]) -> str:
     if kept:  # GHT-PS: what voting kept, per module (the model as served)
         pruned = f" → {kept[0] if len(kept) == 1 else f'{kept[0]}–{kept[-1]}'} kept per module"
     return f"{c.get('attention')}{shared} {c.get('num_heads')} × {head_dim}{pruned}"
-
-
-def speed_settings(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """The speed settings the records were measured with (the first entry that has speed points)."""
-    return next((r["speed_settings"] for r in data["entries"].values() if r.get("speed_settings")), [])
 
 
 def machine_line(data: dict[str, Any]) -> str:
@@ -180,8 +151,6 @@ def _missing_line(data: dict[str, Any]) -> list[str]:
 
 def markdown(data: dict[str, Any], command: str) -> str:
     metrics = data["metrics"]
-    settings = speed_settings(data)
-    notes: list[str] = []
     lines = [
         f"# Zoo report: suite `{data['suite']}`",
         "",
@@ -195,19 +164,13 @@ def markdown(data: dict[str, Any], command: str) -> str:
         "Quality is mean ± std over seeds of the test split (detokenized sacreBLEU / chrF, or ROUGE F1). "
         "Δ is the paired-bootstrap difference against the baseline trained with the same seed, one per seed "
         "(`*` = p < 0.05), recomputed from the records' hypotheses. Parameters and FLOPs (forward, source "
-        "length 30) are of the model as served (pruned for GHT-PS). Speed: sentences/s decoding the first "
-        "test sentences with the stated beam and batch, each engine in its own process; peak memory is that "
-        "process's maximum RSS.",
+        "length 30) are of the model as served (pruned for GHT-PS); speed is in its own section below.",
         "",
     ]
     lines += _missing_line(data)
-    speed_cols = [(s["name"], e) for s in settings for e in ("torch", "ort")]
     header = ["entry", "heads", *(LABELS[m] for m in metrics)]
     header.append(f"Δ {_headline(data)} vs baseline")
     header += ["params excl. emb", "params", "FLOPs"]
-    header += [f"{name} {'PyTorch' if e == 'torch' else 'ORT'} sent/s" for name, e in speed_cols]
-    if settings:
-        header += ["Triton sent/s", "peak MB PyTorch", "peak MB ORT"]
     header += ["train min", "updates"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for entry, rec in data["entries"].items():
@@ -215,30 +178,11 @@ def markdown(data: dict[str, Any], command: str) -> str:
         row = [f"`{entry}`", _heads(rec), *(_pm(rec["quality"].get(m)) for m in metrics)]
         row.append(_bootstrap_cell(rec["bootstrap"]))
         row += [format_count(size["params_excl_emb"]), format_count(size["params"]), format_flops(size["flops"])]
-        row += [_speed_cell(rec["speed"], f"{name}/{e}", notes, entry) for name, e in speed_cols]
-        if settings:
-            row += [
-                _triton_cell(rec.get("triton"), notes, entry),
-                _peak(rec["speed"], "torch"),
-                _peak(rec["speed"], "ort"),
-            ]
         row += [_pm(rec["train_minutes"], 1), _pm(rec["updates"], 0)]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
-    if settings:
-        lines += [
-            "Speed settings: "
-            + "; ".join(
-                f"`{s['name']}` = beam {s['beam_size']}, batch {s['batch']}, max length {s['max_len_a']}·src + "
-                f"{s['max_len_b']}"
-                for s in settings
-            )
-            + ".",
-            "",
-        ]
-    else:
-        lines += ["Speed is not in these records (the speed stage needs the runs' checkpoints).", ""]
     lines += claims_section(data)
+    lines += speed_section(data["speed"], data["baseline"], data["speed_claims"])
     lines += _per_source_section(data)
     lines += _ght_section(data)
     lines += [
@@ -248,10 +192,8 @@ def markdown(data: dict[str, Any], command: str) -> str:
         "![learning curves](learning_curves.png)",
         "",
     ]
-    if settings:
+    if data["speed"]:
         lines.insert(-1, "![quality vs speed](quality_vs_speed.png)")
-    if notes:
-        lines += ["## Measurement errors", "", *(f"- {n}" for n in notes), ""]
     return "\n".join(lines)
 
 
@@ -272,6 +214,9 @@ def readme_block(data: dict[str, Any], command: str) -> str:
     header = ["entry", "heads", *(LABELS[m] for m in metrics)]
     header.append(f"Δ {_headline(data)} vs `{data['baseline']}` (per seed)")
     header += ["params excl. emb", "FLOPs @ src 30", "train min"]
+    speed = readme_speed_column(data["speed"])  # (header, cell per entry) when speed was measured
+    if speed:
+        header.append(speed[0])
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for entry, rec in data["entries"].items():
         row = [f"`{entry}`", _heads(rec), *(_pm(rec["quality"].get(m)) for m in metrics)]
@@ -281,6 +226,8 @@ def readme_block(data: dict[str, Any], command: str) -> str:
             format_flops(rec["size"]["flops"]),
             _pm(rec["train_minutes"], 1),
         ]
+        if speed:
+            row.append(speed[1].get(entry, "—"))
         lines.append("| " + " | ".join(row) + " |")
     claims = claims_section(data, heading=False)
     return "\n".join(lines + ([""] + claims[:-1] if claims else [])) + "\n"
@@ -521,11 +468,6 @@ def _plot_learning_curves(data: dict[str, Any], out: Path) -> None:
     _save(fig, out)
 
 
-def _fastest(rec: dict[str, Any], engine: str, setting: str) -> float | None:
-    r = rec["speed"].get(f"{setting}/{engine}")
-    return r.get("sentences_per_s") if r and "error" not in r else None
-
-
 def render(out_dir: Path, data: dict[str, Any], command: str) -> Path:
     """Write REPORT.md, report.json and the plots into `out_dir`; returns the REPORT.md path."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -536,15 +478,8 @@ def render(out_dir: Path, data: dict[str, Any], command: str) -> Path:
         lambda r: r["size"]["params_excl_emb"] / 1e6,
         "parameters excl. embeddings (M)",
     )
-    settings = speed_settings(data)
-    if settings:
-        first = settings[0]["name"]
-        _plot_scatter(
-            data,
-            out_dir / "quality_vs_speed.png",
-            lambda r: _fastest(r, "ort", first) or _fastest(r, "torch", first),
-            f"sentences/s ({first}; ORT where exported, else PyTorch)",
-        )
+    if data["speed"]:
+        plot_quality_vs_speed(data, data["speed"][0], out_dir / "quality_vs_speed.png", LABELS[data["headline"]])
     _plot_learning_curves(data, out_dir / "learning_curves.png")
     for entry, rec in data["entries"].items():
         for seed, run in rec["seeds"].items():
@@ -555,4 +490,4 @@ def render(out_dir: Path, data: dict[str, Any], command: str) -> Path:
     return path
 
 
-__all__ = ["machine_line", "markdown", "readme_block", "render", "speed_settings"]
+__all__ = ["machine_line", "markdown", "readme_block", "render"]

@@ -87,6 +87,19 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class SpeedClaim:
+    """A paper's efficiency claim ("system decodes faster than baseline"), judged at one speed point
+    (`<setting>/<fp32|int8>` or `served`) from the per-round ratios."""
+
+    paper: str
+    claim: str
+    system: str
+    baseline: str
+    point: str
+    source: Source
+
+
+@dataclass(frozen=True)
 class Suite:
     name: str
     task: str
@@ -102,11 +115,12 @@ class Suite:
     speed_seed: int = 1
     speed_sentences: int = 512
     speed_threads: int | None = None
-    speed_export: bool = True
+    speed_rounds: int = 3
     speed_settings: tuple[SpeedSetting, ...] = field(default_factory=tuple)
     triton: dict[str, Any] = field(default_factory=dict)
     variants: dict[str, Variant] = field(default_factory=dict)
     claims: tuple[Claim, ...] = ()
+    speed_claims: tuple[SpeedClaim, ...] = ()
     equivalence_margin: float | None = None
 
     @property
@@ -137,6 +151,13 @@ class Suite:
 
 def available_entries(conf_dir: Path) -> list[str]:
     return sorted(p.stem for p in (conf_dir / "model").glob("*.yaml"))
+
+
+def _rounds(value: Any) -> int:
+    """speed.rounds: how often every entry is timed (medians and per-round ratios need at least 3)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SuiteError(f"suite.speed.rounds={value!r}: give a positive integer (3 or more for a verdict)")
+    return value
 
 
 def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
@@ -193,7 +214,8 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
         speed_seed=speed_seed,
         speed_sentences=int(speed.get("sentences", 512)),
         speed_threads=speed.get("threads"),
-        speed_export=bool(speed.get("export", True)),
+        speed_rounds=_rounds(speed.get("rounds", 3)),
+        speed_claims=_speed_claims(str(raw["name"]), speed.get("claims") or [], settings, list(raw["entries"])),
         speed_settings=settings,
         triton=dict(speed.get("triton") or {}),  # type: ignore[arg-type]
         variants={n: v for n, v in variants.items() if n in raw["entries"]},
@@ -256,6 +278,26 @@ def _claims(
                     margin=float(margin) if c["expect"] in MARGIN_EXPECTATIONS else None,
                 )
             )
+    return tuple(claims)
+
+
+def _speed_claims(
+    suite: str, raw: list[Any], settings: tuple[SpeedSetting, ...], entries: list[str]
+) -> tuple[SpeedClaim, ...]:
+    """`speed.claims`: each names two entries, a measured point and the paper's quoted sentence."""
+    points = {f"{s.name}/{p}" for s in settings for p in ("fp32", "int8")} | {"served"}
+    claims = []
+    for i, c in enumerate(raw):
+        keys = ("paper", "claim", "system", "baseline", "point")
+        if not isinstance(c, dict) or any(not c.get(k) for k in keys):
+            raise SuiteError(f"suite {suite}: speed.claims[{i}] needs {', '.join(keys)}; got {c!r}")
+        if c["point"] not in points:
+            raise SuiteError(f"suite {suite}: speed.claims[{i}].point={c['point']!r}; choose from {sorted(points)}")
+        source = _source(suite, i, c)
+        if source is None:
+            raise SuiteError(f"suite {suite}: speed.claims[{i}] is a paper's claim: give its source")
+        if c["system"] in entries and c["baseline"] in entries:
+            claims.append(SpeedClaim(*(str(c[k]) for k in keys), source=source))
     return tuple(claims)
 
 
