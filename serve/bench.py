@@ -17,6 +17,13 @@ statistics API, which the proxy does not pass, so over HTTP it talks to Triton's
 settings over HTTP, which perf_analyzer 2.51 sends over gRPC only), and it needs no download. perf_analyzer is
 the tool Triton users know, so `tool=both` cross-checks our numbers with it.
 Results: results.json, results.md (table), results.png (plot).
+
+`bench` reads as its steps:
+  repository  the out directory, a repository with every export as `<name>` (and `<name>-nodb`), sentence pools
+  tools       which load generators measure; perf_analyzer installed and its input data written before any server
+  sweep       one tritonserver; every round covers the whole plan (compared settings interleaved), each point
+              with the in-process baseline at its effective batch; the median of the rounds per point
+  results     results.json, results.md, results.png; the server is stopped first, whatever happened
 """
 
 from __future__ import annotations
@@ -436,6 +443,50 @@ def plot(points: list[Point], path: Path) -> None:
 
 def bench(cfg: Any) -> dict[str, Any]:
     """Run the whole sweep described by `cfg` (conf/bench.yaml); returns the JSON written."""
+    run = _write_repository(cfg)
+    tools = _tools(cfg, run)
+    server = Server.start(run.repo, http_port=0, grpc_port=0, metrics_port=0, timeout=run.timeout)
+    try:
+        points = _sweep(cfg, run, tools, server)
+    finally:
+        server.stop()
+    return _write_results(cfg, run, tools, points)
+
+
+# ---------------------------------------------------------------------------------------------- the steps' results
+@dataclass
+class _Run:
+    """What the sweep serves and how (the repository step)."""
+
+    exports: list[Path]
+    stamp: str  # UTC start time: names the default out directory, recorded as "created"
+    out: Path
+    repo: Path
+    timeout: float  # seconds the server may take to get every model ready
+    names: list[str]  # one model per export (`<name>-nodb` beside it without dynamic batching)
+    pools: dict[str, list[str]]  # model name → the sentences its requests draw from
+    search: dict[str, Any]  # search settings sent with every request (those set in cfg.search)
+    repeats: int
+    baseline_threads: int | None  # ORT threads of the in-process baseline
+
+
+@dataclass
+class _Tools:
+    """Which load generators measure, and what perf_analyzer needs (the tools step)."""
+
+    tool: str
+    use_ours: bool
+    use_pa: bool
+    found: pa.Installation | None  # perf_analyzer, installed (tool=perf_analyzer|both)
+    measurement: pa.Measurement
+    pa_dir: Path
+    inputs: dict[str, Path]  # model → perf_analyzer's input data
+
+
+# ---------------------------------------------------------------------------------------------- repository
+def _write_repository(cfg: Any) -> _Run:
+    """The out directory and one model repository for the whole sweep: every export with dynamic batching, and
+    beside it a copy without when no_batching_concurrency measures one, so one server serves both."""
     exports = [Path(e) for e in ([cfg.exports] if isinstance(cfg.exports, str) else cfg.exports)]
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out or f"bench/serve-{stamp}")
@@ -454,103 +505,136 @@ def bench(cfg: Any) -> dict[str, Any]:
         if cfg.no_batching_concurrency:
             write_python_model(e, repo, off, overwrite=True, name=name + NO_BATCHING, manifest=manifest)
     search = {k: v for k, v in OmegaConf.to_container(cfg.search, resolve=True).items() if v is not None}  # type: ignore[union-attr]
-    rounds: dict[tuple, list[Point]] = {}
-    inproc: dict[str, Any] = {}
     repeats = max(1, int(cfg.repeats))
     baseline_threads = _baseline_threads(cfg.baseline_threads, settings)
+    return _Run(exports, stamp, out, repo, timeout, names, pools, search, repeats, baseline_threads)
+
+
+# ---------------------------------------------------------------------------------------------- tools
+def _tools(cfg: Any, run: _Run) -> _Tools:
+    """The load generators `tool=` asks for; perf_analyzer is installed and its inputs written before the server
+    starts, so a failed download stops the run here."""
     tool = str(cfg.tool)
     if tool not in TOOLS:
         raise ServeError(f"tool={tool} is not one of {', '.join(TOOLS)}")
     use_ours, use_pa = tool != "perf_analyzer", tool != "ours"
-    found = pa.install() if use_pa else None  # before the server starts: a failed download stops the run here
+    found = pa.install() if use_pa else None
     measurement = _measurement(cfg)
-    pa_dir = out / "perf_analyzer"
+    pa_dir = run.out / "perf_analyzer"
     inputs: dict[str, Path] = {}
     if use_pa:
         pa_dir.mkdir(exist_ok=True)
-        for name in names:
-            inputs[name] = inputs[name + NO_BATCHING] = pa.write_input_data(pools[name], pa_dir / f"{name}.json")
-    server = Server.start(repo, http_port=0, grpc_port=0, metrics_port=0, timeout=timeout)
-    try:
-        info = server.info
+        for name in run.names:
+            inputs[name] = inputs[name + NO_BATCHING] = pa.write_input_data(run.pools[name], pa_dir / f"{name}.json")
+    return _Tools(tool, use_ours, use_pa, found, measurement, pa_dir, inputs)
 
-        def measure_pa(p: Point, round_index: int) -> Point:
-            assert found is not None
-            return run_perf_analyzer(
-                found,
-                info.grpc_url if p.protocol == "grpc" else info.triton_http_url,  # see the module docstring
-                info.triton_http_url,
-                p,
-                inputs[p.model],
-                search,
-                measurement,
-                pa_dir / f"{p.model}-{p.protocol}-b{p.client_batch}-c{p.concurrency}-round{round_index + 1}.csv",
-                server.admin_headers(p.protocol),
-                server.admin_headers(),
-            )
 
-        plan = []
-        for name in names:
-            for protocol in cfg.protocols:
-                for b in cfg.client_batch:
-                    plan += [(name, protocol, int(b), int(c), True) for c in cfg.concurrency]
-                    plan += [(name, protocol, int(b), int(c), False) for c in cfg.no_batching_concurrency]
-        for r in range(repeats):  # every round covers the whole plan: compared settings are interleaved
-            baselines: dict[tuple[str, int], float] = {}  # in-process rate per effective batch, this round
-            for k, (name, protocol, b, c, db) in enumerate(plan, 1):
-                model = name if db else name + NO_BATCHING
-                p = Point(model, protocol, db, b, c, measured_by_ours=use_ours)
-                pa_first = use_pa and r % 2 == 1  # with both tools, which goes first alternates round by round
-                if pa_first:
-                    p = measure_pa(p, r)
-                if use_ours:
-                    p = run_point(
-                        info.url(protocol),
-                        info.triton_http_url,
-                        p,
-                        pools[name],
-                        search,
-                        float(cfg.duration_s),
-                        int(cfg.max_requests),
-                        int(cfg.warmup_requests),
-                        server.admin_headers(),
+# ---------------------------------------------------------------------------------------------- sweep
+def _plan(cfg: Any, names: list[str]) -> list[tuple[str, str, int, int, bool]]:
+    """Every (model, protocol, client batch, concurrency, dynamic batching) point of one round."""
+    plan = []
+    for name in names:
+        for protocol in cfg.protocols:
+            for b in cfg.client_batch:
+                plan += [(name, protocol, int(b), int(c), True) for c in cfg.concurrency]
+                plan += [(name, protocol, int(b), int(c), False) for c in cfg.no_batching_concurrency]
+    return plan
+
+
+def _sweep(cfg: Any, run: _Run, tools: _Tools, server: Server) -> list[Point]:
+    """Every round covers the whole plan, so compared settings are interleaved; each point is the median of its
+    rounds."""
+    plan = _plan(cfg, run.names)
+    rounds: dict[tuple, list[Point]] = {}
+    inproc: dict[str, Any] = {}  # model name → its export loaded in this process (the baseline)
+    for r in range(run.repeats):
+        baselines: dict[tuple[str, int], float] = {}  # in-process rate per effective batch, this round
+        for k, (name, protocol, b, c, db) in enumerate(plan, 1):
+            model = name if db else name + NO_BATCHING
+            p = Point(model, protocol, db, b, c, measured_by_ours=tools.use_ours)
+            p = _measure(cfg, run, tools, server, p, run.pools[name], r)
+            if cfg.baseline and p.effective_batch > 0 and served_rate(p) > 0:
+                eff = max(1, round(p.effective_batch))
+                if (name, eff) not in baselines:
+                    if name not in inproc:
+                        inproc[name] = export.load(run.exports[run.names.index(name)], threads=run.baseline_threads)
+                    baselines[(name, eff)] = inprocess_rate(
+                        inproc[name], run.pools[name], eff, run.search, float(cfg.baseline_duration_s)
                     )
-                if use_pa and not pa_first:
-                    p = measure_pa(p, r)
-                if cfg.baseline and p.effective_batch > 0 and served_rate(p) > 0:
-                    eff = max(1, round(p.effective_batch))
-                    if (name, eff) not in baselines:
-                        if name not in inproc:
-                            inproc[name] = export.load(exports[names.index(name)], threads=baseline_threads)
-                        baselines[(name, eff)] = inprocess_rate(
-                            inproc[name], pools[name], eff, search, float(cfg.baseline_duration_s)
-                        )
-                    p.inprocess_sentences_per_s = baselines[(name, eff)]
-                    p.ratio = served_rate(p) / p.inprocess_sentences_per_s
-                rounds.setdefault((model, protocol, b, c), []).append(p)
-                print(f"[round {r + 1}/{repeats}, {k}/{len(plan)}] {_progress(p)}", flush=True)
-        points = [median_point(ps) for ps in rounds.values()]
-    finally:
-        server.stop()
+                p.inprocess_sentences_per_s = baselines[(name, eff)]
+                p.ratio = served_rate(p) / p.inprocess_sentences_per_s
+            rounds.setdefault((model, protocol, b, c), []).append(p)
+            print(f"[round {r + 1}/{run.repeats}, {k}/{len(plan)}] {_progress(p)}", flush=True)
+    return [median_point(ps) for ps in rounds.values()]
+
+
+def _measure(cfg: Any, run: _Run, tools: _Tools, server: Server, p: Point, pool: list[str], round_index: int) -> Point:
+    """One point by each tool asked for; with both, which goes first alternates round by round."""
+    info = server.info
+    pa_first = tools.use_pa and round_index % 2 == 1
+    if pa_first:
+        p = _measure_pa(run, tools, server, p, round_index)
+    if tools.use_ours:
+        p = run_point(
+            info.url(p.protocol),
+            info.triton_http_url,
+            p,
+            pool,
+            run.search,
+            float(cfg.duration_s),
+            int(cfg.max_requests),
+            int(cfg.warmup_requests),
+            server.admin_headers(),
+        )
+    if tools.use_pa and not pa_first:
+        p = _measure_pa(run, tools, server, p, round_index)
+    return p
+
+
+def _measure_pa(run: _Run, tools: _Tools, server: Server, p: Point, round_index: int) -> Point:
+    """perf_analyzer on one point: over gRPC, or over HTTP to Triton's own listener (see the module docstring)."""
+    assert tools.found is not None
+    info = server.info
+    return run_perf_analyzer(
+        tools.found,
+        info.grpc_url if p.protocol == "grpc" else info.triton_http_url,
+        info.triton_http_url,
+        p,
+        tools.inputs[p.model],
+        run.search,
+        tools.measurement,
+        tools.pa_dir / f"{p.model}-{p.protocol}-b{p.client_batch}-c{p.concurrency}-round{round_index + 1}.csv",
+        server.admin_headers(p.protocol),
+        server.admin_headers(),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- results
+def _write_results(cfg: Any, run: _Run, tools: _Tools, points: list[Point]) -> dict[str, Any]:
+    """results.json, results.md (table and comparisons) and results.png, the table also printed."""
     agreement = tool_agreement(points, float(cfg.perf_analyzer.agree_within))
+    found = tools.found
     result = {
-        "repeats": repeats,
-        "baseline_threads": baseline_threads,
+        "repeats": run.repeats,
+        "baseline_threads": run.baseline_threads,
         "config": OmegaConf.to_container(cfg, resolve=True),
-        "models": names,
-        "search": search,
-        "created": stamp,
+        "models": run.names,
+        "search": run.search,
+        "created": run.stamp,
         "machine": _machine(),
-        "tool": tool,
-        "perf_analyzer": {"version": found.version, "measurement": asdict(measurement)} if found else None,
+        "tool": tools.tool,
+        "perf_analyzer": {"version": found.version, "measurement": asdict(tools.measurement)} if found else None,
         "points": [asdict(p) for p in points],
         "comparisons": comparisons(points),
         "tool_agreement": agreement,
     }
+    out = run.out
     (out / "results.json").write_text(json.dumps(result, indent=1))
     table = markdown(points)
     notes = result["comparisons"] + agreement
-    (out / "results.md").write_text(f"# Served throughput ({', '.join(names)})\n\n{table}\n" + "\n".join(notes) + "\n")
+    (out / "results.md").write_text(
+        f"# Served throughput ({', '.join(run.names)})\n\n{table}\n" + "\n".join(notes) + "\n"
+    )
     plot(points, out / "results.png")
     print(table + "\n".join(notes))
     print(f"wrote {out}/results.json, results.md, results.png")
