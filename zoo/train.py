@@ -1,12 +1,20 @@
 """`python -m zoo.train +model=<entry>`: build data, train, average, evaluate on test.
 
-`train(cfg)` is the testable core; `main` is the thin Hydra entry point.
+`train(cfg)` is the testable core; `main` is the thin Hydra entry point. `_train` reads as its steps:
+  check    procedure, generation and schedule options, rejected before a run directory exists
+  run      a new run directory (config.yaml, provenance), or the resumed one with its saved config
+  data     the splits, the run's tokenizer (trained once per run), the encoded training and validation pairs
+  model    built from the entry and the tokenizer's vocabulary, its size printed
+  trainer  the entry's procedure on init_from's weights or last.pt's state; fit, then average checkpoints
+  test     beam search on the test split with the checkpoint evaluation picks
+  summary  summary.json and the done marker
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zoo import distributed as dist
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
-from zoo.data import Tokenizer, build_splits
+from zoo.data import Splits, Tokenizer, build_splits
 from zoo.data.batching import encode_examples
 from zoo.entries import entry_model_config, missing_model_message
 from zoo.errors import ZooError, one_line_errors
@@ -24,7 +32,7 @@ from zoo.evaluation import evaluate_examples
 from zoo.flops import format_size_summary, size_summary
 from zoo.generate import Search, SearchError
 from zoo.ght.procedure import GHTOptions, GHTProcedure
-from zoo.model import ModelConfig, build_model
+from zoo.model import ModelConfig, Transformer, build_model
 from zoo.optim import LR_SCHEDULES
 from zoo.runs import DONE_MARKER, new_run_dir, resolve_resume, write_provenance
 from zoo.threads import AUTO, ThreadChoice, choose_threads, describe, torch_threads
@@ -133,21 +141,64 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 def _train(cfg: DictConfig, threads: ThreadChoice) -> dict[str, Any]:
     device = _pick_device(cfg.device)
     dist.init_distributed(device)
-    if "name" in cfg.model:
-        _procedure(cfg, started_from_weights=False)  # reject bad procedure options before creating a run dir
-    search_config(cfg)  # and bad generation settings (SearchError), which only the test evaluation reads
-    schedule = cfg.trainer.get("lr_schedule", "inverse_sqrt")
-    if schedule not in LR_SCHEDULES:
-        raise UsageError(f"trainer.lr_schedule={schedule!r} is not a schedule; use one of {', '.join(LR_SCHEDULES)}")
+    _check_options(cfg)
     cfg, run_dir, resuming = _prepare_run(cfg)
     if dist.is_main():
         _attach_log_file(run_dir)
     log.info("run directory: %s%s", run_dir, " (resuming)" if resuming else "")
     log.info("%s", describe(threads))
-    tcfg = cfg.trainer
-    torch.manual_seed(tcfg.seed)
+    torch.manual_seed(cfg.trainer.seed)
+    data = _data(cfg, run_dir)
+    model = build_model(model_config_from(cfg, data.tokenizer)).to(device)
+    size = size_summary(model)
+    print(f"[{cfg.model.name}] {format_size_summary(size)}", flush=True)
+    trainer = _trainer(cfg, model, data, _payload(cfg, data, size), run_dir, device, resuming)
+    state = trainer.fit()
+    trainer.average()
+    summary: dict[str, Any] = {
+        "run_dir": str(run_dir),
+        "entry": cfg.model.name,
+        "data": cfg.data.name,
+        "updates": state.step,
+        "train_minutes": round(state.elapsed_s / 60, 2),
+        "stop_reason": state.stop_reason,
+        "size": size,
+    }
+    if model.cfg.head_plan:
+        summary["head_plan"] = model.cfg.head_plan
+        summary["pruned_size"] = _report_pruned(model, cfg.model.name)
+    if dist.is_main() and cfg.evaluate_test and data.splits.test:
+        summary["test"] = _evaluate_test(cfg, run_dir, data, device)
+    if dist.is_main():
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        (run_dir / DONE_MARKER).write_text(state.stop_reason + "\n")
+    dist.cleanup()
+    return summary
 
-    # -- data and tokenizer (rank 0 builds the cache first, the others then read it)
+
+@dataclass
+class _Data:
+    """The splits, the run's tokenizer and the encoded training and validation pairs (the data step)."""
+
+    splits: Splits
+    tokenizer: Tokenizer
+    train_pairs: list[tuple[list[int], list[int]]]
+    valid_pairs: list[tuple[list[int], list[int]]]
+
+
+def _check_options(cfg: DictConfig) -> None:
+    """Reject bad procedure, generation and schedule options before a run directory is created."""
+    if "name" in cfg.model:
+        _procedure(cfg, started_from_weights=False)
+    search_config(cfg)  # bad generation settings (SearchError), which only the test evaluation reads
+    schedule = cfg.trainer.get("lr_schedule", "inverse_sqrt")
+    if schedule not in LR_SCHEDULES:
+        raise UsageError(f"trainer.lr_schedule={schedule!r} is not a schedule; use one of {', '.join(LR_SCHEDULES)}")
+
+
+def _data(cfg: DictConfig, run_dir: Path) -> _Data:
+    """Splits, tokenizer (trained once per run, so a resumed run reads the same one) and encoded pairs; rank 0
+    builds the data cache and the tokenizer first, the other ranks then read them."""
     if dist.is_main():
         splits = build_splits(cfg.data)
     dist.barrier()
@@ -157,7 +208,10 @@ def _train(cfg: DictConfig, threads: ThreadChoice) -> dict[str, Any]:
     if dist.is_main() and not tok_path.exists():
         texts = [e.src for e in splits.train] + [e.tgt for e in splits.train]
         tokenizer = Tokenizer.train(
-            texts, vocab_size=cfg.data.vocab_size, seed=tcfg.seed, model_type=cfg.data.get("tokenizer", "unigram")
+            texts,
+            vocab_size=cfg.data.vocab_size,
+            seed=cfg.trainer.seed,
+            model_type=cfg.data.get("tokenizer", "unigram"),
         )
         tok_path.write_bytes(tokenizer.model_bytes)
     dist.barrier()
@@ -173,36 +227,47 @@ def _train(cfg: DictConfig, threads: ThreadChoice) -> dict[str, Any]:
         len(valid_pairs),
         len(splits.test),
     )
+    return _Data(splits, tokenizer, train_pairs, valid_pairs)
 
-    # -- model
-    model_cfg = model_config_from(cfg, tokenizer)
-    model = build_model(model_cfg).to(device)
-    size = size_summary(model)
-    print(f"[{cfg.model.name}] {format_size_summary(size)}", flush=True)
 
-    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    payload = {
+def _payload(cfg: DictConfig, data: _Data, size: dict[str, Any]) -> dict[str, Any]:
+    """What every checkpoint carries besides weights, so export and evaluation need neither the corpus nor the
+    config: entry, task, tokenizer, data config and statistics, held-out test pairs, size."""
+    return {
         "entry": cfg.model.name,
         "task": cfg.data.task,
-        "tokenizer": tokenizer.model_bytes,
-        "data_config": data_cfg,
-        "data_stats": splits.stats,
+        "tokenizer": data.tokenizer.model_bytes,
+        "data_config": OmegaConf.to_container(cfg.data, resolve=True),
+        "data_stats": data.splits.stats,
         "heldout": {
-            "src": [e.src for e in splits.test[:HELDOUT_SENTENCES]],
-            "tgt": [e.tgt for e in splits.test[:HELDOUT_SENTENCES]],
+            "src": [e.src for e in data.splits.test[:HELDOUT_SENTENCES]],
+            "tgt": [e.tgt for e in data.splits.test[:HELDOUT_SENTENCES]],
         },
         "size": size,
     }
+
+
+def _trainer(
+    cfg: DictConfig,
+    model: Transformer,
+    data: _Data,
+    payload: dict[str, Any],
+    run_dir: Path,
+    device: torch.device,
+    resuming: bool,
+) -> Trainer:
+    """The trainer with the entry's procedure, from init_from's weights on a fresh run, or at last.pt's update
+    when resuming."""
     if cfg.get("init_from") and not resuming:
         _init_weights(model, cfg.init_from)
     procedure = _procedure(cfg, started_from_weights=bool(cfg.get("init_from")))
     trainer = Trainer(
         model,
-        tokenizer,
-        train_pairs,
-        splits.valid,
-        valid_pairs,
-        tcfg,
+        data.tokenizer,
+        data.train_pairs,
+        data.splits.valid,
+        data.valid_pairs,
+        cfg.trainer,
         run_dir,
         payload,
         cfg.data.task,
@@ -211,45 +276,31 @@ def _train(cfg: DictConfig, threads: ThreadChoice) -> dict[str, Any]:
     )
     if resuming:
         trainer.load_resume(run_dir / "checkpoints" / "last.pt")
-    state = trainer.fit()
-    trainer.average()
-    summary: dict[str, Any] = {
-        "run_dir": str(run_dir),
-        "entry": cfg.model.name,
-        "data": cfg.data.name,
-        "updates": state.step,
-        "train_minutes": round(state.elapsed_s / 60, 2),
-        "stop_reason": state.stop_reason,
-        "size": size,
-    }
-    if model.cfg.head_plan:
-        summary["head_plan"] = model.cfg.head_plan
-        summary["pruned_size"] = _report_pruned(model, cfg.model.name)
-    if dist.is_main() and cfg.evaluate_test and splits.test:
-        ckpt = resolve_checkpoint(run_dir)
-        best = model_from_checkpoint(load_checkpoint(ckpt)).to(device)
-        g = cfg.generation
-        result = evaluate_examples(
-            best,
-            tokenizer,
-            splits.test,
-            cfg.data.task,
-            search_config(cfg),
-            remove_bpe=cfg.data.get("remove_bpe"),
-            progress=tcfg.progress,
-            max_tokens=g.max_tokens,
-            max_sentences=g.max_sentences,
-        )
-        metrics = {**result["metrics"], "checkpoint": ckpt.name}
-        (run_dir / "test_hypotheses.txt").write_text("\n".join(result["hypotheses"]) + "\n")
-        (run_dir / "test_metrics.json").write_text(json.dumps(metrics, indent=2))
-        summary["test"] = metrics
-        print(_format_test_line(cfg.model.name, cfg.data.task, metrics), flush=True)
-    if dist.is_main():
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        (run_dir / DONE_MARKER).write_text(state.stop_reason + "\n")
-    dist.cleanup()
-    return summary
+    return trainer
+
+
+def _evaluate_test(cfg: DictConfig, run_dir: Path, data: _Data, device: torch.device) -> dict[str, Any]:
+    """Beam search on the test split with the checkpoint evaluation picks (avg.pt, else best.pt); hypotheses and
+    metrics written to the run directory."""
+    ckpt = resolve_checkpoint(run_dir)
+    best = model_from_checkpoint(load_checkpoint(ckpt)).to(device)
+    g = cfg.generation
+    result = evaluate_examples(
+        best,
+        data.tokenizer,
+        data.splits.test,
+        cfg.data.task,
+        search_config(cfg),
+        remove_bpe=cfg.data.get("remove_bpe"),
+        progress=cfg.trainer.progress,
+        max_tokens=g.max_tokens,
+        max_sentences=g.max_sentences,
+    )
+    metrics = {**result["metrics"], "checkpoint": ckpt.name}
+    (run_dir / "test_hypotheses.txt").write_text("\n".join(result["hypotheses"]) + "\n")
+    (run_dir / "test_metrics.json").write_text(json.dumps(metrics, indent=2))
+    print(_format_test_line(cfg.model.name, cfg.data.task, metrics), flush=True)
+    return metrics
 
 
 def _procedure(cfg: DictConfig, started_from_weights: bool):
