@@ -272,11 +272,12 @@ def precondition(runs: Sequence[Mapping[str, Any]]) -> str | None:
     return f"precondition not met ({', '.join(parts)})"
 
 
-def with_state(verdict: str, state: Mapping[str, Any]) -> str:
-    """The verdict cell: the verdict, and that its runs were still climbing when they were."""
+def with_state(verdict: str, state: Mapping[str, Any], validation: str = "BLEU") -> str:
+    """The verdict cell: the verdict, and that its runs were still climbing (in `validation`, the metric
+    training validated on) when they were."""
     if not state["climbing"]:
         return verdict
-    return f"{verdict} — runs still climbing (up to {state['max_gain']:+.1f} BLEU over the last 20%)"
+    return f"{verdict} — runs still climbing (up to {state['max_gain']:+.1f} {validation} over the last 20%)"
 
 
 # ---------------------------------------------------------------------------------------------- claim rows
@@ -303,7 +304,8 @@ def collect_claims(
     for ours in (False, True):
         table = [r for r in rows if r["ours"] == ours]
         for row, judged in zip(table, judge([r.pop("question") for r in table]), strict=True):
-            row.update(verdict=with_state(judged.verdict, row["state"]), p=judged.p, p_holm=judged.p_holm)
+            verdict = with_state(judged.verdict, row["state"], "BLEU" if suite.task == "translation" else "ROUGE-L")
+            row.update(verdict=verdict, p=judged.p, p_holm=judged.p_holm)
     return rows
 
 

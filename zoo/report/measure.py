@@ -12,6 +12,7 @@ Steps, each resumable (what is on disk under reports/<suite>/speed/ is not redon
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import logging
 import subprocess
@@ -83,7 +84,7 @@ def _inputs(work: Path, suite: Suite, records: Mapping[str, dict[str, Any]], cor
         label = f"results/{suite.name}/{name}-seed{suite.speed_seed}.json.gz"
         directory = work / "models" / name
         directory.mkdir(parents=True, exist_ok=True)
-        lengths = directory / "lengths.json"
+        lengths = directory / f"lengths-{len(corpus.texts)}.json"
         if not lengths.is_file():
             lengths.write_text(json.dumps(forced_lengths(record, label, corpus)) + "\n")
         checkpoint = directory / "rebuilt.pt"
@@ -112,15 +113,22 @@ def _time(entry: _Entry, precision: str, setting: Any, texts: Path, threads: int
         out.write_text(json.dumps({"error": _tail(proc)}) + "\n")
 
 
+def _workload_key(suite: Suite) -> str:
+    """Names the measurements of one workload (sentences, threads, settings): a changed suite is measured anew."""
+    spec = {"n": suite.speed_sentences, "t": suite.speed_threads, "s": [asdict(s) for s in suite.speed_settings]}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+
+
 def _rounds(work: Path, suite: Suite, entries: list[_Entry], texts: Path) -> dict[str, dict[str, Any]]:
     """Every (round, entry, setting, precision) once, entries rotated per round; the points per entry."""
+    work = work / f"rounds-{_workload_key(suite)}"
     plan = []
     for r in range(suite.speed_rounds):
         shift = r % len(entries)
         for entry in entries[shift:] + entries[:shift]:
             plan += [(r, entry, s, p) for s in suite.speed_settings for p in PRECISIONS]
     for r, entry, setting, precision in tqdm(plan, desc="speed rounds", unit="point"):
-        out = work / "rounds" / f"round{r + 1}" / f"{entry.name}-{setting.name}-{precision}.json"
+        out = work / f"round{r + 1}" / f"{entry.name}-{setting.name}-{precision}.json"
         if not out.is_file():
             out.parent.mkdir(parents=True, exist_ok=True)
             _time(entry, precision, setting, texts, suite.speed_threads, out)
@@ -128,14 +136,8 @@ def _rounds(work: Path, suite: Suite, entries: list[_Entry], texts: Path) -> dic
     for entry in entries:
         for setting in suite.speed_settings:
             for precision in PRECISIONS:
-                taken = [
-                    json.loads(
-                        (
-                            work / "rounds" / f"round{r + 1}" / f"{entry.name}-{setting.name}-{precision}.json"
-                        ).read_text()
-                    )
-                    for r in range(suite.speed_rounds)
-                ]
+                name = f"{entry.name}-{setting.name}-{precision}.json"
+                taken = [json.loads((work / f"round{r + 1}" / name).read_text()) for r in range(suite.speed_rounds)]
                 key = f"{setting.name}/{precision}"
                 errors = [t["error"] for t in taken if "error" in t]
                 points.setdefault(entry.name, {})[key] = (
