@@ -125,14 +125,19 @@ def run_point(
     stats_url: str,
     point: Point,
     pool: Sequence[str],
-    search: dict[str, Any],
+    search: dict[str, Any] | Sequence[dict[str, Any]],
     duration: float,
     max_requests: int,
     warmup: int,
     admin: dict[str, str] | None = None,
 ) -> Point:
-    """Keep `concurrency` requests in flight for `duration` s or `max_requests`; fill in the point's numbers."""
+    """Keep `concurrency` requests in flight for `duration` s or `max_requests`; fill in the point's numbers.
+    `search`: the settings of every request, or (client batch 1) one per pool sentence."""
     b, n = point.client_batch, len(pool)
+
+    def settings(first: int) -> dict[str, Any]:
+        return search if isinstance(search, dict) else search[first % n]
+
     lock = threading.Lock()
     issued = [0]
     latencies: list[float] = []
@@ -151,7 +156,7 @@ def run_point(
         try:
             client = Client(url, point.protocol, point.model)
             if k < warmup:
-                client.infer([pool[(k + j) % n] for j in range(b)], search)
+                client.infer([pool[(k + j) % n] for j in range(b)], settings(k))
         except Exception as exc:
             with lock:
                 errors.append(f"client setup: {exc}")
@@ -171,7 +176,7 @@ def run_point(
                 texts = [pool[(i * b + j) % n] for j in range(b)]
                 t0 = time.perf_counter()
                 try:
-                    client.infer(texts, search)
+                    client.infer(texts, settings(i * b))
                 except Exception as exc:  # every failure is counted, never lost with its thread
                     with lock:
                         errors.append(f"{type(exc).__name__}: {exc}")
@@ -466,6 +471,7 @@ class _Run:
     names: list[str]  # one model per export (`<name>-nodb` beside it without dynamic batching)
     pools: dict[str, list[str]]  # model name → the sentences its requests draw from
     search: dict[str, Any]  # search settings sent with every request (those set in cfg.search)
+    forced: dict[str, list[dict[str, Any]]]  # model name → per pool sentence, its forced-length settings (lengths=)
     repeats: int
     baseline_threads: int | None  # ORT threads of the in-process baseline
 
@@ -505,9 +511,32 @@ def _write_repository(cfg: Any) -> _Run:
         if cfg.no_batching_concurrency:
             write_python_model(e, repo, off, overwrite=True, name=name + NO_BATCHING, manifest=manifest)
     search = {k: v for k, v in OmegaConf.to_container(cfg.search, resolve=True).items() if v is not None}  # type: ignore[union-attr]
+    forced = _forced_lengths(cfg, names, pools, search)
     repeats = max(1, int(cfg.repeats))
     baseline_threads = _baseline_threads(cfg.baseline_threads, settings)
-    return _Run(exports, stamp, out, repo, timeout, names, pools, search, repeats, baseline_threads)
+    return _Run(exports, stamp, out, repo, timeout, names, pools, search, forced, repeats, baseline_threads)
+
+
+def _forced_lengths(
+    cfg: Any, names: list[str], pools: dict[str, list[str]], search: dict[str, Any]
+) -> dict[str, list[dict[str, Any]]]:
+    """`lengths=[file per export]`: each sentence's request carries min_len = max_len_b - 1 = its length and
+    max_len_a = 0, so the server decodes a known amount of work (zoo.report's speed stage, whose rebuilt models
+    have random weights). One sentence per request, our load generator only, no in-process baseline."""
+    if not cfg.get("lengths"):
+        return {}
+    files = [cfg.lengths] if isinstance(cfg.lengths, str) else list(cfg.lengths)
+    if len(files) != len(names):
+        raise ServeError(f"lengths= lists {len(files)} files for {len(names)} exports; give one per export")
+    if list(cfg.client_batch) != [1] or str(cfg.tool) != "ours" or cfg.baseline:
+        raise ServeError("lengths= needs client_batch=[1] tool=ours baseline=false (one forced length per request)")
+    forced = {}
+    for name, path in zip(names, files, strict=True):
+        lengths = json.loads(Path(path).read_text())
+        if len(lengths) != len(pools[name]):
+            raise ServeError(f"{path} has {len(lengths)} lengths for {len(pools[name])} sentences; give one each")
+        forced[name] = [{**search, "min_len": int(n), "max_len_a": 0, "max_len_b": int(n) + 1} for n in lengths]
+    return forced
 
 
 # ---------------------------------------------------------------------------------------------- tools
@@ -552,7 +581,7 @@ def _sweep(cfg: Any, run: _Run, tools: _Tools, server: Server) -> list[Point]:
         for k, (name, protocol, b, c, db) in enumerate(plan, 1):
             model = name if db else name + NO_BATCHING
             p = Point(model, protocol, db, b, c, measured_by_ours=tools.use_ours)
-            p = _measure(cfg, run, tools, server, p, run.pools[name], r)
+            p = _measure(cfg, run, tools, server, p, name, r)
             if cfg.baseline and p.effective_batch > 0 and served_rate(p) > 0:
                 eff = max(1, round(p.effective_batch))
                 if (name, eff) not in baselines:
@@ -568,7 +597,7 @@ def _sweep(cfg: Any, run: _Run, tools: _Tools, server: Server) -> list[Point]:
     return [median_point(ps) for ps in rounds.values()]
 
 
-def _measure(cfg: Any, run: _Run, tools: _Tools, server: Server, p: Point, pool: list[str], round_index: int) -> Point:
+def _measure(cfg: Any, run: _Run, tools: _Tools, server: Server, p: Point, name: str, round_index: int) -> Point:
     """One point by each tool asked for; with both, which goes first alternates round by round."""
     info = server.info
     pa_first = tools.use_pa and round_index % 2 == 1
@@ -579,8 +608,8 @@ def _measure(cfg: Any, run: _Run, tools: _Tools, server: Server, p: Point, pool:
             info.url(p.protocol),
             info.triton_http_url,
             p,
-            pool,
-            run.search,
+            run.pools[name],
+            run.forced.get(name) or run.search,
             float(cfg.duration_s),
             int(cfg.max_requests),
             int(cfg.warmup_requests),
@@ -620,6 +649,7 @@ def _write_results(cfg: Any, run: _Run, tools: _Tools, points: list[Point]) -> d
         "config": OmegaConf.to_container(cfg, resolve=True),
         "models": run.names,
         "search": run.search,
+        "forced_lengths": bool(run.forced),
         "created": run.stamp,
         "machine": _machine(),
         "tool": tools.tool,

@@ -141,6 +141,10 @@ def test_report_numbers_come_from_the_records(smoke_report: Path) -> None:
             assert f"{statistics.median(rounds):.1f} (×{statistics.median(ratios):.2f}" in row
         # the rebuilt models decoded exactly the records' hypothesis lengths: the same tokens in both precisions
         assert points["b2/fp32"]["output_tokens"] == points["b2/int8"]["output_tokens"]
+        # served by a real tritonserver, each request one sentence with its forced length, 3 interleaved rounds
+        served = speed["entries"][entry]["served"]
+        assert len(served["sentences_per_s"]) == 3 and min(served["sentences_per_s"]) > 0 and served["errors"] == 0
+        assert f"{statistics.median(served['sentences_per_s']):.1f} (×" in row
     # the variant is compared with the baseline of the same seed, one paired bootstrap per seed, recomputed
     # from the records' hypotheses
     from zoo.metrics import paired_bootstrap

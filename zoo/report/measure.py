@@ -6,6 +6,8 @@ Steps, each resumable (what is on disk under reports/<suite>/speed/ is not redon
   export   `python -m export` with the record's head plan, fp32 and quantize=true, one process each
   rounds   rounds × entries × settings × precisions, each a fresh `python -m zoo.report.speed` process; the entry
            order rotates every round, so no entry always runs first or last on a warming machine
+  served   every entry's fp32 export in one real tritonserver (`python -m serve.bench`), each request one sentence
+           carrying its forced length, `rounds` interleaved repeats
   store    the measurements as taken, with the machine, settings and git sha
 """
 
@@ -65,7 +67,7 @@ def _export(checkpoint: Path, plan: Path | None, out: Path, precision: str, thre
     if (out / "manifest.json").is_file():
         return out
     cmd = [sys.executable, "-m", "export", f"checkpoint={checkpoint}", f"out={out}", "overwrite=true"]
-    cmd.append(f"name={out.parent.name}")  # the entry: suite variants are not model entries
+    cmd.append(f"name={out.name}")  # the entry: suite variants are not model entries
     if plan is not None:
         cmd.append(f"head_plan={plan}")
     if precision == "int8":  # its BLEU cost is meaningless on random weights: measure it on 4 held-out pairs
@@ -152,6 +154,42 @@ def _rounds(work: Path, suite: Suite, entries: list[_Entry], texts: Path) -> dic
     return points
 
 
+def _served(work: Path, suite: Suite, entries: list[_Entry], texts: Path) -> dict[str, dict[str, Any]]:
+    """Served sentences/s per entry and round (or the error), from one serve.bench run over every fp32 export."""
+    cfg = suite.triton
+    exports = {e.name: e.exports["fp32"] for e in entries if not isinstance(e.exports["fp32"], str)}
+    if not cfg.get("enabled") or not exports:
+        return {}
+    out = work / f"served-{_workload_key(suite)}"
+    if not (out / "results.json").is_file():
+        lengths = [str(e.lengths) for e in entries if e.name in exports]
+        cmd = [sys.executable, "-m", "serve.bench", f"exports=[{','.join(str(x) for x in exports.values())}]"]
+        cmd += [f"sentences={texts}", f"lengths=[{','.join(lengths)}]", "client_batch=[1]", "tool=ours"]
+        cmd += [f"protocols=[{cfg.get('protocol', 'grpc')}]", f"concurrency=[{int(cfg.get('concurrency', 16))}]"]
+        cmd += ["no_batching_concurrency=[]", "baseline=false", f"duration_s={cfg.get('duration_s', 20)}"]
+        cmd += [f"repeats={suite.speed_rounds}", f"out={out}", "search.beam_size=5"]
+        cmd += [f"server.instance_count={int(cfg.get('instance_count', 1))}"]
+        if cfg.get("threads") or suite.speed_threads:
+            cmd.append(f"server.threads={cfg.get('threads') or suite.speed_threads}")
+        print(f"[report] served: {' '.join(cmd[3:])}", flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            return {name: {"error": _tail(proc)} for name in exports}
+    results = json.loads((out / "results.json").read_text())
+    served: dict[str, dict[str, Any]] = {}
+    for point in results["points"]:
+        if point["model"] in exports and point["dynamic_batching"]:
+            served[point["model"]] = {
+                "sentences_per_s": point["rounds_sentences_per_s"] or [point["sentences_per_s"]],
+                "errors": point["errors"],
+                "p95_ms": point["latency_ms"].get("p95"),
+                "effective_batch": point["effective_batch"],
+            }
+            if point["errors"]:
+                served[point["model"]]["error"] = f"{point['errors']} failed requests: {point['first_error']}"
+    return served
+
+
 def run_speed(report_dir: Path, results_dir: Path, suite: Suite) -> Path | None:
     """Measure the speed of every entry that has a record of the speed seed and write the suite's speed file for
     this machine; returns its path (None when the suite measures no speed)."""
@@ -174,6 +212,7 @@ def run_speed(report_dir: Path, results_dir: Path, suite: Suite) -> Path | None:
     texts.write_text("".join(t + "\n" for t in corpus.texts), encoding="utf-8")
     entries = _inputs(work, suite, records, corpus)
     points = _rounds(work, suite, entries, texts)
+    served = _served(work, suite, entries, texts)
     machine = describe_machine()
     return write_speed(
         speed_path(results_dir, machine["class"]),
@@ -189,12 +228,14 @@ def run_speed(report_dir: Path, results_dir: Path, suite: Suite) -> Path | None:
             "rounds": suite.speed_rounds,
             "workload": WORKLOAD,
             "settings": [asdict(s) for s in suite.speed_settings],
+            "served_settings": suite.triton if served else None,
             "entries": {
                 e.name: {
                     "record": e.record,
                     "size": e.size,
                     "exports": {p: str(x) if isinstance(x, str) else "ok" for p, x in e.exports.items()},
                     "points": points[e.name],
+                    "served": served.get(e.name),
                 }
                 for e in entries
             },
