@@ -106,7 +106,7 @@ def speed_section(speeds: list[dict[str, Any]], baseline: str, claims: list[dict
         cols = _columns(speed)
         first = cols[0][0]
         header = ["entry", "params excl. emb", "FLOPs × base", *(h for _, h in cols)]
-        header += ["peak MB fp32", "peak MB INT8", f"speed-up ÷ FLOP saving ({first})"]
+        header += ["peak MB fp32 (largest setting)", "peak MB INT8", f"speed-up ÷ FLOP saving ({first})"]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for entry, rec in speed["entries"].items():
             row = [f"`{entry}`", format_count(rec["size"]["params_excl_emb"]), f"{rec['flop_ratio']:.2f}"]
