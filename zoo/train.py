@@ -1,8 +1,9 @@
 """`python -m zoo.train +model=<entry>`: build data, train, average, evaluate on test.
 
 `train(cfg)` is the testable core; `main` is the thin Hydra entry point. `_train` reads as its steps:
-  check    procedure, generation and schedule options, rejected before a run directory exists
-  run      a new run directory (config.yaml, provenance), or the resumed one with its saved config
+  check    the trainer's settings (a TrainerConfig), procedure and generation options, rejected before a run
+           directory exists
+  run      a new run directory (config.yaml, provenance), or the resumed one with its saved config and settings
   data     the splits, the run's tokenizer (trained once per run), the encoded training and validation pairs
   model    built from the entry and the tokenizer's vocabulary, its size printed
   trainer  the entry's procedure on init_from's weights or last.pt's state; fit, then average checkpoints
@@ -33,10 +34,9 @@ from zoo.flops import format_size_summary, size_summary
 from zoo.generate import Search, SearchError
 from zoo.ght.procedure import GHTOptions, GHTProcedure
 from zoo.model import ModelConfig, Transformer, build_model
-from zoo.optim import LR_SCHEDULES
 from zoo.runs import DONE_MARKER, new_run_dir, resolve_resume, write_provenance
-from zoo.threads import AUTO, ThreadChoice, choose_threads, describe, torch_threads
-from zoo.trainer import Trainer
+from zoo.threads import ThreadChoice, choose_threads, describe, torch_threads
+from zoo.trainer import Trainer, TrainerConfig
 
 log = logging.getLogger("zoo.train")
 
@@ -59,6 +59,14 @@ def model_config_from(cfg: DictConfig, tokenizer: Tokenizer) -> ModelConfig:
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"model entry {cfg.model.name!r} is invalid: {exc}") from exc
+
+
+def trainer_config_from(node: DictConfig, where: str = "") -> TrainerConfig:
+    """TrainerConfig from a `trainer` node (this command's, or `where`: a resumed run's saved config)."""
+    try:
+        return TrainerConfig.from_node(node)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{where}{exc}") from exc
 
 
 def _effective_max_len(cfg: DictConfig) -> int:
@@ -130,29 +138,32 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     Runs with `trainer.threads` torch threads, taken from this command's config (also when resuming: it
     describes this machine now, not the saved run) and restored afterwards for an in-process caller.
     """
+    settings = trainer_config_from(cfg.trainer)
     try:
-        threads = choose_threads(cfg.trainer.get("threads", AUTO))
+        threads = choose_threads(settings.threads)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     with torch_threads(threads.threads):
-        return _train(cfg, threads)
+        return _train(cfg, settings, threads)
 
 
-def _train(cfg: DictConfig, threads: ThreadChoice) -> dict[str, Any]:
+def _train(cfg: DictConfig, settings: TrainerConfig, threads: ThreadChoice) -> dict[str, Any]:
     device = _pick_device(cfg.device)
     dist.init_distributed(device)
     _check_options(cfg)
     cfg, run_dir, resuming = _prepare_run(cfg)
+    if resuming:  # a resumed run goes on with the settings it was started with
+        settings = trainer_config_from(cfg.trainer, where=f"{run_dir / 'config.yaml'}: ")
     if dist.is_main():
         _attach_log_file(run_dir)
     log.info("run directory: %s%s", run_dir, " (resuming)" if resuming else "")
     log.info("%s", describe(threads))
-    torch.manual_seed(cfg.trainer.seed)
-    data = _data(cfg, run_dir)
+    torch.manual_seed(settings.seed)
+    data = _data(cfg, run_dir, settings.seed)
     model = build_model(model_config_from(cfg, data.tokenizer)).to(device)
     size = size_summary(model)
     print(f"[{cfg.model.name}] {format_size_summary(size)}", flush=True)
-    trainer = _trainer(cfg, model, data, _payload(cfg, data, size), run_dir, device, resuming)
+    trainer = _trainer(cfg, settings, model, data, _payload(cfg, data, size), run_dir, device, resuming)
     state = trainer.fit()
     trainer.average()
     summary: dict[str, Any] = {
@@ -168,7 +179,7 @@ def _train(cfg: DictConfig, threads: ThreadChoice) -> dict[str, Any]:
         summary["head_plan"] = model.cfg.head_plan
         summary["pruned_size"] = _report_pruned(model, cfg.model.name)
     if dist.is_main() and cfg.evaluate_test and data.splits.test:
-        summary["test"] = _evaluate_test(cfg, run_dir, data, device)
+        summary["test"] = _evaluate_test(cfg, run_dir, data, device, settings.progress)
     if dist.is_main():
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         (run_dir / DONE_MARKER).write_text(state.stop_reason + "\n")
@@ -187,16 +198,14 @@ class _Data:
 
 
 def _check_options(cfg: DictConfig) -> None:
-    """Reject bad procedure, generation and schedule options before a run directory is created."""
+    """Reject bad procedure and generation options before a run directory is created (the trainer's settings are
+    checked by TrainerConfig before this)."""
     if "name" in cfg.model:
         _procedure(cfg, started_from_weights=False)
     search_config(cfg)  # bad generation settings (SearchError), which only the test evaluation reads
-    schedule = cfg.trainer.get("lr_schedule", "inverse_sqrt")
-    if schedule not in LR_SCHEDULES:
-        raise UsageError(f"trainer.lr_schedule={schedule!r} is not a schedule; use one of {', '.join(LR_SCHEDULES)}")
 
 
-def _data(cfg: DictConfig, run_dir: Path) -> _Data:
+def _data(cfg: DictConfig, run_dir: Path, seed: int) -> _Data:
     """Splits, tokenizer (trained once per run, so a resumed run reads the same one) and encoded pairs; rank 0
     builds the data cache and the tokenizer first, the other ranks then read them."""
     if dist.is_main():
@@ -210,7 +219,7 @@ def _data(cfg: DictConfig, run_dir: Path) -> _Data:
         tokenizer = Tokenizer.train(
             texts,
             vocab_size=cfg.data.vocab_size,
-            seed=cfg.trainer.seed,
+            seed=seed,
             model_type=cfg.data.get("tokenizer", "unigram"),
         )
         tok_path.write_bytes(tokenizer.model_bytes)
@@ -249,6 +258,7 @@ def _payload(cfg: DictConfig, data: _Data, size: dict[str, Any]) -> dict[str, An
 
 def _trainer(
     cfg: DictConfig,
+    settings: TrainerConfig,
     model: Transformer,
     data: _Data,
     payload: dict[str, Any],
@@ -267,7 +277,7 @@ def _trainer(
         data.train_pairs,
         data.splits.valid,
         data.valid_pairs,
-        cfg.trainer,
+        settings,
         run_dir,
         payload,
         cfg.data.task,
@@ -279,7 +289,7 @@ def _trainer(
     return trainer
 
 
-def _evaluate_test(cfg: DictConfig, run_dir: Path, data: _Data, device: torch.device) -> dict[str, Any]:
+def _evaluate_test(cfg: DictConfig, run_dir: Path, data: _Data, device: torch.device, progress: bool) -> dict[str, Any]:
     """Beam search on the test split with the checkpoint evaluation picks (avg.pt, else best.pt); hypotheses and
     metrics written to the run directory."""
     ckpt = resolve_checkpoint(run_dir)
@@ -292,7 +302,7 @@ def _evaluate_test(cfg: DictConfig, run_dir: Path, data: _Data, device: torch.de
         cfg.data.task,
         search_config(cfg),
         remove_bpe=cfg.data.get("remove_bpe"),
-        progress=cfg.trainer.progress,
+        progress=progress,
         max_tokens=g.max_tokens,
         max_sentences=g.max_sentences,
     )

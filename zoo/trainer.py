@@ -14,10 +14,12 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from difflib import get_close_matches
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 
 import torch
 from torch import Tensor, nn
@@ -39,10 +41,142 @@ from zoo.optim import (
     linear_decay_schedule,
 )
 from zoo.plots import plot_learning_curve
-from zoo.threads import usable_cores
+from zoo.threads import AUTO, usable_cores
 from zoo.throughput import ThroughputMonitor, contention_hint
 
 log = logging.getLogger("zoo.train")
+
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+BEST_METRICS = ("quality", "loss")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The trainer's settings: the `trainer` node of a run's config (conf/trainer/*.yaml, where each key is
+    explained), checked once when the run starts instead of failing as a KeyError or a wrong type mid-run.
+
+    `threads` and `lr_schedule` have defaults because run directories saved before those keys existed must still
+    resume (their config.yaml lacks them); every other key is in every saved config.
+    """
+
+    seed: int
+    lr: float
+    betas: tuple[float, float]
+    adam_eps: float
+    weight_decay: float
+    warmup_updates: int
+    warmup_init_lr: float
+    max_tokens: int
+    update_freq: int
+    max_updates: int
+    max_epochs: int  # 0 = unlimited
+    max_minutes: float  # 0 = no wall-clock budget
+    clip_norm: float  # 0 = no clipping
+    label_smoothing: float
+    precision: str  # PRECISIONS
+    validate_every: int
+    valid_quality_sentences: int
+    valid_max_len_a: float
+    valid_max_len_b: int
+    best_metric: str  # BEST_METRICS
+    patience: int  # 0 = off
+    average_last: int  # < 2 = off
+    log_every: int
+    progress: bool
+    save_last_every_validation: bool
+    threads: int | str = AUTO
+    lr_schedule: str = "inverse_sqrt"  # LR_SCHEDULES
+
+    @classmethod
+    def from_node(cls, node: Mapping[str, Any]) -> TrainerConfig:
+        """The one conversion of a `trainer` node (a DictConfig or a dict, e.g. a saved config.yaml's): raises
+        ValueError naming an unknown, missing or mistyped key and how to fix it."""
+        raw = {key: node[key] for key in node}  # a DictConfig resolves interpolations on access
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(raw) - set(known))
+        if unknown:
+            named = [
+                f"{k!r}" + "".join(f" (did you mean {c!r}?)" for c in get_close_matches(k, known, 1)) for k in unknown
+            ]
+            raise ValueError(
+                f"unknown trainer key {', '.join(named)}: the keys are those of conf/trainer/cpu.yaml (a new one "
+                "needs a field in zoo.trainer.TrainerConfig)"
+            )
+        required = [f.name for f in fields(cls) if f.default is MISSING]
+        missing = [k for k in required if k not in raw]
+        if missing:
+            raise ValueError(
+                f"the trainer config lacks {missing}: add them to the trainer preset (conf/trainer/*.yaml) or pass "
+                f"+trainer.<key>=<value>"
+            )
+        if isinstance(raw.get("betas"), Sequence) and not isinstance(raw["betas"], str):
+            raw["betas"] = tuple(raw["betas"])  # a list in YAML (a ListConfig in a DictConfig)
+        return cls(**raw)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value, hint = getattr(self, f.name), _FIELD_TYPES[f.name]
+            if not _has_type(value, hint):
+                shown = list(value) if isinstance(value, tuple) else value
+                raise ValueError(
+                    f"trainer.{f.name}={shown!r} is {_A_TYPE.get(type(value), type(value).__name__)}, but it must be "
+                    f"{_type_name(hint)}: correct it in the trainer preset (conf/trainer/*.yaml) or on the command "
+                    f"line (trainer.{f.name}=...)"
+                )
+        for name, noun, allowed in (
+            ("precision", "a precision", PRECISIONS),
+            ("best_metric", "a metric", BEST_METRICS),
+            ("lr_schedule", "a schedule", LR_SCHEDULES),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"trainer.{name}={getattr(self, name)!r} is not {noun}; use one of {', '.join(allowed)}"
+                )
+        for name in ("validate_every", "log_every", "update_freq", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name}={getattr(self, name)} must be at least 1 (trainer.{name}=<n ≥ 1>)")
+
+
+_A_TYPE = {
+    type(None): "null",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    tuple: "a list",
+}
+
+
+def _type_name(hint: Any) -> str:
+    """How an error names the type a field wants ("an integer", "a list of 2 numbers")."""
+    if isinstance(hint, types.UnionType):
+        return " or ".join(_type_name(h) for h in get_args(hint))
+    if get_origin(hint) is tuple:
+        return f"a list of {len(get_args(hint))} numbers"
+    return _A_TYPE[hint]
+
+
+def _has_type(value: Any, hint: Any) -> bool:
+    """Whether `value` fits a field's type: an integer is a number too (lr=1), a boolean is neither."""
+    if isinstance(hint, types.UnionType):
+        return any(_has_type(value, h) for h in get_args(hint))
+    if get_origin(hint) is tuple:
+        args = get_args(hint)
+        return (
+            isinstance(value, tuple)
+            and len(value) == len(args)
+            and all(_has_type(v, h) for v, h in zip(value, args, strict=True))
+        )
+    if isinstance(value, bool):
+        return hint is bool
+    if hint is float:
+        return isinstance(value, int | float)
+    return isinstance(value, hint)
+
+
+_FIELD_TYPES = get_type_hints(TrainerConfig)
 
 
 class Procedure:
@@ -158,7 +292,7 @@ class Trainer:
         train_pairs: Sequence[tuple[list[int], list[int]]],
         valid_examples: Sequence[Example],
         valid_pairs: Sequence[tuple[list[int], list[int]]],
-        cfg: Any,
+        cfg: TrainerConfig | Mapping[str, Any],
         run_dir: Path,
         payload: dict[str, Any],
         task: str,
@@ -170,6 +304,8 @@ class Trainer:
         self.train_pairs = train_pairs
         self.valid_examples = list(valid_examples)
         self.valid_pairs = valid_pairs
+        # a `trainer` node (a caller other than zoo.train) goes through the same conversion and checks
+        cfg = cfg if isinstance(cfg, TrainerConfig) else TrainerConfig.from_node(cfg)
         self.cfg = cfg
         self.run_dir = run_dir
         self.ckpt_dir = run_dir / "checkpoints"
@@ -185,7 +321,7 @@ class Trainer:
         self.model: nn.Module = model
         if self.world > 1:
             self.model = nn.parallel.DistributedDataParallel(model)
-        self.optimizer = build_optimizer(model, cfg.lr, tuple(cfg.betas), cfg.adam_eps, cfg.weight_decay)
+        self.optimizer = build_optimizer(model, cfg.lr, cfg.betas, cfg.adam_eps, cfg.weight_decay)
         self.scheduler = self._schedule()
         self.sampler = TokenBatchSampler(
             [len(s) for s, _ in train_pairs],
@@ -200,7 +336,7 @@ class Trainer:
 
     def _schedule(self) -> torch.optim.lr_scheduler.LambdaLR:
         cfg = self.cfg
-        kind = cfg.get("lr_schedule", "inverse_sqrt")
+        kind = cfg.lr_schedule
         if kind == "inverse_sqrt":
             return inverse_sqrt_schedule(self.optimizer, cfg.warmup_updates, cfg.warmup_init_lr)
         if kind == "linear":

@@ -213,7 +213,7 @@ class GHTProcedure(Procedure):
         limit = self.options.vote_at if self.options.vote_at >= 1 else self.options.vote_at * trainer.cfg.max_updates
         # a fractional vote_at is a fraction of the budget, and on the CPU preset the budget that ends
         # training is wall time (max_minutes), not max_updates: without this GCT never reaches voting there
-        minutes = trainer.cfg.get("max_minutes") or 0
+        minutes = trainer.cfg.max_minutes or 0
         vote_at = self.options.vote_at
         out_of_time = vote_at < 1 and minutes > 0 and trainer.state.elapsed_s >= vote_at * minutes * 60
         if self.converged_checks >= self.options.patience:
@@ -310,7 +310,7 @@ class GHTProcedure(Procedure):
         maps = tuple(self.options.vote_maps)
         self._set_capture(True, maps)
         start = time.perf_counter()
-        shown = bool(trainer.cfg.get("progress", True)) and dist.is_main()
+        shown = trainer.cfg.progress and dist.is_main()
         # Algorithm 1: every batch, every module, every map votes, with the probe's groups
         for ids in tqdm(batches, desc=f"voting ({'/'.join(maps)})", unit="batch", disable=not shown):
             batch = collate([trainer.train_pairs[i] for i in ids], tok.pad_id, tok.bos_id, tok.eos_id)
