@@ -16,18 +16,15 @@ import pytest
 import torch
 
 from zoo.data import (
-    Batch,
     DataError,
     Example,
     Splits,
-    TokenBatchSampler,
     Tokenizer,
     build_splits,
-    collate,
-    encode_examples,
     remove_bpe,
 )
 from zoo.data import build as build_mod
+from zoo.data.batching import Batch, TokenBatchSampler, collate, encode_examples
 from zoo.data.corpora import DEEN_DEFAULTS, SUMM_DEFAULTS, build_deen, build_summ
 from zoo.data.ddtp import (
     family_key,
