@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zoo import distributed as dist
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
-from zoo.data import Splits, Tokenizer, build_splits
+from zoo.data import Splits, Tokenizer, build_splits, train_run_tokenizer
 from zoo.data.batching import encode_examples
 from zoo.entries import entry_model_config, missing_model_message
 from zoo.errors import ZooError, one_line_errors
@@ -215,14 +215,7 @@ def _data(cfg: DictConfig, run_dir: Path, seed: int) -> _Data:
         splits = build_splits(cfg.data)
     tok_path = run_dir / "tokenizer.model"
     if dist.is_main() and not tok_path.exists():
-        texts = [e.src for e in splits.train] + [e.tgt for e in splits.train]
-        tokenizer = Tokenizer.train(
-            texts,
-            vocab_size=cfg.data.vocab_size,
-            seed=seed,
-            model_type=cfg.data.get("tokenizer", "unigram"),
-        )
-        tok_path.write_bytes(tokenizer.model_bytes)
+        tok_path.write_bytes(train_run_tokenizer(splits.train, cfg.data, seed).model_bytes)
     dist.barrier()
     tokenizer = Tokenizer.from_bytes(tok_path.read_bytes())
     max_len = _effective_max_len(cfg)

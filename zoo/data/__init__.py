@@ -16,7 +16,7 @@ fetches nginx and perf_analyzer's libb64 through `zoo.data.debian` on hosts that
 
 from zoo.data.build import build_splits
 from zoo.data.text import remove_bpe
-from zoo.data.tokenizer import Tokenizer
+from zoo.data.tokenizer import Tokenizer, train_run_tokenizer
 from zoo.data.types import DataError, Example, Splits
 
 __all__ = [
@@ -26,4 +26,5 @@ __all__ = [
     "Tokenizer",
     "build_splits",
     "remove_bpe",
+    "train_run_tokenizer",
 ]

@@ -10,11 +10,12 @@ from __future__ import annotations
 import io
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import sentencepiece as spm
 
-from zoo.data.types import DataError
+from zoo.data.types import DataError, Example
 
 log = logging.getLogger("zoo.data")
 
@@ -154,3 +155,15 @@ class Tokenizer:
 
     def __len__(self) -> int:
         return self.vocab_size
+
+
+def train_run_tokenizer(train: Sequence[Example], data_cfg: Mapping[str, Any], seed: int) -> Tokenizer:
+    """The joint tokenizer a training run builds: both sides of its training split, the data config's vocabulary
+    size and model type, the run's seed — one definition, so anything that rebuilds it (the speed stage) gets the
+    same pieces."""
+    return Tokenizer.train(
+        [e.src for e in train] + [e.tgt for e in train],
+        vocab_size=int(data_cfg["vocab_size"]),
+        seed=seed,
+        model_type=str(data_cfg.get("tokenizer", "unigram")),
+    )

@@ -19,7 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from zoo.checkpoint import save_checkpoint
-from zoo.data import DataError, Tokenizer, build_splits
+from zoo.data import DataError, Tokenizer, build_splits, train_run_tokenizer
 from zoo.entries import entry_model_config
 from zoo.errors import ZooError
 from zoo.flops import size_summary
@@ -59,12 +59,7 @@ def speed_corpus(record: dict[str, Any], label: str, sentences: int, cache_dir: 
     if cache.is_file():
         tokenizer = Tokenizer.from_bytes(cache.read_bytes())
     else:
-        tokenizer = Tokenizer.train(
-            [e.src for e in splits.train] + [e.tgt for e in splits.train],
-            vocab_size=int(data_cfg["vocab_size"]),
-            seed=seed,
-            model_type=str(data_cfg.get("tokenizer", "unigram")),
-        )
+        tokenizer = train_run_tokenizer(splits.train, data_cfg, seed)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_bytes(tokenizer.model_bytes)
     test = splits.test
