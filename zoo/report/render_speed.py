@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from zoo.flops import format_count
-from zoo.report.speed_results import PRECISIONS, speed_verdict
+from zoo.report.speed_results import PRECISIONS, round_ratios, speed_verdict
 
 LABELS = {"fp32": "ORT fp32", "int8": "ORT INT8", "served": "served"}
 
@@ -134,10 +134,7 @@ def efficiency_claims(speed: dict[str, Any], claims: list[dict[str, Any]]) -> li
     for c in claims:
         point = ((speed["entries"].get(c["system"]) or {}).get("points") or {}).get(c["point"]) or {}
         base = ((speed["entries"].get(c["baseline"]) or {}).get("points") or {}).get(c["point"]) or {}
-        if c["baseline"] == speed.get("baseline"):
-            ratios = point.get("ratios") or []
-        else:
-            ratios = [a / b for a, b in zip(point.get("rounds") or [], base.get("rounds") or [], strict=False) if b > 0]
+        ratios = round_ratios(point.get("rounds") or [], base.get("rounds") or [])
         verdict = speed_verdict(ratios)
         src = c["source"]
         lines.append(

@@ -64,16 +64,19 @@ def read_speed_files(results_dir: Path, suite_name: str, baseline: str) -> list[
     return out
 
 
-def _ratios(values: list[float], base: list[float]) -> list[float]:
+def round_ratios(values: list[float], base: list[float]) -> list[float]:
+    """Per-round ratios system ÷ baseline (both lists in round order); none unless both have every round."""
+    if len(values) != len(base):
+        return []
     return [v / b for v, b in zip(values, base, strict=True) if b > 0]
 
 
 def point_summary(rounds: list[float], base_rounds: list[float] | None) -> dict[str, Any]:
     """Median sentences/s over rounds and the per-round ratios to the baseline's same round."""
     out: dict[str, Any] = {"rounds": rounds, "median": median(rounds) if rounds else None}
-    if base_rounds and len(base_rounds) == len(rounds):
-        ratios = _ratios(rounds, base_rounds)
-        out |= {"ratios": ratios, "ratio": median(ratios) if ratios else None}
+    ratios = round_ratios(rounds, base_rounds or [])
+    if ratios:
+        out |= {"ratios": ratios, "ratio": median(ratios)}
     return out
 
 
@@ -136,6 +139,7 @@ __all__ = [
     "machine_slug",
     "point_summary",
     "read_speed_files",
+    "round_ratios",
     "speed_path",
     "speed_verdict",
     "summarize",
