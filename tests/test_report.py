@@ -393,6 +393,7 @@ def test_a_sibling_suites_record_of_the_same_run_is_shared_not_retrained(
             assert shared["hypotheses"] == original["hypotheses"] and shared["test"] == original["test"]
     report = (root / "results" / "ght" / "REPORT.md").read_text()
     assert "Shared with suite `quick`" in report and "transformer seed 2" in report
+    assert "Not measured for this suite (`speed.enabled: false`" in report  # not "not measured yet"
 
 
 def test_a_variant_trains_under_its_own_name_and_its_claim_gets_a_measured_verdict(

@@ -44,6 +44,13 @@ def planned_commands(suite: str, extra: list[str]) -> list[list[str]]:
     return [line.split("] ", 1)[1].split() for line in plan.stdout.splitlines() if "] -m zoo.train " in line]
 
 
+def entry_name(cmd: list[str]) -> str:
+    """The name the run directory carries: a suite variant's `model.name=` override, else the `+model` entry
+    (the monitor of 2026-11-27 globbed `ght-*` for variant `ght_summ`, saw update 0 throughout and stopped the
+    GHT runs at its deadline as if they had not started)."""
+    return next((a.split("=", 1)[1] for a in cmd if a.startswith("model.name=")), None) or arg(cmd, "+model")
+
+
 def step_of(run: dict[str, Any]) -> int:
     """The run's last logged update (its metrics.csv), 0 before the first."""
     files = sorted(glob.glob(f"{run['root']}/{run['entry']}-*/*/metrics.csv"))
@@ -57,7 +64,7 @@ def step_of(run: dict[str, Any]) -> int:
 def start_runs(cmds: list[list[str]]) -> list[dict[str, Any]]:
     runs: list[dict[str, Any]] = [
         {
-            "entry": arg(cmd, "+model"),
+            "entry": entry_name(cmd),
             "seed": int(arg(cmd, "trainer.seed")),
             "root": arg(cmd, "runs_root"),
             "updates": int(arg(cmd, "trainer.max_updates")),

@@ -57,6 +57,7 @@ def publish(
         "results_dir": display_dir(results_dir),
         "speed": [summarize(f) for f in read_speed_files(results_dir, suite.name, suite.baseline)],
         "speed_claims": [asdict(c) for c in suite.speed_claims],
+        "speed_enabled": suite.speed_enabled,
     }
     command = render_command(suite, results_dir)
     block = readme_block(data, render_command(suite, results_dir, readme=True))

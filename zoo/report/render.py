@@ -182,7 +182,7 @@ def markdown(data: dict[str, Any], command: str) -> str:
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     lines += claims_section(data)
-    lines += speed_section(data["speed"], data["baseline"], data["speed_claims"])
+    lines += speed_section(data["speed"], data["baseline"], data["speed_claims"], data["speed_enabled"])
     lines += _per_source_section(data)
     lines += _ght_section(data)
     lines += [

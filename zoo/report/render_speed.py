@@ -67,8 +67,17 @@ def settings_text(speed: dict[str, Any]) -> str:
     )
 
 
-def speed_section(speeds: list[dict[str, Any]], baseline: str, claims: list[dict[str, Any]]) -> list[str]:
+def speed_section(
+    speeds: list[dict[str, Any]], baseline: str, claims: list[dict[str, Any]], enabled: bool = True
+) -> list[str]:
     """`## Speed` of REPORT.md: for each machine class its table and the efficiency claims."""
+    if not speeds and not enabled:
+        return [
+            "## Speed",
+            "",
+            "Not measured for this suite (`speed.enabled: false` in its conf/suite file, which says why).",
+            "",
+        ]
     if not speeds:
         return [
             "## Speed",
