@@ -15,6 +15,7 @@ import torch
 
 from tests.conftest import smoke_overrides
 from tests.zoo_testing import REPO, compose_train
+from zoo.runs import lock_run_dir
 from zoo.train import train
 
 FAST = ["trainer.max_updates=24", "trainer.validate_every=8", "evaluate_test=false"]
@@ -95,6 +96,31 @@ def test_sigterm_saves_and_resume_dir_continues(tmp_path, smoke_corpus) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["updates"] == 200  # the run's own saved config wins over new overrides
+
+
+def test_a_run_another_process_trains_is_refused_and_left_untouched(tmp_path) -> None:
+    """Two workers must never train one run directory (zoo.report resumes every unfinished run it meets): a resume
+    of a run whose lock another live process holds is refused in one line naming that process, before anything in
+    the directory is read or written; the lock goes with its process, so a killed trainer never blocks a resume."""
+    run_dir = tmp_path / "runs" / "transformer-files" / "20260101-000000"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.pt").write_bytes(b"the first trainer's checkpoint")
+    (run_dir / "metrics.csv").write_text("step,epoch\n1,0\n")
+    hold = "import sys, time; from pathlib import Path; from zoo.runs import lock_run_dir; "
+    hold += "lock = lock_run_dir(Path(sys.argv[1])); print('locked', flush=True); time.sleep(300)"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(run_dir)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+        second = subprocess.run(_cli([f"resume={run_dir}"]), cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert second.returncode != 0
+        assert f"is being trained by another process (pid {holder.pid})" in second.stderr
+        assert f"resume={run_dir}" in second.stderr and "Traceback" not in second.stderr
+        assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    finally:
+        holder.kill()
+        holder.wait()
+    lock_run_dir(run_dir).close()  # the holder was killed: its lock went with it
 
 
 def test_ddp_two_cpu_processes(tmp_path, smoke_corpus) -> None:

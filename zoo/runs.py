@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.machine import describe_machine
 
 DONE_MARKER = "DONE"
+LOCK_FILE = ".lock"
+
+
+class RunBusyError(RuntimeError):
+    """Another process is training this run directory."""
 
 
 def run_name(entry: str, data: str) -> str:
@@ -61,6 +68,30 @@ def resolve_resume(resume: str | bool | None, root: str | Path, entry: str, data
     if not (path / "checkpoints" / "last.pt").is_file():
         raise FileNotFoundError(f"resume={resume}: {path}/checkpoints/last.pt does not exist; cannot resume that run")
     return path
+
+
+def lock_run_dir(run_dir: Path) -> IO[str]:
+    """Hold an exclusive lock on `run_dir` while this process trains it; keep the returned file open until done.
+
+    Why: a second `zoo.train resume=…` (or a second zoo.report worker, which resumes every unfinished run it meets)
+    would otherwise train the same run from its last checkpoint, truncate metrics.csv and overwrite last.pt under the
+    first. The kernel drops an flock when its process ends, killed or not, so a stale lock never blocks a resume."""
+    handle = open(run_dir / LOCK_FILE, "a+")  # held open for the whole run: the caller closes it
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise RunBusyError(
+            f"{run_dir} is being trained by another process (pid {holder}); wait for it to finish, or stop it and "
+            f"then continue with resume={run_dir}"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 def git_sha() -> str:

@@ -17,7 +17,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import hydra
 import torch
@@ -34,7 +34,7 @@ from zoo.flops import format_size_summary, size_summary
 from zoo.generate import Search, SearchError
 from zoo.ght.procedure import GHTOptions, GHTProcedure
 from zoo.model import ModelConfig, Transformer, build_model
-from zoo.runs import DONE_MARKER, new_run_dir, resolve_resume, write_provenance
+from zoo.runs import DONE_MARKER, RunBusyError, lock_run_dir, new_run_dir, resolve_resume, write_provenance
 from zoo.threads import ThreadChoice, choose_threads, describe, torch_threads
 from zoo.trainer import Trainer, TrainerConfig
 
@@ -108,8 +108,9 @@ def _attach_log_file(run_dir: Path) -> None:
     logging.getLogger().addHandler(handler)
 
 
-def _prepare_run(cfg: DictConfig) -> tuple[DictConfig, Path, bool]:
-    """Return (config to use, run dir, resuming?). A resumed run uses its own saved config."""
+def _prepare_run(cfg: DictConfig) -> tuple[DictConfig, Path, bool, IO[str] | None]:
+    """Return (config to use, run dir, resuming?, the run dir's lock on the main rank). A resumed run uses its own
+    saved config; a run another process is training is refused before anything in it is read or written."""
     resume_dir = None
     if cfg.resume not in (None, False):
         if str(cfg.resume) in ("latest", "true", "True") and "name" not in cfg.model:
@@ -120,16 +121,23 @@ def _prepare_run(cfg: DictConfig) -> tuple[DictConfig, Path, bool]:
         except FileNotFoundError as exc:
             raise UsageError(str(exc)) from exc
     if resume_dir is not None:
+        lock = None
+        if dist.is_main():
+            try:
+                lock = lock_run_dir(resume_dir)
+            except RunBusyError as exc:
+                raise UsageError(str(exc)) from exc
         saved = OmegaConf.load(resume_dir / "config.yaml")
         assert isinstance(saved, DictConfig)
-        return saved, resume_dir, True
+        return saved, resume_dir, True, lock
     if "name" not in cfg.model:
         raise UsageError(missing_model_message())
-    run_dir = None
+    run_dir, lock = None, None
     if dist.is_main():
         run_dir = new_run_dir(cfg.runs_root, cfg.model.name, cfg.data.name)
+        lock = lock_run_dir(run_dir)
         write_provenance(run_dir, cfg)
-    return cfg, Path(dist.broadcast_object(str(run_dir))), False
+    return cfg, Path(dist.broadcast_object(str(run_dir))), False, lock
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -151,7 +159,18 @@ def _train(cfg: DictConfig, settings: TrainerConfig, threads: ThreadChoice) -> d
     device = _pick_device(cfg.device)
     dist.init_distributed(device)
     _check_options(cfg)
-    cfg, run_dir, resuming = _prepare_run(cfg)
+    cfg, run_dir, resuming, lock = _prepare_run(cfg)
+    try:
+        return _train_run(cfg, settings, threads, device, run_dir, resuming)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _train_run(
+    cfg: DictConfig, settings: TrainerConfig, threads: ThreadChoice, device: torch.device, run_dir: Path, resuming: bool
+) -> dict[str, Any]:
+    """Train, evaluate and mark done one prepared (new or resumed) run directory."""
     if resuming:  # a resumed run goes on with the settings it was started with
         settings = trainer_config_from(cfg.trainer, where=f"{run_dir / 'config.yaml'}: ")
     if dist.is_main():
