@@ -176,9 +176,9 @@ def test_rebuilt_models_decode_exactly_the_records_hypothesis_lengths(smoke_repo
     corpus = speed_corpus(rec, "mixhead_a-seed1", 12, tmp_path)
     lengths = forced_lengths(rec, "mixhead_a-seed1", corpus)
     assert lengths == [len(corpus.tokenizer.encode(h)) for h in rec["hypotheses"][:12]] and max(lengths) > 0
-    models = smoke_report.parent / "no_runs" / "quick" / "speed" / "models" / "mixhead_a"
-    for precision in ("fp32", "int8"):
-        model = export.load(models / precision / "mixhead_a", threads=1)
+    for precision in ("fp32", "int8"):  # exports are kept once per key, shared between suites
+        [directory] = (smoke_report.parent / "no_runs" / "speed-exports").glob(f"*/{precision}/mixhead_a")
+        model = export.load(directory, threads=1)
         src = model.pad(model.encode_texts(corpus.texts))
         out = model.generate(src, rt.Search(beam_size=2), rt.forced_limits(lengths, model.max_positions))
         assert [len(ids) for ids in out] == lengths

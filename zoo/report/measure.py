@@ -3,7 +3,9 @@ interleaved timing rounds → `results/<suite>/speed-<machine>.json`. No run dir
 
 Steps, each resumable (what is on disk under reports/<suite>/speed/ is not redone):
   inputs   the test sources and, per entry, its forced output lengths and a random-weight checkpoint
-  export   `python -m export` with the record's head plan, fp32 and quantize=true, one process each
+  export   `python -m export` with the record's head plan, fp32 and quantize=true, one process each; kept under
+           reports/speed-exports/<key>/, the key a hash of everything the export reads, so suites that time the
+           same architecture on the same data (quick and heads share six entries) export it once
   rounds   rounds × entries × settings × precisions, each a fresh `python -m zoo.report.speed` process; the entry
            order rotates every round, so no entry always runs first or last on a warming machine
   served   every entry's fp32 export in one real tritonserver (`python -m serve.bench`), each request one sentence
@@ -80,7 +82,26 @@ def _export(checkpoint: Path, plan: Path | None, out: Path, precision: str, thre
     return out
 
 
+def export_key(
+    record: Mapping[str, Any], name: str, plan: Mapping[str, list[int]] | None, corpus: SpeedCorpus, threads: int | None
+) -> str:
+    """Names an export by everything it is made from: the record's model config, the entry and its suite name, the
+    head plan, the data config, tokenizer and held-out pairs, and the runtime threads written into its manifest."""
+    spec = {
+        "model": record["config"]["model"],
+        "entry": record["entry"],
+        "name": name,
+        "plan": plan,
+        "data": corpus.data_config,
+        "tokenizer": hashlib.sha256(corpus.tokenizer.model_bytes).hexdigest(),
+        "heldout": corpus.heldout,
+        "threads": threads,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def _inputs(work: Path, suite: Suite, records: Mapping[str, dict[str, Any]], corpus: SpeedCorpus) -> list[_Entry]:
+    shared = work.parent.parent / "speed-exports"
     entries = []
     for name, record in tqdm(records.items(), desc="rebuild + export", unit="entry"):
         label = f"results/{suite.name}/{name}-seed{suite.speed_seed}.json.gz"
@@ -94,7 +115,12 @@ def _inputs(work: Path, suite: Suite, records: Mapping[str, dict[str, Any]], cor
             rebuild_checkpoint(record, label, corpus, checkpoint)
         plan = head_plan(record)
         plan_file = write_plan(plan, directory / "head_plan.json") if plan else None
-        exports = {p: _export(checkpoint, plan_file, directory / p / name, p, suite.speed_threads) for p in PRECISIONS}
+        key = export_key(record, name, plan, corpus, suite.speed_threads)
+        exports = {}
+        for p in PRECISIONS:
+            legacy = directory / p / name  # where exports were kept before they were shared between suites
+            out = legacy if (legacy / "manifest.json").is_file() else shared / key / p / name
+            exports[p] = _export(checkpoint, plan_file, out, p, suite.speed_threads)
         entries.append(_Entry(name, label, record.get("pruned_size") or record["size"], lengths, exports))
     return entries
 
@@ -243,4 +269,4 @@ def run_speed(report_dir: Path, results_dir: Path, suite: Suite) -> Path | None:
     )
 
 
-__all__ = ["WORKLOAD", "run_speed"]
+__all__ = ["WORKLOAD", "export_key", "run_speed"]
