@@ -3,14 +3,15 @@
 
 The per-model settings, config.pbtxt text for the Python-backend text model and its parts, the parser that reads
 every written config back with Triton's ModelConfig protobuf (shipped in tritonclient) so a malformed config fails
-here with the field named instead of at server start, the export's validated manifest, model names, the files
-copied next to every model.py (the runtime package among them), and staging a model directory that is swapped in
-when complete.
+here with the field named instead of at server start, the export's validated manifest, the export's files copied
+(only those its format defines, checked as they are copied), model names, the code copied next to every model.py
+(the runtime package among them), and staging a model directory that is swapped in when complete.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import shutil
 from collections.abc import Sequence
@@ -183,6 +184,32 @@ def read_manifest(export_dir: Path) -> export_runtime.Manifest:
         return export_runtime.read_manifest(export_dir, check_files=True)
     except export_runtime.ExportedModelError as exc:
         raise RepositoryError(f"{export_dir}: {exc}") from exc
+
+
+def copy_export_files(export_dir: Path, manifest: export_runtime.Manifest, target: Path, names: dict[str, str]) -> None:
+    """The export's files `names` (name in the export → name in `target`) copied into a model directory, each
+    read as a regular file (`open_regular`: no symlink, device or FIFO) and checked against its sha256 as it is
+    copied, so what lands in a model directory is exactly what the manifest lists even if the export changed
+    since it was read. `manifest.json` is written from the manifest as validated, not copied. Only names of
+    the export format reach here (read_manifest refuses any other listed file): nothing importable."""
+    for name, dest in names.items():
+        if name == export_runtime.MANIFEST:
+            text = json.dumps(manifest, indent=2, ensure_ascii=False) + "\n"
+            (target / dest).write_text(text, encoding="utf-8")
+            continue
+        digest = hashlib.sha256()
+        try:
+            with export_runtime.open_regular(export_dir / name) as source, (target / dest).open("xb") as out:
+                for block in iter(lambda: source.read(1 << 20), b""):
+                    digest.update(block)
+                    out.write(block)
+        except export_runtime.ExportedModelError as exc:
+            raise RepositoryError(f"{export_dir}: {exc}") from None
+        if digest.hexdigest() != manifest["files"][name]:
+            raise RepositoryError(
+                f"{export_dir / name} changed while it was copied (its sha256 no longer matches the manifest); "
+                "write the repository again from an export nothing else is writing to"
+            )
 
 
 def copy_model_code(version_dir: Path, model_file: str) -> None:

@@ -31,6 +31,7 @@ from serve.model_config import (
     ModelSettings,
     RepositoryError,
     check_name,
+    copy_export_files,
     copy_model_code,
     parse_config,
     pbtxt_string,
@@ -94,21 +95,21 @@ def write_ngc_model(
     repo.mkdir(parents=True, exist_ok=True)
     parts = {f"{name}-encoder": graphs["encoder"]["file"], f"{name}-decoder": graphs["decoder"]["file"]}
     v = str(settings.version)
-    decoder = ort.InferenceSession(str(export_dir / graphs["decoder"]["file"]), providers=["CPUExecutionProvider"])
-    decoder_inputs = sorted(i.name for i in decoder.get_inputs())
     with contextlib.ExitStack() as stack:  # every staged dir not yet published is removed on leaving
         staged = []
-        for model, graph_file in parts.items():
+        for model, graph_file in parts.items():  # the graphs are read from their checked copies from here on
             stage = stack.enter_context(staged_model_dir(repo, model, overwrite))
             staged.append(stage)
             (stage.path / v).mkdir()
-            shutil.copy2(export_dir / graph_file, stage.path / v / ONNX_FILE)
-            (stage.path / "config.pbtxt").write_text(onnx_config(model, export_dir / graph_file, settings))
+            copy_export_files(export_dir, manifest, stage.path / v, {graph_file: ONNX_FILE})
+            (stage.path / "config.pbtxt").write_text(onnx_config(model, stage.path / v / ONNX_FILE, settings))
+        decoder = ort.InferenceSession(str(staged[1].path / v / ONNX_FILE), providers=["CPUExecutionProvider"])
+        decoder_inputs = sorted(i.name for i in decoder.get_inputs())
         stage = stack.enter_context(staged_model_dir(repo, name, overwrite))
         staged.append(stage)
         (stage.path / v).mkdir()
-        for f in (export_runtime.MANIFEST, manifest["tokenizer"]):
-            shutil.copy2(export_dir / f, stage.path / v / f)
+        held = (export_runtime.MANIFEST, manifest["tokenizer"])
+        copy_export_files(export_dir, manifest, stage.path / v, {f: f for f in held})
         copy_model_code(stage.path / v, "bls_model.py")
         extra = {
             "encoder_model": f"{name}-encoder",

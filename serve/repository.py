@@ -8,6 +8,8 @@ Why: users should get a working repository without writing Triton configs or bac
 - `python` (default, runs on this machine's pytriton wheel): `<name>/config.pbtxt` + `<name>/<v>/model.py`, a
   Python-backend model running the export runtime; the runtime package, ONNX graphs, tokenizer and manifest are
   copied next to it, so the model directory is self-contained (numpy + onnxruntime + sentencepiece only).
+  An export is data: only the files its format defines are copied, under their fixed names, so nothing an
+  export holds can be imported by the model's code (serve/model_config.copy_export_files).
 - `ngc` (a full NGC Triton container with the onnxruntime backend, for GPUs): `<name>-encoder` and
   `<name>-decoder` served by the `onnxruntime` backend (KIND_GPU) and `<name>`, a Python BLS model that
   tokenizes, runs the export runtime's beam search and calls the two ONNX models per step (serve/ngc.py).
@@ -20,7 +22,6 @@ Each export's manifest is read (and its files hashed) once, then handed to the w
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from serve.model_config import (
     ModelSettings,
     RepositoryError,
     check_name,
+    copy_export_files,
     copy_model_code,
     python_config,
     read_manifest,
@@ -61,8 +63,8 @@ def write_python_model(
     with staged_model_dir(repo, name, overwrite) as stage:
         version_dir = stage.path / str(settings.version)
         version_dir.mkdir()
-        for f in [*manifest["files"], export_runtime.MANIFEST]:
-            shutil.copy2(export_dir / f, version_dir / f)
+        data = [*manifest["files"], export_runtime.MANIFEST]  # the format's fixed names (read_manifest)
+        copy_export_files(export_dir, manifest, version_dir, {name: name for name in data})
         copy_model_code(version_dir, "translator_model.py")
         plan = (
             plan_warmup(export_dir, manifest, settings.max_batch_size, settings.max_request_cost)

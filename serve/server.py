@@ -7,7 +7,8 @@ The Python backend keeps its tensors in /dev/shm regions that a crashed server l
 started here gets its own region prefix so exactly its regions are removed when it stops.
 
 State of a started server lives in `<repo>.serve/` (beside the repository — Triton would try to load any
-directory inside it): `server.json` (pid, ports, shm prefix), `server.pid`, `server.log`, `backends/`.
+directory inside it): `server.json` (pid, ports, shm prefix), `server.pid`, `server.log` (the logs of earlier
+starts rotated to `server.log.1` … `.5`), `backends/`; it is also tritonserver's working directory.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ SHM_DIR = Path("/dev/shm")
 PYTHON_BACKEND_SHM = "triton_python_backend_shm_region"  # the python backend's default region prefix
 OUR_SHM = "zoo_triton_"  # prefix of the regions of servers started here (+ a random id per server)
 STATE_FILE = "server.json"
+LOGS_KEPT = 5  # server.log of this start, server.log.1 of the one before, … server.log.5
 ADMIN_KEY_FILE = "admin_key"  # in the state dir, mode 0600
 ADMIN_HEADER = "zoo-admin-key"  # HTTP header that unlocks the restricted APIs
 GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"  # the gRPC metadata key: Triton prefixes it
@@ -329,7 +331,7 @@ def pick_ports(settings: ServerSettings) -> Ports:
 def claim_state_dir(repo: Path, state_dir: str | Path | None) -> Path:
     """The server's state dir, created; a ServerError while a server started from it still runs (its
     server.json, pid file and admin key would be overwritten)."""
-    state = Path(state_dir) if state_dir else state_dir_for(repo)
+    state = Path(state_dir).resolve() if state_dir else state_dir_for(repo)
     state.mkdir(parents=True, exist_ok=True)
     previous = read_info(state)
     if previous and _alive(previous.pid) and _is_tritonserver(previous.pid):
@@ -365,9 +367,23 @@ def triton_command(repo: Path, state: Path, settings: ServerSettings, ports: Por
     ]
 
 
+def rotate_log(log: Path, keep: int = LOGS_KEPT) -> None:
+    """Move `log` to `log.1` (and `.1` to `.2` …, the oldest beyond `keep` dropped), so the log of the server
+    before — the one that crashed, say — is still there to read after the next start."""
+    for n in range(keep - 1, 0, -1):
+        older = log.with_name(f"{log.name}.{n}")
+        if older.exists():
+            older.replace(log.with_name(f"{log.name}.{n + 1}"))
+    if log.exists():
+        log.replace(log.with_name(f"{log.name}.1"))
+
+
 def launch_triton(cmd: list[str], log: Path, detach: bool) -> subprocess.Popen:
-    """Run `cmd` with its output in `log`, in the environment the wheel's binary needs (server_env); `detach`:
-    in its own session, so it outlives this process."""
+    """Run `cmd` with its output in a fresh `log` (the previous one rotated), in the environment the wheel's
+    binary needs (server_env); `detach`: in its own session, so it outlives this process. Its working directory
+    is the state dir (the log's): the Python stubs it starts put their working directory first on sys.path, so
+    a library-named file wherever the server was started from would be imported in the library's place."""
+    rotate_log(log)
     with log.open("wb") as out:
         return subprocess.Popen(
             cmd,
@@ -376,6 +392,7 @@ def launch_triton(cmd: list[str], log: Path, detach: bool) -> subprocess.Popen:
             stdin=subprocess.DEVNULL,
             env=server_env(),
             start_new_session=detach,
+            cwd=log.parent,
         )
 
 

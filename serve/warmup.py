@@ -23,11 +23,18 @@ import numpy as np
 import sentencepiece as spm
 
 from export import runtime as export_runtime
+from serve.errors import ServeError
 
 WARMUP_DIR = "warmup"  # Triton reads `input_data_file` names relative to <model dir>/warmup/
 SAMPLE_FILE = "sample_text"
 INPUT = "TEXT"
 MAX_SAMPLE_ROWS = 8
+REEXPORT = "re-export the model with `python -m export`"
+MAX_HELDOUT_BYTES = 64 << 20  # the sample is a few hundred sentences (kB); a larger file is not one
+
+
+class WarmupError(ServeError):
+    """The export's held-out sample cannot be read as one (the warm-up sentence comes from it)."""
 
 
 @dataclass(frozen=True)
@@ -48,17 +55,35 @@ def serialize_strings(texts: list[str]) -> bytes:
     return bytes(out)
 
 
+def heldout_sources(path: Path) -> list[str]:
+    """The held-out sample's source sentences: `{"src": [str, …], …}` in a regular file of at most
+    MAX_HELDOUT_BYTES, else a WarmupError naming the file and what is wrong (an export is untrusted input)."""
+    try:
+        held = json.loads(export_runtime.read_limited(path, MAX_HELDOUT_BYTES).decode("utf-8"))
+    except export_runtime.ExportedModelError as exc:
+        raise WarmupError(str(exc)) from None
+    except (ValueError, RecursionError) as exc:
+        raise WarmupError(
+            f"{path} is not JSON ({str(exc)[:120]}); re-export the model with `python -m export`"
+        ) from None
+    sources = held.get("src") if isinstance(held, dict) else None
+    if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+        raise WarmupError(f"{path} has no 'src' list of strings; {REEXPORT}")
+    return sources
+
+
 def plan_warmup(
     export_dir: Path, manifest: export_runtime.Manifest, max_batch_size: int, max_request_cost: int
 ) -> WarmupPlan | None:
     """Choose the sample (the longest held-out source up to the median token length: realistic, not extreme)
     and the batch sizes whose request cost (rows × beam × maximum output tokens) fits `max_request_cost`;
     None when the export has no held-out text or not even one sentence fits the budget."""
-    sources = json.loads((export_dir / manifest["heldout"]).read_text(encoding="utf-8")).get("src") or []
-    sources = [s for s in sources if s.strip()]
+    sources = [s for s in heldout_sources(export_dir / manifest["heldout"]) if s.strip()]
     if not sources:
         return None
-    sp = spm.SentencePieceProcessor(model_file=str(export_dir / manifest["tokenizer"]))
+    sp = spm.SentencePieceProcessor()
+    with export_runtime.open_regular(export_dir / manifest["tokenizer"]) as fh:
+        sp.LoadFromSerializedProto(fh.read())
     limit = max(1, manifest["max_positions"] // 2)
     lengths = [min(len(ids), limit) or 1 for ids in sp.encode(sources, out_type=int)]
     median = sorted(lengths)[len(lengths) // 2]

@@ -9,6 +9,7 @@ and sentencepiece, and of itself only relatively, so the Triton models get a cop
 another name; everything model-specific comes from the export directory's manifest.json.
 
     manifest   the manifest's schema and the one reader that checks it (`read_manifest`)
+    manifest_checks  what that reader checks: the export format's files, regular files, every number's range
     search     settings (`Search`), results, errors and limits of both engines; greedy and beam over a step
     stores     host memory of a search: the self-attention store, its pool, the shared onnxruntime arena
     backend    where the two graphs run (`OrtBackend`: in-process sessions)
@@ -44,6 +45,7 @@ from .manifest import (
     read_manifest,
     sha256_file,
 )
+from .manifest_checks import EXPORT_FILES, MANIFEST_LIMITS, open_regular, read_limited
 from .search import (
     SEARCH_LIMITS,
     Hypothesis,
@@ -85,8 +87,10 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "EXPORT_FILES",
     "MANIFEST",
     "MANIFEST_KEYS",
+    "MANIFEST_LIMITS",
     "NEXT_PREFIX",
     "OPTIMIZATION_LEVELS",
     "PROVIDERS",
@@ -127,6 +131,8 @@ __all__ = [
     "load",
     "mapped_zeros",
     "max_lengths",
+    "open_regular",
+    "read_limited",
     "read_manifest",
     "row_limits",
     "search_setting",

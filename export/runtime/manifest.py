@@ -14,13 +14,27 @@ import math
 import os
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any, TypedDict, get_origin, get_type_hints
+from typing import Any, BinaryIO, TypedDict, get_origin, get_type_hints
 
 import numpy as np
 
 from .errors import ExportedModelError
+from .manifest_checks import (
+    EXPORT_FILES,
+    MANIFEST,
+    MANIFEST_LIMITS,
+    MAX_MANIFEST_BYTES,
+    bounded,
+    check_cache,
+    check_numbers,
+    export_file,
+    field,
+    open_regular,
+    plain_name,
+    read_limited,
+    sha256_digest,
+)
 
-MANIFEST = "manifest.json"
 RUNTIME_FORMAT = 2  # 2: the host stores the growing self caches; the graph gathers rows by `history`
 NEXT_PREFIX = "next."  # decoder output name prefix of what a step adds to a self-attention state
 
@@ -188,65 +202,34 @@ _RUNTIME_FIELDS = {
 
 def sha256_file(path: Path) -> str:
     """A file's sha256, read in 1 MiB blocks (graph files are large)."""
-    digest = hashlib.sha256()
     with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
+        return _sha256(fh)
+
+
+def _sha256(fh: BinaryIO) -> str:
+    digest = hashlib.sha256()
+    for block in iter(lambda: fh.read(1 << 20), b""):
+        digest.update(block)
     return digest.hexdigest()
 
 
-def _plain_name(value: Any, key: str) -> str:
-    """A file name the manifest may refer to: a plain name inside the export directory. An export is
-    untrusted input (downloaded, shared): `../x`, `/etc/x` or `sub/x` would make loading or serving it read
-    or write outside the directory."""
-    if (
-        not isinstance(value, str)
-        or not value
-        or value in (".", "..")
-        or "/" in value
-        or "\\" in value
-        or "\x00" in value
-        or Path(value).is_absolute()
-    ):
-        raise ExportedModelError(
-            f"{MANIFEST}: {key}={value!r} is not a plain file name inside the export "
-            "directory (no separators, no '..', not absolute); the export is malformed or "
-            "tampered with — re-export it with `python -m export`"
-        )
-    return value
-
-
-def _field(m: dict[str, Any], path: str, kind: type | tuple[type, ...]) -> Any:
-    """`m[a][b]…` for path "a.b…", of the given type, or a one-line error naming the key."""
-    node: Any = m
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            raise ExportedModelError(f"{MANIFEST}: missing key {path!r}; re-export the model with `python -m export`")
-        node = node[part]
-    if not isinstance(node, kind) or (isinstance(node, bool) and kind is int):
-        raise ExportedModelError(
-            f"{MANIFEST}: {path!r} has the wrong type ({type(node).__name__}); re-export the "
-            "model with `python -m export`"
-        )
-    return node
-
-
 def _load_json(directory: Path) -> dict[str, Any]:
-    """manifest.json as a JSON object of a runtime format this runtime reads."""
+    """manifest.json (a regular file of at most MAX_MANIFEST_BYTES) as a JSON object of a runtime format this
+    runtime reads."""
     path = directory / MANIFEST
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ExportedModelError(
             f"{directory} is not an export directory (no {MANIFEST}); create one with "
             "`python -m export checkpoint=<run dir> out=<dir>`"
         )
     try:
-        m = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ExportedModelError(f"cannot read {path}: {exc}; re-export the model") from exc
+        m = json.loads(read_limited(path, MAX_MANIFEST_BYTES).decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise ExportedModelError(f"cannot read {path}: {str(exc)[:200]}; re-export the model") from None
     if not isinstance(m, dict):
         raise ExportedModelError(f"{path} is not a JSON object; re-export the model")
     if not isinstance(m.get("runtime_format", 0), int) or m.get("runtime_format", 0) > RUNTIME_FORMAT:
-        raise ExportedModelError(f"{directory} needs a newer runtime (format {m.get('runtime_format')!r})")
+        raise ExportedModelError(f"{directory} needs a newer runtime (format {str(m.get('runtime_format'))[:20]!r})")
     if m.get("runtime_format", 0) < RUNTIME_FORMAT:
         raise ExportedModelError(
             f"{directory} was exported for runtime format {m.get('runtime_format')!r} (its decoder reorders and "
@@ -259,42 +242,51 @@ def _load_json(directory: Path) -> dict[str, Any]:
 def read_manifest(
     directory: str | os.PathLike[str], check_files: bool = True, holds: Collection[str] | None = None
 ) -> Manifest:
-    """An export directory's manifest, checked before anything is opened: the keys the runtime needs with
-    their types, every referenced file a plain name listed in `files` (so it is checksummed), and the files the
-    directory holds present (with `check_files`: with their sha256). `holds`: the keys naming the files this
-    directory holds, e.g. ("tokenizer",) for the BLS model's copy, whose graphs other models serve; None: all."""
+    """An export directory's manifest, checked before anything is opened (manifest_checks): the keys the runtime
+    needs with their types and ranges, `files` listing only the export format's files, each referenced file
+    under its fixed name and listed (so it is checksummed), and the files the directory holds present as regular
+    files (with `check_files`: with their sha256). `holds`: the keys naming the files this directory holds, e.g.
+    ("tokenizer",) for the BLS model's copy, whose graphs other models serve; None: all."""
     directory = Path(directory)
     m = _load_json(directory)
-    files = _field(m, "files", _RUNTIME_FIELDS["files"])
+    files = field(m, "files", _RUNTIME_FIELDS["files"])
     for name, digest in files.items():
-        _plain_name(name, f"files[{name!r}]")
-        if not isinstance(digest, str) or len(digest) != 64:
+        export_file(name, f"files[{name[:60]!r}]")
+        if not sha256_digest(digest):
             raise ExportedModelError(f"{MANIFEST}: files[{name!r}] is not a sha256 digest; re-export the model")
     referenced = {
-        key: _field(m, key, _RUNTIME_FIELDS[key]) for key in ("graphs.encoder.file", "graphs.decoder.file", "tokenizer")
+        key: field(m, key, _RUNTIME_FIELDS[key]) for key in ("graphs.encoder.file", "graphs.decoder.file", "tokenizer")
     }
     if "heldout" in m:  # optional for the runtime
-        referenced["heldout"] = _field(m, "heldout", _RUNTIME_FIELDS["heldout"])
+        referenced["heldout"] = field(m, "heldout", _RUNTIME_FIELDS["heldout"])
     for key, value in referenced.items():
-        if _plain_name(value, key) not in files:
+        if plain_name(value, key) != EXPORT_FILES[key]:
+            raise ExportedModelError(
+                f"{MANIFEST}: {key}={value[:60]!r}; the export format names this file {EXPORT_FILES[key]!r} — "
+                "re-export the model"
+            )
+        if value not in files:
             raise ExportedModelError(
                 f"{MANIFEST}: {key}={value!r} is not listed (and checksummed) in 'files'; re-export the model"
             )
     for key in ("vocab.pad_id", "vocab.unk_id", "vocab.bos_id", "vocab.eos_id", "vocab.size", "max_positions", "name"):
-        _field(m, key, _RUNTIME_FIELDS[key])
-    for i, cache in enumerate(_field(m, "caches", _RUNTIME_FIELDS["caches"])):
-        if not isinstance(cache, dict) or not {"name", "kind", "shape", "dtype"} <= cache.keys():
-            raise ExportedModelError(f"{MANIFEST}: caches[{i}] needs name, kind, shape and dtype; re-export the model")
+        field(m, key, _RUNTIME_FIELDS[key])
+    check_numbers(m)
+    for i, cache in enumerate(field(m, "caches", _RUNTIME_FIELDS["caches"])):
+        check_cache(cache, f"caches[{i}]")
     held = set(files) if holds is None else {referenced[key] for key in holds}
     for name, digest in files.items():
         if name not in held:
             continue
-        file = directory / name
-        if not file.is_file():
-            raise ExportedModelError(f"{file} is missing from the export")
-        if check_files and sha256_file(file) != digest:
-            raise ExportedModelError(f"{file} does not match its sha256 in {MANIFEST}; the export is corrupt")
-    for i, weight in enumerate(m.get("shared_weights", [])):
+        with open_regular(directory / name) as fh:
+            if check_files and _sha256(fh) != digest:
+                raise ExportedModelError(
+                    f"{directory / name} does not match its sha256 in {MANIFEST}; the export is corrupt"
+                )
+    shared = m.get("shared_weights", [])
+    if not isinstance(shared, list):
+        raise ExportedModelError(f"{MANIFEST}: 'shared_weights' has the wrong type; re-export the model")
+    for i, weight in enumerate(shared):
         _check_shared_weight(directory, files, held, weight, f"shared_weights[{i}]")
     return m  # type: ignore[return-value]  # a dict checked as far as the runtime reads it
 
@@ -305,7 +297,7 @@ def _check_shared_weight(directory: Path, files: dict[str, str], held: set[str],
     fields = {"name": str, "dtype": str, "shape": list, "file": str, "offset": int}
     if not isinstance(weight, dict) or any(not isinstance(weight.get(k), t) for k, t in fields.items()):
         raise ExportedModelError(f"{MANIFEST}: {key} needs name, dtype, shape, file and offset; re-export the model")
-    if _plain_name(weight["file"], f"{key}.file") not in files:
+    if plain_name(weight["file"], f"{key}.file") not in files:
         raise ExportedModelError(
             f"{MANIFEST}: {key}.file is not listed (and checksummed) in 'files'; re-export the model"
         )
@@ -318,6 +310,9 @@ def _check_shared_weight(directory: Path, files: dict[str, str], held: set[str],
         raise ExportedModelError(
             f"{MANIFEST}: {key} has dtype {weight['dtype']!r} / shape {shape!r}; re-export the model"
         )
+    for j, d in enumerate(shape):
+        bounded(d, f"{key}.shape[{j}]", *MANIFEST_LIMITS["shared_weights[].shape[]"])
+    bounded(weight["offset"], f"{key}.offset", *MANIFEST_LIMITS["shared_weights[].offset"])
     end = weight["offset"] + dtype.itemsize * math.prod(shape)
-    if weight["offset"] < 0 or (weight["file"] in held and end > (directory / weight["file"]).stat().st_size):
+    if weight["file"] in held and end > (directory / weight["file"]).stat().st_size:
         raise ExportedModelError(f"{MANIFEST}: {key} reaches past the end of {weight['file']}; re-export the model")

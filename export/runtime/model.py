@@ -19,6 +19,7 @@ import sentencepiece as spm
 from .backend import Backend, OrtBackend
 from .errors import ExportedModelError, ExportRuntimeError
 from .manifest import NEXT_PREFIX, Manifest, read_manifest
+from .manifest_checks import open_regular
 from .search import (
     Hypothesis,
     RowLimits,
@@ -171,7 +172,8 @@ class ExportedModel:
         self.max_tokens: int = gen.get("max_tokens", 6000)
         self.max_sentences: int = gen.get("max_sentences", 128)
         self.sp = spm.SentencePieceProcessor()
-        self.sp.LoadFromSerializedProto((self.directory / m["tokenizer"]).read_bytes())
+        with open_regular(self.directory / m["tokenizer"]) as fh:  # a regular file, as read_manifest checked
+            self.sp.LoadFromSerializedProto(fh.read())
         self._special = frozenset((self.pad_id, self.bos_id, self.eos_id))
         self._vocab = SearchVocab(self.vocab_size, self.pad_id, self.bos_id, self.eos_id)
         self.store_pool = StorePool()  # self-attention store memory reused from search to search

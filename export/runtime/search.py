@@ -36,6 +36,11 @@ SEARCH_LIMITS: dict[str, tuple[int | float, int | float]] = {
     "min_len": (0, 4096),
 }
 _INTEGER_SETTINGS = frozenset({"beam_size", "max_len_b", "min_len"})
+# what the error says when a setting sent as text is not written as `_integer_text` / `_decimal_text` read it
+WRITTEN = {
+    True: "written in ASCII digits (e.g. '10'; no '_', exponent, '+' or other scripts)",
+    False: "written as an ASCII decimal (e.g. '1.5' or '2e-1'; no '_', 'nan', 'inf' or other scripts)",
+}
 BANNED = 3  # tokens the search may ban from a row (pad, bos, eos): fetch this many extra best tokens
 
 
@@ -50,21 +55,56 @@ class ScoreError(ExportRuntimeError, ValueError):
 
 
 def _bounded(name: str, value: Any, low: float, high: float, integer: bool, allowed: str) -> int | float:
-    """`value` as a finite number in [low, high] (an integer when `integer`: whole floats and numeric strings
-    pass, as JSON and Triton parameters send them), else SearchError naming `name` and `allowed`."""
+    """`value` as a finite number in [low, high] (an integer when `integer`: whole floats pass, as JSON sends
+    them), else SearchError naming `name` and `allowed`. Text (Triton parameters may arrive as strings) is read
+    strictly, in ASCII (`TEXT_FORMS`): Python's own int()/float() would read "1_0" and "1e1" as 10 and "٣" as 3."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating, str)):
-        raise SearchError(f"{name}={value!r} is not a number; {allowed}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise SearchError(f"{name}={value!r} is not a number; {allowed}") from None
+        raise SearchError(f"{name}={_shown(value)} is not a number; {allowed}")
+    if isinstance(value, str):
+        if len(value) > 32 or not (_integer_text(value) if integer else _decimal_text(value)):
+            raise SearchError(
+                f"{name}={_shown(value)} is not a number in the allowed form; {allowed}, {WRITTEN[integer]}"
+            )
+        value = int(value) if integer else float(value)
+    if isinstance(value, (int, np.integer)):  # compared as integers: a huge one must not overflow a float
+        if not low <= value <= high:
+            raise SearchError(f"{name}={_shown(value)} is out of range; {allowed}")
+        return int(value) if integer else float(value)
+    number = float(value)
     if not np.isfinite(number) or not low <= number <= high:
-        raise SearchError(f"{name}={value!r} is out of range; {allowed}")
+        raise SearchError(f"{name}={_shown(value)} is out of range; {allowed}")
     if integer:
         if number != int(number):
-            raise SearchError(f"{name}={value!r} is not an integer; {allowed}")
+            raise SearchError(f"{name}={_shown(value)} is not an integer; {allowed}")
         return int(number)
     return number
+
+
+def _digits(text: str) -> bool:
+    """One or more ASCII digits 0-9, nothing else (str.isdigit alone takes "٣" and "²")."""
+    return bool(text) and text.isascii() and text.isdigit()
+
+
+def _integer_text(text: str) -> bool:
+    """[-]digits."""
+    return _digits(text[1:] if text.startswith("-") else text)
+
+
+def _decimal_text(text: str) -> bool:
+    """[-]digits[.digits] or [-].digits, then optionally e|E [+|-] digits."""
+    mantissa, _, exponent = text.lower().partition("e")
+    if "e" in text.lower() and not _digits(exponent[1:] if exponent[:1] in "+-" else exponent):
+        return False
+    whole, _, fraction = (mantissa[1:] if mantissa.startswith("-") else mantissa).partition(".")
+    return (_digits(whole) or _digits(fraction)) and all(_digits(p) for p in (whole, fraction) if p)
+
+
+def _shown(value: Any) -> str:
+    """A value as an error message shows it: at most 40 characters (a huge integer has no repr at all)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"<an integer of {value.bit_length()} bits>"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "…"
 
 
 def search_setting(name: str, value: Any) -> int | float:

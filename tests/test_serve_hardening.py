@@ -1,0 +1,280 @@
+"""Issue 40: serving that an untrusted export or a flood of clients cannot take over — tried as an attacker would,
+on loopback, against the real tritonserver and nginx of `Server.start`'s default setup.
+
+Exports are data: nothing an export lists beyond the format's own files reaches a model directory, no file
+beside model.py can stand in for a library, symlinks and other non-regular files are refused, and every number the
+runtime reads is checked against its stated range, with one line naming the key (export.load, serve.repository and
+the served model alike). Request parameters are read strictly. One server (two instances, the smoke transformer)
+is shared by the tests that need one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+import export
+from export import runtime as rt
+from serve.model_config import ModelSettings, RepositoryError
+from serve.repository import write_repository
+from serve.server import Server, ServerError, rotate_log
+from serve.warmup import WarmupError
+
+PROTOCOLS = ("http", "grpc")
+MARKER = "imported.txt"  # what the planted library files write when they are imported
+
+
+def _planted(directory: Path, name: str) -> Path:
+    """A file named like a library (`sentencepiece.py`) whose import leaves MARKER beside it."""
+    path = directory / name
+    path.write_text(f"open({str(directory / MARKER)!r}, 'w').write('imported')\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def export_dir(exported) -> Path:
+    return exported("transformer")[0]
+
+
+def _tampered(export_dir: Path, tmp_path: Path, edit: Callable[[dict, Path], None]) -> Path:
+    """A copy of the export with `edit(manifest, directory)` applied (the manifest written back)."""
+    copy = tmp_path / "tampered"
+    shutil.copytree(export_dir, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    edit(manifest, copy)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def _list(name: str, make: Callable[[Path], None]) -> Callable[[dict, Path], None]:
+    """An edit that adds file `name` (made by `make`) to the export and lists it with its real sha256."""
+
+    def edit(manifest: dict, directory: Path) -> None:
+        make(directory / name)
+        manifest["files"][name] = hashlib.sha256((directory / name).read_bytes()).hexdigest()
+
+    return edit
+
+
+def _replace(name: str, make: Callable[[Path], None]) -> Callable[[dict, Path], None]:
+    def edit(manifest: dict, directory: Path) -> None:
+        (directory / name).unlink()
+        make(directory / name)
+
+    return edit
+
+
+UNTRUSTED_FILES = [  # (edit, what the one-line error says)
+    (_list("sentencepiece.py", lambda p: _planted(p.parent, p.name)), "files lists 'sentencepiece.py', which is not"),
+    (_list("zoo.pth", lambda p: p.write_text("import os\n")), "files lists 'zoo.pth'"),
+    (_list("evil.so", lambda p: p.write_bytes(b"\x7fELF")), "files lists 'evil.so'"),
+    (lambda m, d: m["files"].update({"a" * 300: "0" * 64}), r"files lists 'a{60}'…, which is not a file of the"),
+    (lambda m, d: m["files"].update({"a\x00b": "0" * 64}), r"'a\\x00b' is not a plain file name"),
+    (_replace("tokenizer.model", lambda p: p.symlink_to(p.parent.parent / "outside.model")), "is a symbolic link"),
+    (_replace("heldout.json", os.mkfifo), "heldout.json is not a regular file"),
+    (_replace("encoder.onnx", lambda p: p.symlink_to("/dev/zero")), "encoder.onnx is a symbolic link"),
+]
+
+
+@pytest.mark.parametrize(("edit", "message"), UNTRUSTED_FILES)
+def test_an_export_is_data_what_else_it_holds_is_refused(export_dir, tmp_path, edit, message) -> None:
+    """Code (`sentencepiece.py`, a `.pth`, a `.so`), links and special files listed in or swapped into an export are
+    refused by the repository writer (both variants) and by export.load, before anything is copied or imported;
+    the refusal is one line naming the file."""
+    (tmp_path / "outside.model").write_bytes((export_dir / "tokenizer.model").read_bytes())
+    copy = _tampered(export_dir, tmp_path, edit)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for variant in ("python", "ngc"):
+        with pytest.raises(RepositoryError, match=message) as err:
+            write_repository([copy], tmp_path / "repo", variant=variant)
+        assert "\n" not in str(err.value)
+    with pytest.raises(rt.ExportedModelError, match=message):
+        export.load(copy)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
+    assert not (copy / MARKER).exists()  # nothing imported
+
+
+def _set(path: str, value: object) -> Callable[[dict, Path], None]:
+    def edit(manifest: dict, directory: Path) -> None:
+        node = manifest
+        *parents, last = path.split(".")
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[last] = value
+
+    return edit
+
+
+OUT_OF_RANGE = [  # (key, value, what the error says)
+    ("runtime.threads", 300, r"runtime\.threads=300 is out of range \(allowed: an integer in \[0, 64\]\)"),
+    ("max_positions", 2**62, r"max_positions=4611686018427387904 is out of range .*\[4, 65536\]"),
+    ("vocab.size", 2**40, r"vocab\.size=1099511627776 is out of range .*\[4, 1048576\]"),
+    ("vocab.eos_id", -1, r"vocab\.eos_id=-1 is out of range .*\[0, \d+\]"),
+    ("vocab.unk_id", 10**9, r"vocab\.unk_id=1000000000 is out of range"),
+    ("generation.len_penalty", float("nan"), r"generation\.len_penalty=nan is out of range; allowed: a finite"),
+    ("generation.beam_size", 0, r"generation\.beam_size=0 is out of range; allowed: an integer in \[1, 64\]"),
+    ("generation.max_len_b", "10", r"generation\.max_len_b is not a number \(str\)"),
+    ("generation.max_sentences", 2**31, r"generation\.max_sentences=2147483648 is out of range"),
+    ("runtime.graph_optimization_level", "fast", r"runtime\.graph_optimization_level='fast' is not one of"),
+    ("caches.0.shape", ["batch", 2**40, "steps", 8], r"caches\[0\]\.shape\[1\]=1099511627776 is out of range"),
+    ("caches.0.kind", "other", r"caches\[0\]\.kind is not one of \('self', 'cross'\)"),
+    ("shared_weights.0.offset", -1, r"shared_weights\[0\]\.offset=-1 is out of range"),
+    ("name", "a" * 300, r"name='a{50,}.* is not a model name"),
+    ("name", "x\x00y", r"name='x\\x00y' is not a model name"),
+]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"), OUT_OF_RANGE, ids=[f"{k}={str(v)[:12]!r}" for k, v, _ in OUT_OF_RANGE]
+)
+def test_manifest_numbers_out_of_range_are_refused_by_name(export_dir, tmp_path, key, value, message) -> None:
+    """Values of the right type that would start 601 threads, overflow the length arithmetic or fail every
+    request: refused at load, by export.load, the BLS model's reader (it holds only the tokenizer) and
+    serve.repository, in one line naming the key and its range."""
+    copy = _tampered(export_dir, tmp_path, _set(key, value))
+    for load in (export.load, lambda d: rt.read_manifest(d, holds=("tokenizer",))):
+        with pytest.raises(rt.ExportedModelError, match=message) as err:
+            load(copy)
+        assert "\n" not in str(err.value) and "manifest.json" in str(err.value)
+    with pytest.raises(RepositoryError, match=message):
+        write_repository([copy], tmp_path / "repo")
+
+
+def test_a_heldout_sample_that_is_not_json_is_one_line(export_dir, tmp_path) -> None:
+    def edit(manifest: dict, directory: Path) -> None:
+        (directory / "heldout.json").write_text("not json {")
+        manifest["files"]["heldout.json"] = hashlib.sha256(b"not json {").hexdigest()
+
+    copy = _tampered(export_dir, tmp_path, edit)
+    with pytest.raises(WarmupError, match=r"heldout\.json is not JSON") as err:
+        write_repository([copy], tmp_path / "repo")
+    assert "\n" not in str(err.value)
+    assert export.load(copy, threads=1).translate(["Hallo."])  # the runtime itself never reads the sample
+
+
+def test_integers_and_floats_are_read_strictly() -> None:
+    """Text is read in ASCII only: Python's int()/float() take "1_0", "1e1" as 10 and "٣" as 3."""
+    for value in ("1_0", "1e1", "٣", "+5", " 5", "1.0", "0x10"):
+        with pytest.raises(rt.SearchError, match=r"not a number in the allowed form; .*written in ASCII digits"):
+            rt.search_setting("max_len_b", value)
+    for value in ("1_0.5", "nan", "inf", "٣.5", "1e"):
+        with pytest.raises(rt.SearchError, match=r"not a number in the allowed form; .*ASCII decimal"):
+            rt.search_setting("len_penalty", value)
+    assert rt.search_setting("max_len_b", "10") == 10 and rt.search_setting("len_penalty", "2e-1") == 0.2
+    with pytest.raises(rt.SearchError, match=r"beam_size=<an integer of \d+ bits> is out of range"):
+        rt.search_setting("beam_size", 10**5000)  # no float overflow, no 4300-digit repr
+
+
+def test_logs_of_earlier_servers_are_rotated(tmp_path) -> None:
+    log = tmp_path / "server.log"
+    for n in range(8):
+        log.write_text(f"start {n}")
+        rotate_log(log)
+    assert not log.exists()
+    assert [log.with_name(f"server.log.{n}").read_text() for n in range(1, 6)] == [
+        f"start {n}" for n in (7, 6, 5, 4, 3)
+    ]
+    assert not log.with_name("server.log.6").exists()
+
+
+# ---------------------------------------------------------------------------------------------- the served model
+@pytest.fixture(scope="module")
+def repo(export_dir, tmp_path_factory) -> Path:
+    """The default settings of serve.repository (two instances), with library-named files dropped beside
+    model.py afterwards, as someone who can write to the repository (not an export) might: they must never be
+    imported in place of the libraries."""
+    repo = tmp_path_factory.mktemp("hardening") / "repo"
+    write_repository([export_dir], repo, ModelSettings(threads=1, instance_count=2, max_batch_size=16))
+    version = repo / "transformer-smoke" / "1"
+    for name in ("sentencepiece.py", "onnxruntime.py", "numpy.py"):
+        _planted(version, name)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repo) -> Iterator[Server]:
+    state = repo.parent / "repo.serve"
+    state.mkdir()
+    (state / "server.log").write_text("the previous server's log\n")
+    srv = Server.start(repo, http_port=0, grpc_port=0, metrics_port=0)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _stub_pids(prefix: str) -> list[int]:
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if prefix.encode() in cmdline.read_bytes() and b"triton_python_backend_stub" in cmdline.read_bytes():
+                pids.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_files_beside_model_py_are_never_imported(server, repo, export_dir) -> None:
+    """The model's own code is loaded from its paths, and the stubs run in the server's state directory, so
+    neither a file beside model.py nor one where the server was started from stands in for a library."""
+    texts = json.loads((export_dir / "heldout.json").read_text())["src"][:2]
+    with grpcclient.InferenceServerClient(server.info.grpc_url) as client:
+        inp = grpcclient.InferInput("TEXT", [2, 1], "BYTES")
+        inp.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_).reshape(2, 1))
+        out = client.infer("transformer-smoke", [inp]).as_numpy("OUTPUT")
+    assert [o[0].decode() for o in out] == export.load(export_dir, threads=1).translate(texts)
+    assert not (repo / "transformer-smoke" / "1" / MARKER).exists()
+    stubs = _stub_pids(server.info.shm_prefix)
+    assert len(stubs) == 2 and {os.readlink(f"/proc/{pid}/cwd") for pid in stubs} == {server.info.state_dir}
+    assert (Path(server.info.state_dir) / "server.log.1").read_text() == "the previous server's log\n"
+    assert "successfully loaded" in Path(server.info.log).read_text()
+
+
+def _infer(server: Server, protocol: str, parameters: dict) -> None:
+    lib = httpclient if protocol == "http" else grpcclient
+    client = lib.InferenceServerClient(server.info.url(protocol))
+    try:
+        inp = lib.InferInput("TEXT", [1, 1], "BYTES")
+        inp.set_data_from_numpy(np.array([b"Hallo."], dtype=np.object_).reshape(1, 1))
+        client.infer("transformer-smoke", [inp], parameters=parameters)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_served_parameters_are_read_strictly(server, protocol) -> None:
+    for name, value, form in (
+        ("max_len_b", "1_0", "ASCII digits"),
+        ("beam_size", "1e1", "ASCII digits"),
+        ("min_len", "٣", "ASCII digits"),
+        ("len_penalty", "1_0", "ASCII decimal"),
+    ):
+        with pytest.raises(InferenceServerException) as err:
+            _infer(server, protocol, {name: value})
+        assert str(err.value.status()) in ("400", "StatusCode.INVALID_ARGUMENT"), err.value
+        assert f"{name}={value!r} is not a number in the allowed form" in err.value.message()
+        assert form in err.value.message(), err.value.message()
+    _infer(server, protocol, {"max_len_b": "10", "len_penalty": "0.5"})  # the allowed forms pass
+
+
+def test_a_model_directory_whose_manifest_was_changed_fails_to_load_naming_the_key(repo, tmp_path) -> None:
+    """The served model reads its manifest with the runtime's own checks: a model directory edited after
+    serve.repository wrote it fails at load, with Triton's reason naming the key."""
+    broken = tmp_path / "broken"
+    shutil.copytree(repo, broken)
+    version = broken / "transformer-smoke" / "1"
+    manifest = json.loads((version / "manifest.json").read_text())
+    manifest["runtime"]["threads"] = 300
+    (version / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ServerError, match=r"runtime\.threads=300 is out of range"):
+        Server.start(broken, http_port=0, grpc_port=0, metrics_port=0)
