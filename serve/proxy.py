@@ -1,4 +1,4 @@
-"""nginx in front of Triton's HTTP endpoint: the port users reach, with request bodies buffered and capped.
+"""nginx in front of Triton's HTTP and gRPC endpoints: the ports users reach, with request bodies capped.
 
 Why: the bundled Triton (2.51) crashes on a request body sent as very many small `Transfer-Encoding: chunked`
 chunks (CVE-2025-23310/23311, fixed only in Triton 2.59.1 / NGC 25.07, which is not on PyPI). nginx reads the
@@ -8,6 +8,11 @@ Content-Length, so Triton never parses a chunked body; it passes only the KServe
 Triton's admin key), and times out slow clients. Triton's own HTTP listener moves to an internal loopback port
 that only the proxy and this machine's admin tools use. Triton's Prometheus listener is the same HTTP library, so
 it moves to loopback too and a second nginx listener on the metrics port passes only `GET /metrics`.
+
+Compressed request bodies are refused (Triton inflates `Content-Encoding: gzip` itself: a 1 MB body became 1000 MB
+in its memory), and gRPC goes through nginx too (HTTP/2, `grpc_pass`): Triton 2.51 takes gRPC messages up to 2 GB
+with no flag to lower it, so nginx caps each call's messages at `max_body_mb` and refuses compressed ones
+(`grpc-encoding`), answering with gRPC statuses.
 
 nginx comes from Debian's archive like the corpus tools (`apt-get download nginx` + `dpkg-deb -x` into the
 user's cache, no root, no system install) unless an `nginx` binary is on PATH.
@@ -46,9 +51,10 @@ class ProxyError(ServeError, RuntimeError):
 
 @dataclass(frozen=True)
 class ProxySettings:
-    max_body_mb: float = 4.0  # larger request bodies get 413 from nginx
+    max_body_mb: float = 4.0  # larger request bodies (HTTP) and gRPC messages are refused by nginx
     client_timeout_s: int = 30  # reading a request's header or body
     upstream_timeout_s: int = 300  # waiting for Triton's answer (a request within the cost budget)
+    grpc: bool = True  # nginx serves the gRPC port too (Triton 2.51 has no flag bounding its gRPC messages)
 
 
 def nginx_binary(cache_root: Path | None = None) -> Path:
@@ -88,6 +94,46 @@ def _metrics_server(host: str, metrics: tuple[int, int] | None) -> str:
     }}"""
 
 
+def _grpc_server(host: str, settings: ProxySettings, grpc: tuple[int, int] | None) -> str:
+    """A listener for gRPC (HTTP/2) that passes every call to Triton's loopback gRPC port (None: none): each
+    call's messages count against `client_max_body_size`, and compressed messages (`grpc-encoding` other than
+    identity) are refused, as Triton would inflate them past any cap. Refusals are gRPC statuses (trailers only),
+    so clients see RESOURCE_EXHAUSTED / UNIMPLEMENTED with the reason."""
+    if grpc is None:
+        return ""
+    port, upstream = grpc
+    encoded = _grpc_status(12, "compressed gRPC messages are not accepted; send them uncompressed (identity)")
+    too_large = _grpc_status(8, f"gRPC message over {settings.max_body_mb:g} MB; send fewer or shorter texts")
+    return f"""
+    upstream triton_grpc {{ server 127.0.0.1:{upstream}; keepalive 16; }}
+    server {{
+        listen {host}:{port} http2;
+        grpc_connect_timeout 5s;
+        grpc_read_timeout {settings.upstream_timeout_s}s;
+        grpc_send_timeout {settings.upstream_timeout_s}s;
+        location / {{
+            if ($zoo_grpc_encoded) {{ return 415; }}
+            grpc_pass grpc://triton_grpc;
+        }}
+        error_page 415 = @grpc_encoded;
+        location @grpc_encoded {{
+            {encoded}
+        }}
+        error_page 413 = @grpc_too_large;
+        location @grpc_too_large {{
+            {too_large}
+        }}
+    }}"""
+
+
+def _grpc_status(code: int, message: str) -> str:
+    """An nginx answer that gRPC clients read as status `code` with `message` (a trailers-only response)."""
+    return (
+        f'default_type application/grpc; add_header grpc-status {code} always; add_header grpc-message "{message}" '
+        "always; return 204;"
+    )
+
+
 def nginx_config(
     state: Path,
     tmp: Path,
@@ -96,9 +142,12 @@ def nginx_config(
     upstream_port: int,
     settings: ProxySettings,
     metrics: tuple[int, int] | None = None,
+    grpc: tuple[int, int] | None = None,
 ) -> str:
     """The proxy's nginx.conf: pid and logs in `state`, request-body buffers in `tmp`; `metrics` = (public port,
-    Triton's loopback metrics port) adds the Prometheus listener."""
+    Triton's loopback metrics port) adds the Prometheus listener, `grpc` = (public port, Triton's loopback gRPC
+    port) the gRPC one. Request bodies sent compressed (`Content-Encoding`, `grpc-encoding`) are refused: Triton
+    inflates them itself, and a 1 MB gzip body inflated to 1000 MB there."""
     return f"""worker_processes 1;
 pid {state / "nginx.pid"};
 error_log {state / "error.log"} warn;
@@ -121,9 +170,12 @@ http {{
     proxy_connect_timeout 5s;
     proxy_read_timeout {settings.upstream_timeout_s}s;
     proxy_send_timeout {settings.upstream_timeout_s}s;
+    map $http_content_encoding $zoo_encoded {{ default 1; "" 0; "~*^identity$" 0; }}
+    map $http_grpc_encoding $zoo_grpc_encoded {{ default 1; "" 0; "~*^identity$" 0; }}
     upstream triton {{ server 127.0.0.1:{upstream_port}; keepalive 16; }}
     server {{
         listen {host}:{port};
+        if ($zoo_encoded) {{ return 415; }}
         location ~ "{ALLOWED_PATHS}" {{
             limit_except GET POST {{ deny all; }}
             proxy_pass http://triton;
@@ -137,7 +189,12 @@ http {{
             default_type application/json;
             return 413 '{{"error":"request body over {settings.max_body_mb:g} MB; send fewer or shorter texts"}}';
         }}
-    }}{_metrics_server(host, metrics)}
+        error_page 415 = @encoded;
+        location @encoded {{
+            default_type application/json;
+            return 415 '{{"error":"compressed request bodies (Content-Encoding) are refused; send it uncompressed"}}';
+        }}
+    }}{_grpc_server(host, settings, grpc)}{_metrics_server(host, metrics)}
 }}
 """
 
@@ -184,15 +241,17 @@ def start_proxy(
     detach: bool = False,
     timeout: float = 20.0,
     metrics: tuple[int, int] | None = None,
+    grpc: tuple[int, int] | None = None,
 ) -> subprocess.Popen:
     """Run nginx in the foreground of a child process (it dies with `stop_proxy`); wait until it listens.
-    `metrics` = (public port, Triton's loopback metrics port) also serves GET /metrics."""
+    `metrics` = (public port, Triton's loopback metrics port) also serves GET /metrics, `grpc` = (public port,
+    Triton's loopback gRPC port) gRPC."""
     state = state_dir / PROXY_DIR
     state.mkdir(parents=True, exist_ok=True)
     binary = nginx_binary()
     buffers = _buffer_dir(state)
     try:
-        return _launch(binary, state, buffers, host, port, upstream_port, settings, detach, timeout, metrics)
+        return _launch(binary, state, buffers, host, port, upstream_port, settings, detach, timeout, metrics, grpc)
     except BaseException:
         _remove_buffers(state)
         raise
@@ -209,9 +268,10 @@ def _launch(
     detach: bool,
     timeout: float,
     metrics: tuple[int, int] | None,
+    grpc: tuple[int, int] | None,
 ) -> subprocess.Popen:
     conf = state / "nginx.conf"
-    conf.write_text(nginx_config(state, buffers, host, port, upstream_port, settings, metrics))
+    conf.write_text(nginx_config(state, buffers, host, port, upstream_port, settings, metrics, grpc))
     cmd = [str(binary), "-p", str(state), "-c", str(conf), "-e", str(state / "error.log"), "-g", "daemon off;"]
     check = subprocess.run([*cmd, "-t"], capture_output=True, text=True, check=False)
     if check.returncode != 0:
@@ -227,7 +287,7 @@ def _launch(
             raise ProxyError(
                 f"nginx exited with code {process.returncode} while starting on {host}:{port}: {log.strip()[-500:]}"
             )
-        if _listening(host, port):
+        if _listening(host, port) and (grpc is None or _listening(host, grpc[0])):
             return process
         time.sleep(0.1)
     process.kill()

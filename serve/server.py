@@ -73,6 +73,7 @@ class ServerInfo:
     proxy_pid: int | None = None
     metrics: bool = True  # Triton's Prometheus endpoint (GET /metrics on metrics_port) is on
     triton_metrics_port: int | None = None  # Triton's own metrics listener (loopback) when nginx serves metrics_port
+    triton_grpc_port: int | None = None  # Triton's own gRPC listener (loopback) when nginx serves grpc_port
 
     @property
     def http_url(self) -> str:
@@ -87,7 +88,13 @@ class ServerInfo:
 
     @property
     def grpc_url(self) -> str:
+        """The gRPC endpoint clients use (nginx when proxied)."""
         return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def triton_grpc_url(self) -> str:
+        """Triton's own gRPC listener (a loopback port behind the proxy)."""
+        return f"127.0.0.1:{self.triton_grpc_port}" if self.triton_grpc_port else self.grpc_url
 
     @property
     def metrics_url(self) -> str:
@@ -273,8 +280,9 @@ class ServerSettings:
     `restrict` puts the non-inference APIs (RESTRICTED_APIS) behind a fresh admin key in `<state>/admin_key`
     (0600): requests without the `zoo-admin-key` header get 403 (HTTP), without the
     `triton-grpc-protocol-zoo-admin-key` metadata UNAVAILABLE "This protocol is restricted" (gRPC). `proxy`
-    serves `http_port` with nginx (serve/proxy.py) and moves Triton's HTTP to a loopback port; None lets Triton
-    listen on `http_port` itself (exposed to the chunked-body crash of 2.51). `metrics` serves Triton's
+    serves `http_port` (and with `proxy.grpc`, `grpc_port`) with nginx (serve/proxy.py) and moves Triton's own
+    listeners to loopback ports; None lets Triton listen on the ports itself (exposed to the chunked-body crash
+    of 2.51, compressed bodies inflated past every cap and unbounded gRPC messages). `metrics` serves Triton's
     Prometheus endpoint, GET /metrics on `metrics_port` (through nginx when proxied: Triton's metrics listener
     is the same HTTP library as its inference one)."""
 
@@ -294,19 +302,20 @@ class ServerSettings:
 
 @dataclass(frozen=True)
 class Ports:
-    """The ports a server listens on: the public ones, and Triton's own HTTP and metrics listeners (loopback
-    ports behind the proxy, else the public ones)."""
+    """The ports a server listens on: the public ones, and Triton's own HTTP, metrics and gRPC listeners
+    (loopback ports behind the proxy, else the public ones)."""
 
     http: int
     grpc: int
     metrics: int
     triton_http: int
     triton_metrics: int
+    triton_grpc: int
 
 
 def pick_ports(settings: ServerSettings) -> Ports:
     """The requested ports, checked free now (a busy one is a ServerError naming the fix), a free port for each
-    0, and behind the proxy two loopback ports for Triton's own HTTP and metrics listeners."""
+    0, and behind the proxy loopback ports for Triton's own HTTP, metrics and gRPC listeners."""
     host = settings.host
     ports = {"http_port": settings.http_port, "grpc_port": settings.grpc_port, "metrics_port": settings.metrics_port}
     for key, port in ports.items():
@@ -317,15 +326,21 @@ def pick_ports(settings: ServerSettings) -> Ports:
             )
     unset = [key for key, port in ports.items() if not port]
     ports.update(zip(unset, free_ports(len(unset), host, avoid=set(ports.values())), strict=True))
-    proxied = settings.proxy is not None
-    inner = free_ports(1 + bool(settings.metrics), "127.0.0.1", avoid=set(ports.values())) if proxied else []
+    proxied, metrics, grpc = settings.proxy is not None, settings.metrics, _grpc_proxied(settings)
+    count = int(proxied) + int(proxied and metrics) + int(grpc)
+    inner = free_ports(count, "127.0.0.1", avoid=set(ports.values()))
     return Ports(
         http=ports["http_port"],
         grpc=ports["grpc_port"],
         metrics=ports["metrics_port"],
-        triton_http=inner[0] if inner else ports["http_port"],
-        triton_metrics=inner[1] if len(inner) > 1 else ports["metrics_port"],
+        triton_http=inner[0] if proxied else ports["http_port"],
+        triton_metrics=inner[1] if proxied and metrics else ports["metrics_port"],
+        triton_grpc=inner[-1] if grpc else ports["grpc_port"],
     )
+
+
+def _grpc_proxied(settings: ServerSettings) -> bool:
+    return settings.proxy is not None and settings.proxy.grpc
 
 
 def claim_state_dir(repo: Path, state_dir: str | Path | None) -> Path:
@@ -345,14 +360,15 @@ def triton_command(repo: Path, state: Path, settings: ServerSettings, ports: Por
     """tritonserver's command line: the wheel's backend links, the listeners, no pinned memory (CPU-only
     machines), this server's shm prefix, strict readiness, and the admin key when `settings.restrict`."""
     listen = "127.0.0.1" if settings.proxy is not None else settings.host  # HTTP and metrics: behind nginx
+    listen_grpc = "127.0.0.1" if _grpc_proxied(settings) else settings.host
     return [
         str(wheel_dir() / "bin" / "tritonserver"),
         f"--model-repository={repo}",
         f"--backend-directory={backend_dir(state)}",
         f"--http-address={listen}",
         f"--http-port={ports.triton_http}",
-        f"--grpc-address={settings.host}",
-        f"--grpc-port={ports.grpc}",
+        f"--grpc-address={listen_grpc}",
+        f"--grpc-port={ports.triton_grpc}",
         f"--allow-metrics={str(settings.metrics).lower()}",
         f"--metrics-address={listen}",
         f"--metrics-port={ports.triton_metrics}",
@@ -442,6 +458,7 @@ class Server:
             triton_http_port=ports.triton_http if proxied else None,
             metrics=settings.metrics,
             triton_metrics_port=ports.triton_metrics if proxied and settings.metrics else None,
+            triton_grpc_port=ports.triton_grpc if _grpc_proxied(settings) else None,
         )
         server = cls(info, process)
         try:  # from here on, any failure or interrupt stops what was started
@@ -463,8 +480,11 @@ class Server:
         """nginx on the public HTTP (and metrics) port, passing to Triton's loopback listeners; its pid is
         saved with the server's, so stopping the server stops it."""
         metrics = (ports.metrics, ports.triton_metrics) if self.info.metrics else None
+        grpc = (ports.grpc, ports.triton_grpc) if proxy.grpc else None
         state, host = Path(self.info.state_dir), self.info.host
-        nginx = start_proxy(state, host, ports.http, ports.triton_http, proxy, detach=detach, metrics=metrics)
+        nginx = start_proxy(
+            state, host, ports.http, ports.triton_http, proxy, detach=detach, metrics=metrics, grpc=grpc
+        )
         self.proxy_process, self.info.proxy_pid = nginx, nginx.pid
         self.save_state()
 

@@ -22,7 +22,7 @@ from zoo.errors import one_line_errors
 
 def settings_from(cfg: DictConfig) -> ServerSettings:
     """conf/start.yaml's keys as ServerSettings (its names are the command line's: timeout_s, restrict_apis, and
-    proxy + max_body_mb for the nginx settings)."""
+    proxy + max_body_mb + proxy_grpc for the nginx settings)."""
     return ServerSettings(
         host=str(cfg.host),
         http_port=int(cfg.http_port),
@@ -33,7 +33,7 @@ def settings_from(cfg: DictConfig) -> ServerSettings:
         log_verbose=int(cfg.log_verbose),
         detach=bool(cfg.detach),
         restrict=bool(cfg.restrict_apis),
-        proxy=ProxySettings(max_body_mb=float(cfg.max_body_mb)) if cfg.proxy else None,
+        proxy=ProxySettings(max_body_mb=float(cfg.max_body_mb), grpc=bool(cfg.proxy_grpc)) if cfg.proxy else None,
         metrics=bool(cfg.metrics),
     )
 

@@ -10,10 +10,13 @@ is shared by the tests that need one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import socket
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -278,3 +281,88 @@ def test_a_model_directory_whose_manifest_was_changed_fails_to_load_naming_the_k
     (version / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ServerError, match=r"runtime\.threads=300 is out of range"):
         Server.start(broken, http_port=0, grpc_port=0, metrics_port=0)
+
+
+# ---------------------------------------------------------------------------------------------- bounded sizes
+def _rss_mb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) >> 10
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def _gzip_bomb(members: int = 10, member_mb: int = 100) -> bytes:
+    """≈1 MB of gzip that inflates to members × member_mb MB (a valid multi-member gzip stream of one byte)."""
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 31)
+    block = b"a" * (1 << 20)
+    member = b"".join(deflate.compress(block) for _ in range(member_mb)) + deflate.flush()
+    return member * members
+
+
+def _raw_reply(server: Server, head: bytes, body: bytes) -> bytes:
+    with socket.create_connection((server.info.host, server.info.http_port), timeout=60) as sock:
+        sock.sendall(head)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(body)  # the proxy may answer and close before reading it all
+        return sock.recv(4096)
+
+
+def _text(n_bytes: int, lib=grpcclient):
+    inp = lib.InferInput("TEXT", [1, 1], "BYTES")
+    inp.set_data_from_numpy(np.array([b"a" * n_bytes], dtype=np.object_).reshape(1, 1))
+    return inp
+
+
+RSS_BOUND_MB = 32  # what refused compressed bodies may add to tritonserver's resident memory
+
+
+def test_compressed_bodies_are_refused_before_triton_inflates_them(server) -> None:
+    """A 1 MB gzip body that inflates to 1000 MB made tritonserver grow by 1.3 GB: nginx now refuses any
+    Content-Encoding (415) and any compressed gRPC message (UNIMPLEMENTED), so Triton never sees them."""
+    bomb = _gzip_bomb()
+    assert len(bomb) < 1_100_000 and len(zlib.decompressobj(31).decompress(bomb[: len(bomb) // 10])) == 100 << 20
+    before = _rss_mb(server.info.pid)
+    head = (
+        b"POST /v2/models/transformer-smoke/infer HTTP/1.1\r\nHost: zoo\r\nContent-Type: application/json\r\n"
+        b"Content-Encoding: gzip\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(bomb)
+    )
+    reply = _raw_reply(server, head, bomb)
+    assert reply.startswith(b"HTTP/1.1 415") and b"send it uncompressed" in reply, reply[:300]
+    with httpclient.InferenceServerClient(server.info.http_url) as client:
+        for algorithm in ("gzip", "deflate"):
+            with pytest.raises(InferenceServerException, match="Content-Encoding") as err:
+                client.infer("transformer-smoke", [_text(10, httpclient)], request_compression_algorithm=algorithm)
+            assert str(err.value.status()) == "415"
+    client = grpcclient.InferenceServerClient(server.info.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException, match="compressed gRPC messages are not accepted") as err:
+            client.infer("transformer-smoke", [_text(50 << 20)], compression_algorithm="gzip")
+        assert str(err.value.status()) == "StatusCode.UNIMPLEMENTED"
+    finally:
+        client.close()
+    assert _rss_mb(server.info.pid) - before < RSS_BOUND_MB
+    assert server.ready()
+
+
+SHM_BOUND_MB = 16  # one instance's region after requests at the body cap (4 MB)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_messages_are_capped_and_the_shared_memory_stays_bounded(server, protocol) -> None:
+    """gRPC messages are capped like HTTP bodies (4 MB, `max_body_mb`): 5 MB is RESOURCE_EXHAUSTED / 413 naming
+    the cap, 3.5 MB (a full batch of long texts fits far below) is answered, truncated; the Python backend's
+    regions grow only to what such requests need."""
+    lib = httpclient if protocol == "http" else grpcclient
+    client = lib.InferenceServerClient(server.info.url(protocol))
+    try:
+        with pytest.raises(InferenceServerException, match="over 4 MB") as err:
+            client.infer("transformer-smoke", [_text(5 << 20, lib)])
+        assert str(err.value.status()) in ("413", "StatusCode.RESOURCE_EXHAUSTED")
+        for _ in range(3):
+            result = client.infer("transformer-smoke", [_text(3_500_000, lib)])
+            assert result.as_numpy("TRUNCATED").tolist() == [[True]]
+    finally:
+        client.close()
+    regions = {p.name: p.stat().st_size >> 20 for p in Path("/dev/shm").glob(f"{server.info.shm_prefix}*")}
+    assert regions and max(regions.values()) <= SHM_BOUND_MB, regions
+    assert server.ready()

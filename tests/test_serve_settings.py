@@ -51,10 +51,12 @@ def test_triton_command_listens_behind_the_proxy_and_restricts(tmp_path: Path) -
     ports = pick_ports(settings)
     cmd = triton_command(tmp_path / "repo", tmp_path, settings, ports, "zoo_triton_test_")
     assert "--http-address=127.0.0.1" in cmd and f"--http-port={ports.triton_http}" in cmd
-    assert "--metrics-address=127.0.0.1" in cmd and "--grpc-address=0.0.0.0" in cmd
+    assert "--metrics-address=127.0.0.1" in cmd and f"--grpc-port={ports.triton_grpc}" in cmd
+    assert "--grpc-address=127.0.0.1" in cmd  # issue 40: gRPC behind nginx too (its message size is capped there)
     assert any(a.startswith("--http-restricted-api=") for a in cmd) and (tmp_path / ADMIN_KEY_FILE).is_file()
     assert cmd[-1] == "--x=1"
     direct = ServerSettings(host="0.0.0.0", restrict=False, proxy=None)
     open_cmd = triton_command(tmp_path / "repo", tmp_path, direct, ports, "zoo_triton_test_")
     assert "--http-address=0.0.0.0" in open_cmd and "--metrics-address=0.0.0.0" in open_cmd
+    assert "--grpc-address=0.0.0.0" in open_cmd
     assert not any("restricted" in a for a in open_cmd)
