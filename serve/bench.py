@@ -49,6 +49,7 @@ from serve import perf_analyzer as pa
 from serve.client import Client, ClientError
 from serve.errors import ServeError
 from serve.model_config import ModelSettings, read_manifest
+from serve.proxy import ProxySettings
 from serve.repository import write_python_model
 from serve.server import Server
 from zoo.errors import one_line_errors
@@ -450,7 +451,10 @@ def bench(cfg: Any) -> dict[str, Any]:
     """Run the whole sweep described by `cfg` (conf/bench.yaml); returns the JSON written."""
     run = _write_repository(cfg)
     tools = _tools(cfg, run)
-    server = Server.start(run.repo, http_port=0, grpc_port=0, metrics_port=0, timeout=run.timeout)
+    # the bench is one client address: let it keep its highest concurrency in flight (ProxySettings' per-address cap)
+    most = max([int(c) for c in (*cfg.concurrency, *(cfg.no_batching_concurrency or []))], default=0)
+    proxy = ProxySettings(per_client_requests=max(ProxySettings().per_client_requests, most + 8))
+    server = Server.start(run.repo, http_port=0, grpc_port=0, metrics_port=0, timeout=run.timeout, proxy=proxy)
     try:
         points = _sweep(cfg, run, tools, server)
     finally:

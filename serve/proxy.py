@@ -51,10 +51,30 @@ class ProxyError(ServeError, RuntimeError):
 
 @dataclass(frozen=True)
 class ProxySettings:
+    """nginx's limits (serve/README.md, Security, has the table and how to raise them). Connections are cheap
+    for nginx (a few kB each) and slow ones cost it nothing else, so the capacity is large and what one client
+    address can hold at once is bounded instead: a flood of slow connections from one address must not deny
+    everyone else, as 520 did with nginx's default 512 connections."""
+
     max_body_mb: float = 4.0  # larger request bodies (HTTP) and gRPC messages are refused by nginx
-    client_timeout_s: int = 30  # reading a request's header or body
+    max_connections: int = 4096  # nginx worker connections: clients + connections to Triton, all ports together
+    per_client_requests: int = 64  # HTTP requests and gRPC calls in progress per client address (more: 429)
+    header_timeout_s: int = 10  # a request's header must arrive within this, in total
+    body_read_timeout_s: int = 10  # the longest pause between two reads of a request body
+    send_timeout_s: int = 30  # the longest pause while the client reads the answer
+    keepalive_timeout_s: int = 30  # an idle client connection is closed after this
     upstream_timeout_s: int = 300  # waiting for Triton's answer (a request within the cost budget)
     grpc: bool = True  # nginx serves the gRPC port too (Triton 2.51 has no flag bounding its gRPC messages)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.per_client_requests <= 65535:
+            raise ProxyError(f"per_client_requests={self.per_client_requests}: use 1 … 65535 (nginx's limit)")
+        if self.max_connections < 64 or self.max_body_mb <= 0:
+            raise ProxyError("max_connections must be ≥ 64 and max_body_mb > 0")
+        timeouts = ("header_timeout_s", "body_read_timeout_s", "send_timeout_s", "keepalive_timeout_s")
+        for key in (*timeouts, "upstream_timeout_s"):
+            if getattr(self, key) < 1:
+                raise ProxyError(f"{key}={getattr(self, key)}: use a whole number of seconds ≥ 1")
 
 
 def nginx_binary(cache_root: Path | None = None) -> Path:
@@ -104,10 +124,12 @@ def _grpc_server(host: str, settings: ProxySettings, grpc: tuple[int, int] | Non
     port, upstream = grpc
     encoded = _grpc_status(12, "compressed gRPC messages are not accepted; send them uncompressed (identity)")
     too_large = _grpc_status(8, f"gRPC message over {settings.max_body_mb:g} MB; send fewer or shorter texts")
+    too_many = _grpc_status(8, f"over {settings.per_client_requests} calls in progress from your address; retry")
     return f"""
     upstream triton_grpc {{ server 127.0.0.1:{upstream}; keepalive 16; }}
     server {{
         listen {host}:{port} http2;
+        limit_conn zoo_per_client {settings.per_client_requests};
         grpc_connect_timeout 5s;
         grpc_read_timeout {settings.upstream_timeout_s}s;
         grpc_send_timeout {settings.upstream_timeout_s}s;
@@ -122,6 +144,10 @@ def _grpc_server(host: str, settings: ProxySettings, grpc: tuple[int, int] | Non
         error_page 413 = @grpc_too_large;
         location @grpc_too_large {{
             {too_large}
+        }}
+        error_page 429 = @grpc_too_many;
+        location @grpc_too_many {{
+            {too_many}
         }}
     }}"""
 
@@ -148,10 +174,12 @@ def nginx_config(
     Triton's loopback metrics port) adds the Prometheus listener, `grpc` = (public port, Triton's loopback gRPC
     port) the gRPC one. Request bodies sent compressed (`Content-Encoding`, `grpc-encoding`) are refused: Triton
     inflates them itself, and a 1 MB gzip body inflated to 1000 MB there."""
+    limit = settings.per_client_requests
     return f"""worker_processes 1;
+worker_rlimit_nofile {2 * settings.max_connections + 64};
 pid {state / "nginx.pid"};
 error_log {state / "error.log"} warn;
-events {{ worker_connections 512; }}
+events {{ worker_connections {settings.max_connections}; }}
 http {{
     access_log off;
     client_body_temp_path {tmp / "body"};
@@ -160,10 +188,15 @@ http {{
     uwsgi_temp_path {tmp / "uwsgi"};
     scgi_temp_path {tmp / "scgi"};
     client_max_body_size {int(settings.max_body_mb * 1024 * 1024)};
-    client_body_buffer_size 1m;
-    client_header_timeout {settings.client_timeout_s}s;
-    client_body_timeout {settings.client_timeout_s}s;
-    send_timeout {settings.client_timeout_s}s;
+    client_body_buffer_size 128k;
+    client_header_timeout {settings.header_timeout_s}s;
+    client_body_timeout {settings.body_read_timeout_s}s;
+    send_timeout {settings.send_timeout_s}s;
+    keepalive_timeout {settings.keepalive_timeout_s}s;
+    reset_timedout_connection on;
+    limit_conn_zone $binary_remote_addr zone=zoo_per_client:4m;
+    limit_conn_status 429;
+    limit_conn_log_level info;
     proxy_request_buffering on;
     proxy_http_version 1.1;
     proxy_set_header Connection "";
@@ -175,6 +208,7 @@ http {{
     upstream triton {{ server 127.0.0.1:{upstream_port}; keepalive 16; }}
     server {{
         listen {host}:{port};
+        limit_conn zoo_per_client {settings.per_client_requests};
         if ($zoo_encoded) {{ return 415; }}
         location ~ "{ALLOWED_PATHS}" {{
             limit_except GET POST {{ deny all; }}
@@ -193,6 +227,11 @@ http {{
         location @encoded {{
             default_type application/json;
             return 415 '{{"error":"compressed request bodies (Content-Encoding) are refused; send it uncompressed"}}';
+        }}
+        error_page 429 = @too_many;
+        location @too_many {{
+            default_type application/json;
+            return 429 '{{"error":"over {limit} requests in progress from your address; retry later"}}';
         }}
     }}{_grpc_server(host, settings, grpc)}{_metrics_server(host, metrics)}
 }}

@@ -22,7 +22,7 @@ from zoo.errors import one_line_errors
 
 def settings_from(cfg: DictConfig) -> ServerSettings:
     """conf/start.yaml's keys as ServerSettings (its names are the command line's: timeout_s, restrict_apis, and
-    proxy + max_body_mb + proxy_grpc for the nginx settings)."""
+    proxy + the nginx keys of `proxy_settings`)."""
     return ServerSettings(
         host=str(cfg.host),
         http_port=int(cfg.http_port),
@@ -33,8 +33,20 @@ def settings_from(cfg: DictConfig) -> ServerSettings:
         log_verbose=int(cfg.log_verbose),
         detach=bool(cfg.detach),
         restrict=bool(cfg.restrict_apis),
-        proxy=ProxySettings(max_body_mb=float(cfg.max_body_mb), grpc=bool(cfg.proxy_grpc)) if cfg.proxy else None,
+        proxy=proxy_settings(cfg) if cfg.proxy else None,
         metrics=bool(cfg.metrics),
+    )
+
+
+def proxy_settings(cfg: DictConfig) -> ProxySettings:
+    """conf/start.yaml's nginx keys (serve/README.md, Security: the limits and how to raise them)."""
+    return ProxySettings(
+        max_body_mb=float(cfg.max_body_mb),
+        grpc=bool(cfg.proxy_grpc),
+        max_connections=int(cfg.max_connections),
+        per_client_requests=int(cfg.per_client_requests),
+        header_timeout_s=int(cfg.header_timeout_s),
+        body_read_timeout_s=int(cfg.body_read_timeout_s),
     )
 
 

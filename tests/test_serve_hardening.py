@@ -14,8 +14,10 @@ import contextlib
 import hashlib
 import json
 import os
+import resource
 import shutil
 import socket
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +31,7 @@ from tritonclient.utils import InferenceServerException
 import export
 from export import runtime as rt
 from serve.model_config import ModelSettings, RepositoryError
+from serve.proxy import ProxySettings
 from serve.repository import write_repository
 from serve.server import Server, ServerError, rotate_log
 from serve.warmup import WarmupError
@@ -365,4 +368,79 @@ def test_messages_are_capped_and_the_shared_memory_stays_bounded(server, protoco
         client.close()
     regions = {p.name: p.stat().st_size >> 20 for p in Path("/dev/shm").glob(f"{server.info.shm_prefix}*")}
     assert regions and max(regions.values()) <= SHM_BOUND_MB, regions
+    assert server.ready()
+
+
+# ---------------------------------------------------------------------------------------------- connection floods
+FLOOD_ADDRESS = "127.0.0.2"  # the flood's own loopback address; the served client stays on 127.0.0.1
+HEADER = b"POST /v2/models/transformer-smoke/infer HTTP/1.1\r\nHost: zoo\r\n"
+
+
+def _words(text: str, lib=grpcclient):
+    inp = lib.InferInput("TEXT", [1, 1], "BYTES")
+    inp.set_data_from_numpy(np.array([text.encode()], dtype=np.object_).reshape(1, 1))
+    return inp
+
+
+def _flood_socket(server: Server, first: bytes) -> socket.socket:
+    sock = socket.socket()
+    sock.bind((FLOOD_ADDRESS, 0))
+    sock.settimeout(5)
+    sock.connect((server.info.host, server.info.http_port))
+    sock.sendall(first)
+    return sock
+
+
+def _state(sock: socket.socket) -> str:
+    """'open' (nothing to read yet), 'closed', or the start of what the proxy answered."""
+    sock.setblocking(False)
+    try:
+        data = sock.recv(64)
+    except BlockingIOError:
+        return "open"
+    except OSError:
+        return "closed"
+    return data[:12].decode(errors="replace") if data else "closed"
+
+
+def test_a_thousand_slow_connections_from_one_address_do_not_deny_others(server) -> None:
+    """One address opens 1 000 connections: 900 send half a header, 100 a full header and one byte of a 1 000-byte
+    body, and then trickle. Meanwhile another client's requests over HTTP and gRPC each succeed within 1 s: nginx
+    holds 4 096 connections, and one address gets 64 requests in progress (the other 36 bodies: 429 at once). A
+    header trickled one byte a second is cut at the 10 s header deadline, whatever it still sends."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:
+        pytest.fail(f"this test needs 1 200 file descriptors; the hard limit is {hard} (ulimit -n)")
+    limits = ProxySettings()
+    started = time.monotonic()
+    trickled = _flood_socket(server, b"P")
+    bodies = [_flood_socket(server, HEADER + b"Content-Length: 1000\r\n\r\n{") for _ in range(100)]
+    headers = [_flood_socket(server, HEADER) for _ in range(900)]
+    latencies: list[float] = []
+    try:
+        with (
+            httpclient.InferenceServerClient(server.info.http_url) as http,
+            grpcclient.InferenceServerClient(server.info.grpc_url) as grpc,
+        ):
+            for step, byte in enumerate(b"OST /v2/health/ready HTTP/1.1\r"):  # one header byte a second
+                for sock, data in ((trickled, bytes([byte])), *((body, b" ") for body in bodies)):
+                    with contextlib.suppress(OSError):
+                        sock.send(data)
+                for lib, client in ((httpclient, http), (grpcclient, grpc)) if step < 6 else ():
+                    begin = time.perf_counter()
+                    out = client.infer("transformer-smoke", [_words("Hallo.", lib)], parameters={"beam_size": 1})
+                    latencies.append(time.perf_counter() - begin)
+                    assert out.as_numpy("OUTPUT").shape == (1, 1)
+                if _state(trickled) == "closed":
+                    break
+                time.sleep(max(0.0, started + step + 1 - time.monotonic()))
+        cut_after = time.monotonic() - started
+        states = [_state(sock) for sock in bodies]
+    finally:
+        for sock in [trickled, *bodies, *headers]:
+            sock.close()
+    assert max(latencies) < 1.0, latencies
+    assert states.count("HTTP/1.1 429") == 100 - limits.per_client_requests, sorted(set(states))
+    assert limits.header_timeout_s <= cut_after < limits.header_timeout_s + 3, cut_after
     assert server.ready()
