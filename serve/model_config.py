@@ -31,7 +31,8 @@ TRITON_MODELS = HERE / "triton"
 RUNTIME_DIR = "export_runtime"  # the copy of the runtime package export/runtime/ inside every model version dir
 COMMON_FILE = "model_common.py"  # request handling shared by both variants' model.py
 METRICS_FILE = "model_metrics.py"  # the zoo_* Prometheus metrics model_common reports
-SHARED_MODEL_FILES = (COMMON_FILE, METRICS_FILE)  # copied next to every model.py, from serve/triton/
+LANES_FILE = "model_lanes.py"  # the express and bulk lanes model_common runs requests in
+SHARED_MODEL_FILES = (COMMON_FILE, METRICS_FILE, LANES_FILE)  # copied next to every model.py, from serve/triton/
 INPUT, OUTPUT, TRUNCATED = "TEXT", "OUTPUT", "TRUNCATED"
 TARGET, SCORES, TOKEN_SCORES = "TARGET", "SCORES", "TOKEN_SCORES"  # forced decoding in, scores out
 KINDS = ("KIND_CPU", "KIND_GPU", "KIND_AUTO")
@@ -59,7 +60,10 @@ class ModelSettings:
     optimization: str | None = None
     check_files: bool = True
     max_request_cost: int = 10_000  # rows × beam × max output tokens one request may ask for (INVALID_ARGUMENT)
-    max_execute_cost: int = 40_000  # the same summed over one execute's batch (the rest: UNAVAILABLE, retry)
+    max_execute_cost: int = 40_000  # the most one lane batch runs at once (the rest waits for the next batch)
+    express_cost: int = 2_000  # requests up to this run in the express lane, beside the heavy ones (model_lanes)
+    max_queued_cost: int | None = None  # work one lane of one instance may hold (None: 4 × max_execute_cost);
+    # beyond it a request is answered UNAVAILABLE (retry)
     warmup: bool = True  # model_warmup: each instance translates a held-out sentence before the model is ready
 
     @classmethod
@@ -82,6 +86,10 @@ class ModelSettings:
             raise RepositoryError("max_batch_size must be ≥ 1 (requests carry a batch dimension)")
         if self.max_request_cost < 1 or self.max_execute_cost < self.max_request_cost:
             raise RepositoryError("max_request_cost must be ≥ 1 and max_execute_cost ≥ max_request_cost")
+        if not 0 <= self.express_cost <= self.max_request_cost:
+            raise RepositoryError("express_cost must be in [0, max_request_cost]")
+        if self.max_queued_cost is not None and self.max_queued_cost < self.max_execute_cost:
+            raise RepositoryError("max_queued_cost must be ≥ max_execute_cost (a lane must hold one batch)")
         if self.version < 1:
             raise RepositoryError("version must be ≥ 1 (Triton version directories are positive integers)")
         self.preferred_batch_size = sorted({int(b) for b in self.preferred_batch_size if int(b) <= self.max_batch_size})
@@ -157,6 +165,8 @@ def python_config(
         "check_files": str(settings.check_files).lower(),
         "max_request_cost": int(settings.max_request_cost),
         "max_execute_cost": int(settings.max_execute_cost),
+        "express_cost": int(settings.express_cost),
+        **({"max_queued_cost": int(settings.max_queued_cost)} if settings.max_queued_cost is not None else {}),
         **(extra or {}),
     }
     parts = [

@@ -17,6 +17,8 @@ import os
 import resource
 import shutil
 import socket
+import statistics
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -444,3 +446,57 @@ def test_a_thousand_slow_connections_from_one_address_do_not_deny_others(server)
     assert states.count("HTTP/1.1 429") == 100 - limits.per_client_requests, sorted(set(states))
     assert limits.header_timeout_s <= cut_after < limits.header_timeout_s + 3, cut_after
     assert server.ready()
+
+
+# ---------------------------------------------------------------------------------------------- fairness
+MAX_COST = {"beam_size": 5, "max_len_a": 0.0, "max_len_b": 125, "min_len": 125}  # × 16 rows = 10 000 row-steps
+
+
+def test_a_one_word_request_stays_fast_while_maximum_cost_requests_fill_the_server(server, export_dir) -> None:
+    """16 clients each keep a request at the cost budget in flight (16 rows × beam 5 × 125 forced tokens =
+    max_request_cost 10 000 row-steps, ~0.5 s of one core alone); one-word requests sent meanwhile are answered in
+    a median ≤ 1 s. They ran in the instances' express lane beside the heavy batches (model_lanes.py); first in,
+    first out they waited 4.2 s (median, the smoke transformer, this 2-core machine, two instances)."""
+    model = export.load(export_dir, threads=1)
+    rows = (json.loads((export_dir / "heldout.json").read_text())["src"] * 16)[:16]
+    assert model.request_cost([len(ids) for ids in model.encode_texts(rows)], model.search_settings(**MAX_COST)) == (
+        10_000
+    )
+    heavy = np.array([r.encode() for r in rows], dtype=np.object_).reshape(16, 1)
+    stop = threading.Event()
+    answered: list[float] = []
+    failures: list[str] = []
+
+    def keep_one_in_flight() -> None:
+        with grpcclient.InferenceServerClient(server.info.grpc_url) as client:
+            while not stop.is_set():
+                inp = grpcclient.InferInput("TEXT", [16, 1], "BYTES")
+                inp.set_data_from_numpy(heavy)
+                begin = time.perf_counter()
+                try:
+                    client.infer("transformer-smoke", [inp], parameters=MAX_COST, client_timeout=300)
+                    answered.append(time.perf_counter() - begin)
+                except InferenceServerException as exc:
+                    failures.append(exc.message())
+
+    clients = [threading.Thread(target=keep_one_in_flight) for _ in range(16)]
+    for client in clients:
+        client.start()
+    latencies = []
+    try:
+        time.sleep(3)  # every heavy client has its request in
+        with grpcclient.InferenceServerClient(server.info.grpc_url) as client:
+            for _ in range(9):
+                begin = time.perf_counter()
+                out = client.infer("transformer-smoke", [_words("Hallo.")]).as_numpy("OUTPUT")
+                latencies.append(time.perf_counter() - begin)
+                assert out[0, 0].decode() == model.translate(["Hallo."])[0]
+                time.sleep(0.2)
+        in_flight = sum(client.is_alive() for client in clients)
+    finally:
+        stop.set()
+        for client in clients:
+            client.join(120)
+    assert failures == [] and in_flight == 16, failures[:2]
+    assert min(answered) > statistics.median(latencies), (answered, latencies)  # the heavy ones really are heavy
+    assert statistics.median(latencies) <= 1.0, latencies

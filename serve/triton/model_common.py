@@ -27,13 +27,16 @@ and `TRUNCATED`. Targets are cut to what the model can produce (max_positions - 
 Cost limits (one client must not starve the others): a translation's cost is rows × beam × maximum output tokens
 (each row's limit from max_len_a/max_len_b, capped by the model's positions), a scoring request's its target
 tokens + eos per row; both computed before anything runs. Over `max_request_cost` a request is refused
-(INVALID_ARGUMENT, naming the budget); within one `execute`, requests are admitted cheapest first up to
-`max_execute_cost` and the rest answered UNAVAILABLE (retry), so a small request batched with heavy ones is never
-held behind more than that budget. Texts are cut to what the model can use in characters before tokenising (a
+(INVALID_ARGUMENT, naming the budget). `execute` only parses and prices: a request costing at most `express_cost`
+goes to the express lane, any other to the bulk lane (model_lanes.py); each lane runs batches of up to
+`max_execute_cost` in arrival order, the two at once, and answers through the requests' response senders, so a
+cheap request never waits behind a heavy one. A lane holding `max_queued_cost` of work answers the next request
+UNAVAILABLE (retry). Texts are cut to what the model can use in characters before tokenising (a
 300 MB text costs no more than a long sentence) and tokenised once. Client mistakes are answered
 INVALID_ARGUMENT (HTTP 400), never INTERNAL.
 
-Metrics (model_metrics.py): every request answered or refused is counted in the zoo_* series of /metrics.
+Metrics (model_metrics.py): every request answered or refused is counted in the zoo_* series of /metrics; a
+request's latency runs from its `execute` to its response.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from typing import Any
 import export_runtime  # the verbatim copy of the package export/runtime/ beside this file
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from model_lanes import Lane, Ticket
 from model_metrics import ModelMetrics
 
 INPUT = "TEXT"
@@ -73,6 +77,9 @@ SCORING_SETTINGS = ("len_penalty",)  # what a scoring request (with TARGET) may 
 # preset's model (d_model 256, 3+3 layers) to a few seconds on one core: measured in serve/README.md.
 DEFAULT_MAX_REQUEST_COST = 10_000
 DEFAULT_MAX_EXECUTE_COST = 40_000
+DEFAULT_EXPRESS_COST = 2_000  # requests up to this (≈ 8 sentences at beam 5) run in the express lane
+QUEUED_BATCHES = 4  # a lane holds at most this many batches' worth of work (max_queued_cost by default)
+EXPRESS, BULK = "express", "bulk"
 MAX_PIECE_CHARS = 16  # sentencepiece's default max_sentencepiece_length: a token covers at most this many chars
 
 
@@ -138,6 +145,15 @@ def _error(exc: Exception) -> Any:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), code))
 
 
+def _send(sender: Any, response: Any) -> None:
+    """A request's one and only response (execute returns None: every request is answered through its sender).
+    A failed send (the client went away) is logged, never raised: the lane goes on with the others."""
+    try:
+        sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    except Exception as exc:
+        pb_utils.Logger.log_warn(f"a response could not be sent: {type(exc).__name__}: {exc}")
+
+
 def _strings(rows: list[list[str]]) -> np.ndarray:
     """[batch, n] TYPE_STRING tensor of UTF-8 bytes."""
     return np.array([[s.encode("utf-8") for s in row] for row in rows], dtype=np.object_).reshape(len(rows), -1)
@@ -189,6 +205,9 @@ class TextModel:
         )
         self.logger = pb_utils.Logger
         self.metrics = ModelMetrics(args["model_name"], args["model_version"])
+        self.express_cost = int(params.get("express_cost", DEFAULT_EXPRESS_COST))
+        queued = int(params.get("max_queued_cost", QUEUED_BATCHES * self.max_execute_cost))
+        self.lanes = {name: Lane(name, self.max_execute_cost, queued, self._run) for name in (EXPRESS, BULK)}
 
     # ------------------------------------------------------------------ parsing and pricing
     def _encode_sources(self, texts: list[str], keep_empty: bool) -> tuple[list[list[int] | None], list[bool]]:
@@ -257,55 +276,69 @@ class TextModel:
         return _Request(index, encoded, truncated, cost, ("score", float(len_penalty)), target_ids)
 
     # ------------------------------------------------------------------ execution
-    def execute(self, requests: list[Any]) -> list[Any]:
+    def execute(self, requests: list[Any]) -> None:
+        """Parse and price each request, then hand it to its lane (model_lanes) and return at once: the lane
+        answers it through its response sender. A request the client must fix, or one no lane has room for, is
+        answered here."""
         started = time.perf_counter()
-        responses: list[Any] = [None] * len(requests)
-        priced: list[_Request] = []
         for i, request in enumerate(requests):
+            sender = request.get_response_sender()
             try:
-                priced.append(self._price(i, request))
+                priced = self._price(i, request)
             except (RequestError, ValueError) as exc:
-                responses[i] = _error(exc)
+                _send(sender, _error(exc))
                 self.metrics.refused_one("invalid")
-        spent, admitted = 0, []
-        for req in sorted(priced, key=lambda r: (r.cost, r.index)):  # cheapest first: small requests never wait
-            if admitted and spent + req.cost > self.max_execute_cost:
-                responses[req.index] = _error(
-                    Busy(
-                        f"the server's per-batch budget max_execute_cost={self.max_execute_cost} is taken by other "
-                        "requests gathered with this one; retry"
-                    )
+                continue
+            lane = self.lanes[EXPRESS if priced.cost <= self.express_cost else BULK]
+            if not lane.put(Ticket(priced, sender, started)):
+                _send(
+                    sender,
+                    _error(
+                        Busy(f"{lane.queued_cost} row-steps already wait in this instance's {lane.name} lane; retry")
+                    ),
                 )
                 self.metrics.refused_one("busy")
-                continue
-            spent += req.cost
-            admitted.append(req)
-        groups: dict[tuple[Any, ...], list[_Request]] = {}
-        for req in admitted:
-            groups.setdefault(req.key, []).append(req)
-        for key, items in groups.items():
+        return None
+
+    def _run(self, batch: list[Ticket]) -> None:
+        """One lane batch: its requests with the same search settings generated (or scored) together, each group
+        answered as it finishes; a group that fails is answered with the reason — no ticket goes unanswered."""
+        groups: dict[tuple[Any, ...], list[Ticket]] = {}
+        for ticket in batch:
+            groups.setdefault(ticket.request.key, []).append(ticket)
+        for key, tickets in groups.items():
             try:
-                answers = self._score(items, key[1]) if key[0] == "score" else self._translate(items, *key[3:])
+                responses = self._answer(key, tickets)
             except Exception as exc:  # the whole group failed: answer each of its requests with the reason
-                for req in items:
-                    responses[req.index] = pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError(f"generation failed: {type(exc).__name__}: {exc}")
-                    )
+                error = pb_utils.TritonError(f"generation failed: {type(exc).__name__}: {exc}")
+                responses = [pb_utils.InferenceResponse(error=error) for _ in tickets]
+                for _ in tickets:
                     self.metrics.refused_one("failed")
-                continue
-            for req, (tensors, generated) in zip(items, answers, strict=True):
-                tensors.append(pb_utils.Tensor(TRUNCATED, np.array(req.truncated, dtype=bool).reshape(-1, 1)))
-                responses[req.index] = pb_utils.InferenceResponse(output_tensors=tensors)
-                self.metrics.answered(
-                    rows=len(req.encoded),
-                    source_tokens=req.source_tokens,
-                    generated_tokens=generated,
-                    truncated=sum(req.truncated),
-                    seconds=time.perf_counter() - started,
-                )
-            cut = sum(t for req in items for t in req.truncated)
-            if cut:
-                self.logger.log_warn(f"{cut} source(s) longer than {self.limit} tokens were truncated")
+            for ticket, response in zip(tickets, responses, strict=True):
+                _send(ticket.sender, response)
+
+    def _answer(self, key: tuple[Any, ...], tickets: list[Ticket]) -> list[Any]:
+        """The responses of one group of a batch (same key), counted in the metrics."""
+        items = [t.request for t in tickets]
+        answers = self._score(items, key[1]) if key[0] == "score" else self._translate(items, *key[3:])
+        responses = []
+        for ticket, (tensors, _) in zip(tickets, answers, strict=True):
+            truncated = np.array(ticket.request.truncated, dtype=bool).reshape(-1, 1)
+            responses.append(
+                pb_utils.InferenceResponse(output_tensors=[*tensors, pb_utils.Tensor(TRUNCATED, truncated)])
+            )
+        for ticket, (_, generated) in zip(tickets, answers, strict=True):  # counted once every response is built
+            req = ticket.request
+            self.metrics.answered(
+                rows=len(req.encoded),
+                source_tokens=req.source_tokens,
+                generated_tokens=generated,
+                truncated=sum(req.truncated),
+                seconds=time.perf_counter() - ticket.started,
+            )
+        cut = sum(t for req in items for t in req.truncated)
+        if cut:
+            self.logger.log_warn(f"{cut} source(s) longer than {self.limit} tokens were truncated")
         return responses
 
     def _translate(self, items: list[_Request], n: int, scores: bool) -> list[tuple[list[Any], int]]:
@@ -360,5 +393,8 @@ class TextModel:
         return answers
 
     def finalize(self) -> None:
+        for lane in self.lanes.values():
+            for ticket in lane.stop():
+                _send(ticket.sender, _error(Busy("the model is being unloaded; retry")))
         self.model = None
         self.metrics.close()

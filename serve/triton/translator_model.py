@@ -23,7 +23,8 @@ def _own(name: str) -> ModuleType:
     """This model's own module or package `name` (beside this file), imported from its path under that name.
     Why not through sys.path: a directory on sys.path lends every file in it to every `import` of the process,
     so a file beside model.py named like a library (sentencepiece.py) would be imported in its place. Loaded
-    in order (export_runtime, model_metrics, model_common), each finds the ones before it in sys.modules."""
+    in order (export_runtime, model_metrics, model_lanes, model_common), each finds the ones before it in
+    sys.modules."""
     path = os.path.join(HERE, name)
     package = os.path.isdir(path)
     spec = importlib.util.spec_from_file_location(
@@ -41,6 +42,7 @@ def _own(name: str) -> ModuleType:
 
 export_runtime = _own("export_runtime")  # the verbatim copy of the package export/runtime/
 _own("model_metrics")
+_own("model_lanes")
 TextModel = _own("model_common").TextModel
 
 

@@ -1,0 +1,89 @@
+"""The two lanes in which a text model instance runs its requests (copied next to model.py, as model_common.py).
+
+Why lanes: Triton queues requests first in, first out, and an instance busy with a batch takes nothing new until
+the batch is done, so a one-word request sent while other clients keep the server full of maximum-cost requests
+waited behind all of them (8.2 s with 16 in flight on the smoke model). Here `execute` only parses and prices a
+request and hands it to a lane, then returns (the response comes from the lane, through the request's response
+sender), so Triton's queue never holds anything back:
+- the express lane runs cheap requests (cost ≤ `express_cost`, a few sentences' worth) as they come, in batches
+  of what has gathered, in first-in order;
+- the bulk lane runs the others the same way, in batches of at most `max_execute_cost`.
+The two run at once in the instance (the runtime's searches may run in several threads; onnxruntime releases the
+GIL), so a cheap request never waits for a heavy one: at worst for the cheap ones ahead of it. Why this and not
+per-client limits or priorities: loopback clients, proxies and NAT share addresses, and a priority must be asked
+for by the client, while the cost is known here before anything runs. Each lane holds at most
+`max_queued_cost` of work; a request beyond it is answered UNAVAILABLE at once (retry), so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+
+class Ticket:
+    """A priced request waiting in a lane: the parsed request (`_Request` of model_common), its response sender
+    and when its `execute` began (its latency is measured from there)."""
+
+    def __init__(self, request: Any, sender: Any, started: float) -> None:
+        self.request, self.sender, self.started = request, sender, started
+
+    @property
+    def cost(self) -> int:
+        return int(self.request.cost)
+
+
+class Lane:
+    """One worker thread running batches of the tickets put to it: each batch takes the waiting tickets in
+    arrival order up to `batch_cost` (always at least one), and `run(batch)` answers every ticket of it."""
+
+    def __init__(self, name: str, batch_cost: int, queued_cost: int, run: Callable[[list[Ticket]], None]) -> None:
+        self.name, self.batch_cost, self.queued_cost, self.run = name, batch_cost, queued_cost, run
+        self.waiting: list[Ticket] = []
+        self.queued = 0  # cost of the waiting tickets
+        self.condition = threading.Condition()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._work, name=f"zoo-{name}-lane", daemon=True)
+        self.thread.start()
+
+    def put(self, ticket: Ticket) -> bool:
+        """Queue `ticket`; False (not queued) when the lane already holds `queued_cost` of work."""
+        with self.condition:
+            if self.stopping or (self.waiting and self.queued + ticket.cost > self.queued_cost):
+                return False
+            self.waiting.append(ticket)
+            self.queued += ticket.cost
+            self.condition.notify()
+        return True
+
+    def _take(self) -> list[Ticket] | None:
+        with self.condition:
+            while not self.waiting and not self.stopping:
+                self.condition.wait()
+            if self.stopping:
+                return None
+            batch, spent = [], 0
+            while self.waiting and (not batch or spent + self.waiting[0].cost <= self.batch_cost):
+                ticket = self.waiting.pop(0)
+                batch.append(ticket)
+                spent += ticket.cost
+            self.queued -= spent
+            return batch
+
+    def _work(self) -> None:
+        while (batch := self._take()) is not None:
+            try:
+                self.run(batch)  # answers every ticket, whatever fails (model_common.TextModel._run)
+            except Exception:  # a bug there must not end the lane (the requests after it still run): logged
+                traceback.print_exc()
+
+    def stop(self) -> list[Ticket]:
+        """Stop after the batch in progress; returns the tickets still waiting (to be answered by the caller)."""
+        with self.condition:
+            self.stopping = True
+            left, self.waiting, self.queued = self.waiting, [], 0
+            self.condition.notify_all()
+        self.thread.join(timeout=60)
+        return left
