@@ -53,7 +53,7 @@ from export.runtime import OPTIMIZATION_LEVELS, ExportedModel, Graphs, Int8Quali
 from export.staging import staged_directory
 from export.verify import encode_pairs, verify_export
 from zoo.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
-from zoo.data import DataError, Tokenizer, build_splits
+from zoo.data import DataError, TextTokenizer, build_splits, load_tokenizer
 from zoo.entries import CONF_DIR, list_entries
 from zoo.flops import size_summary
 from zoo.metrics import corpus_chrf, paired_bootstrap
@@ -130,7 +130,7 @@ class _Source:
     model: Transformer  # as trained (a GHT-PS model with its pruned heads gated off)
     name: str  # public model name
     out: Path
-    tokenizer: Tokenizer
+    tokenizer: TextTokenizer
     srcs: list[str]  # the held-out pairs the export is verified on
     tgts: list[str]
     size: dict[str, Any]  # size_summary of `model`
@@ -173,7 +173,7 @@ def _load_source(cfg: DictConfig) -> _Source:
     name = _public_name(cfg, payload)
     out = Path(cfg.out) if cfg.out else Path("exports") / name
     _check_out(out, bool(cfg.overwrite))
-    tokenizer = Tokenizer.from_bytes(payload["tokenizer"])
+    tokenizer = load_tokenizer(payload["tokenizer"])
     srcs, tgts = _heldout(payload, int(cfg.verify.sentences))
     return _Source(payload, model, name, out, tokenizer, srcs, tgts, size_summary(model))
 
@@ -227,7 +227,7 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- plan
-def _plan(cfg: DictConfig, model: Transformer, payload: dict[str, Any], tokenizer: Tokenizer) -> _HeadPlan:
+def _plan(cfg: DictConfig, model: Transformer, payload: dict[str, Any], tokenizer: TextTokenizer) -> _HeadPlan:
     """The head plan in original head indices, where it came from, and the importance scores if computed."""
     if cfg.head_plan and cfg.keep_heads:
         raise ExportError("give either head_plan=<file.json> or keep_heads=<k>, not both")
@@ -286,7 +286,7 @@ def _graph_metadata(source: _Source, exported: _Exported) -> dict[str, str]:
 
 
 def _write_tokenizer_and_heldout(directory: Path, source: _Source) -> None:
-    (directory / TOKENIZER_FILE).write_bytes(source.tokenizer.model_bytes)
+    (directory / TOKENIZER_FILE).write_bytes(source.tokenizer.to_bytes())
     (directory / HELDOUT_FILE).write_text(
         json.dumps({"src": source.srcs, "tgt": source.tgts}, indent=1, ensure_ascii=False)
     )

@@ -215,7 +215,6 @@ class DecoderStepGraph(nn.Module):
         self.model = model
         self.cross = [s for s in specs if s.kind == "cross"]
         self.self_specs = [s for s in specs if s.kind == "self"]
-        self.embed_scale = math.sqrt(model.cfg.d_model)
 
     def forward(
         self, tokens: Tensor, step: Tensor, history: Tensor, topk: Tensor, memory_pad_mask: Tensor, *caches: Tensor
@@ -226,7 +225,7 @@ class DecoderStepGraph(nn.Module):
         for spec, value in zip(self.cross, cross, strict=True):
             state[spec.layer]["cross"][spec.key] = value  # [N, ...]
         # Transformer.decode with a tensor offset: positions table indexed by `step` [1]
-        x = m.tgt_embed(tokens) * self.embed_scale + m.positions.index_select(0, step)  # [N, 1, D]
+        x = m.tgt_embed(tokens) * m.embed_scale + m.positions.index_select(0, step)  # [N, 1, D]
         unused_memory = memory_pad_mask  # cross-attention reads its cache, never the memory itself
         for i, layer in enumerate(m.decoder.layers):
             # a store [cells, ...] -> every row's past [N, ..., t, ...], gathered right before its layer runs (the
@@ -238,11 +237,10 @@ class DecoderStepGraph(nn.Module):
                     state[i]["self"][spec.key] = gathered
             x = layer(x, unused_memory, memory_pad_mask, state[i])
         x = m.decoder.final_norm(x)
-        weight = m.output_proj.weight if m.output_proj is not None else m.tgt_embed.weight
         # [N, 1, D] -> [N, D] before the projection: a Squeeze onnxruntime does without copying, where selecting
         # position 0 of the [N, 1, V] product was a Gather that copied all the logits (2.1 of 112 ms a beam-5 × 32
         # step of the 36.7M model, and a 6.4 MB buffer more)
-        logits = x.squeeze(1) @ weight.t()  # [N, V]
+        logits = m.logits(x.squeeze(1))  # [N, V], with the final logits bias where the model has one
         log_probs = torch.log_softmax(logits, dim=-1)
         k = topk.item()  # a graph input: one graph serves greedy (k=4) and every beam size
         torch._check(k >= 1)

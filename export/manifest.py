@@ -41,10 +41,12 @@ from export.runtime import (
     Vocab,
     sha256_file,
 )
-from zoo.data import Tokenizer
+from zoo.data import TextTokenizer
 from zoo.model import Transformer
 
 MANIFEST_FORMAT = 1
+# the tokenizer's one file, whatever its kind (a sentencepiece model or a shared-vocabulary document: the runtime's
+# load_tokenizer tells them apart by content), under the name the export format fixes (EXPORT_FILES)
 TOKENIZER_FILE = "tokenizer.model"
 HELDOUT_FILE = "heldout.json"  # the held-out sample the export was verified on
 
@@ -121,7 +123,7 @@ def build_manifest(
     *,
     name: str,
     payload: dict[str, Any],
-    tokenizer: Tokenizer,
+    tokenizer: TextTokenizer,
     model: Transformer,
     plan: dict[str, list[int]],
     plan_source: str,

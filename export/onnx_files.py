@@ -156,7 +156,9 @@ def _rename(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
 def _name_weights(model: onnx.ModelProto) -> None:
     """Readable initializer names: drop the wrapper's "model." prefix and name the transposed Linear
     weights the exporter folds into anonymous constants `<module>.weight_t` ([in, out]) after the
-    bias their MatMul feeds (so removed heads can be read off the file)."""
+    bias their MatMul feeds (so removed heads can be read off the file). The exporter stores equal constants once,
+    so biases that are all zeros (a random-init or converted model's) feed several MatMuls' Adds: the first of
+    them gets the name, the others keep their anonymous ones (initializer names must stay unique)."""
     graph = model.graph
     inits = {i.name for i in graph.initializer}
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -164,6 +166,7 @@ def _name_weights(model: onnx.ModelProto) -> None:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     mapping = {n: n[len("model.") :] for n in inits if n.startswith("model.")}
+    taken = (inits - set(mapping)) | set(mapping.values())
     for node in graph.node:
         if node.op_type != "MatMul" or node.input[1] not in inits or node.input[1].endswith(".weight"):
             continue
@@ -172,7 +175,10 @@ def _name_weights(model: onnx.ModelProto) -> None:
             continue
         bias = [n for n in users[0].input if n in inits and n.endswith(".bias")]
         if len(bias) == 1 and len(consumers.get(node.input[1], [])) == 1:
-            mapping[node.input[1]] = mapping.get(bias[0], bias[0])[: -len(".bias")] + ".weight_t"
+            name = mapping.get(bias[0], bias[0])[: -len(".bias")] + ".weight_t"
+            if name not in taken:
+                mapping[node.input[1]] = name
+                taken.add(name)
     _rename(graph, mapping)
 
 

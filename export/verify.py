@@ -19,7 +19,7 @@ import torch
 from export.graph import ExportError, cross_caches
 from export.runtime import ExportedModel, Search
 from export.runtime.search import truncate_sources
-from zoo.data import Tokenizer
+from zoo.data import TextTokenizer
 from zoo.evaluation import translate_texts
 from zoo.generate import generate
 from zoo.model import Transformer
@@ -33,12 +33,12 @@ def _pad(rows: Sequence[Sequence[int]], pad: int) -> torch.Tensor:
 
 
 def encode_pairs(
-    tokenizer: Tokenizer, srcs: Sequence[str], tgts: Sequence[str], max_positions: int, max_target_tokens: int
+    tokenizer: TextTokenizer, srcs: Sequence[str], tgts: Sequence[str], max_positions: int, max_target_tokens: int
 ) -> tuple[list[list[int]], list[list[int]]]:
     """Source ids as the runtime truncates them; target ids capped for teacher forcing."""
-    src = truncate_sources((tokenizer.encode(s) for s in srcs), max_positions, tokenizer.unk_id)
+    src = truncate_sources(tokenizer.encode_sources(srcs), max_positions, tokenizer.unk_id)
     cap = min(max_target_tokens, max_positions - 1)
-    tgt = [tokenizer.encode(t)[: cap - 1] for t in tgts]
+    tgt = [ids[: cap - 1] for ids in tokenizer.encode_targets(tgts)]
     return src, tgt
 
 
@@ -113,7 +113,7 @@ def verify_export(
     runtime: ExportedModel,
     pruned: Transformer,
     gated: Transformer,
-    tokenizer: Tokenizer,
+    tokenizer: TextTokenizer,
     srcs: Sequence[str],
     tgts: Sequence[str],
     search: Search,

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import sentencepiece as spm
 
 from export import runtime as export_runtime
+from export.runtime.tokenizer import load_tokenizer
 from serve.errors import ServeError
 
 WARMUP_DIR = "warmup"  # Triton reads `input_data_file` names relative to <model dir>/warmup/
@@ -81,11 +81,10 @@ def plan_warmup(
     sources = [s for s in heldout_sources(export_dir / manifest["heldout"]) if s.strip()]
     if not sources:
         return None
-    sp = spm.SentencePieceProcessor()
     with export_runtime.open_regular(export_dir / manifest["tokenizer"]) as fh:
-        sp.LoadFromSerializedProto(fh.read())
+        tokenizer = load_tokenizer(fh.read())
     limit = max(1, manifest["max_positions"] // 2)
-    lengths = [min(len(ids), limit) or 1 for ids in sp.encode(sources, out_type=int)]
+    lengths = [min(len(ids), limit) or 1 for ids in tokenizer.encode_sources(sources)]
     median = sorted(lengths)[len(lengths) // 2]
     length, sentence = max((n, s) for n, s in zip(lengths, sources, strict=True) if n <= median)
     search = export_runtime.Search.from_generation(manifest["generation"])

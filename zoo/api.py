@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
-from zoo.data import Tokenizer
+from zoo.data import TextTokenizer, load_tokenizer
 from zoo.evaluation import Translation, score_texts, translate_texts, translate_texts_nbest
 from zoo.generate import Scored, Search
 from zoo.model import Transformer
@@ -21,7 +21,7 @@ class Translator:
     The export runtime (`export.load(dir)`) has the same `translate` and `score` and returns the same results
     (hypotheses identical, scores equal to 1e-4), without torch."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, payload: dict[str, Any]) -> None:
+    def __init__(self, model: Transformer, tokenizer: TextTokenizer, payload: dict[str, Any]) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.entry: str = payload.get("entry", "unknown")
@@ -32,7 +32,7 @@ class Translator:
     def from_checkpoint(cls, checkpoint: str | Path, device: str = "cpu") -> Translator:
         payload = load_checkpoint(checkpoint)
         model = model_from_checkpoint(payload).to(device)
-        return cls(model, Tokenizer.from_bytes(payload["tokenizer"]), payload)
+        return cls(model, load_tokenizer(payload["tokenizer"]), payload)
 
     def translate(
         self,

@@ -15,7 +15,7 @@ import torch
 from omegaconf import DictConfig
 
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
-from zoo.data import DataError, Example, Tokenizer, build_splits
+from zoo.data import DataError, Example, build_splits, load_tokenizer
 from zoo.errors import one_line_errors
 from zoo.evaluation import Translation, evaluate_examples
 from zoo.flops import format_size_summary, size_summary
@@ -51,7 +51,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         torch.set_num_threads(int(cfg.threads))
     payload = load_checkpoint(cfg.checkpoint)
     model = model_from_checkpoint(payload).to(cfg.device)
-    tokenizer = Tokenizer.from_bytes(payload["tokenizer"])
+    tokenizer = load_tokenizer(payload["tokenizer"])
     examples, name = _examples(cfg, payload)
     if cfg.limit:
         examples = examples[: int(cfg.limit)]

@@ -21,21 +21,21 @@ from export.runtime.search import (
     truncate_sources,
     truncate_targets,
 )
-from zoo.data import Example, Tokenizer
+from zoo.data import Example, TextTokenizer
 from zoo.data import remove_bpe as strip_bpe
 from zoo.generate import generate_nbest, score_targets
 from zoo.metrics import quality_report, tokenized_bleu
 from zoo.model import Transformer
 
 
-def encode_sources(tokenizer: Tokenizer, texts: Sequence[str], max_positions: int) -> list[list[int]]:
+def encode_sources(tokenizer: TextTokenizer, texts: Sequence[str], max_positions: int) -> list[list[int]]:
     """Token ids per source, truncated as the runtime truncates them (search.truncate_sources)."""
-    return truncate_sources((tokenizer.encode(t) for t in texts), max_positions, tokenizer.unk_id)
+    return truncate_sources(tokenizer.encode_sources(texts), max_positions, tokenizer.unk_id)
 
 
-def encode_targets(tokenizer: Tokenizer, texts: Sequence[str], max_positions: int) -> list[list[int]]:
+def encode_targets(tokenizer: TextTokenizer, texts: Sequence[str], max_positions: int) -> list[list[int]]:
     """Token ids per target to score, truncated to what the search can produce (search.truncate_targets)."""
-    return truncate_targets((tokenizer.encode(t) for t in texts), max_positions)
+    return truncate_targets(tokenizer.encode_targets(texts), max_positions)
 
 
 def _padded(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> torch.Tensor:
@@ -49,7 +49,7 @@ def _padded(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) ->
 @torch.inference_mode()
 def translate_texts(
     model: Transformer,
-    tokenizer: Tokenizer,
+    tokenizer: TextTokenizer,
     texts: Sequence[str],
     search: Search = Search(),
     max_tokens: int = 6000,
@@ -65,7 +65,7 @@ def translate_texts(
 @torch.inference_mode()
 def translate_texts_nbest(
     model: Transformer,
-    tokenizer: Tokenizer,
+    tokenizer: TextTokenizer,
     texts: Sequence[str],
     search: Search = Search(),
     num_hypotheses: int = 1,
@@ -118,7 +118,7 @@ def score_ids(
 
 def score_texts(
     model: Transformer,
-    tokenizer: Tokenizer,
+    tokenizer: TextTokenizer,
     sources: Sequence[str],
     targets: Sequence[str],
     len_penalty: float = 1.0,
@@ -143,7 +143,7 @@ def score_texts(
 
 def evaluate_examples(
     model: Transformer,
-    tokenizer: Tokenizer,
+    tokenizer: TextTokenizer,
     examples: Sequence[Example],
     task: str,
     search: Search = Search(),

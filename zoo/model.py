@@ -28,6 +28,10 @@ class ModelConfig:
     `head_plan` maps attention-module names to the original head indices that stay. With
     `heads_removed=False` the model keeps all heads and gates the others off (GHT-PS fine-tuning);
     with `heads_removed=True` each planned module is built with only its kept heads (export).
+
+    The last four fields exist so pretrained models convert exactly (zoo.convert); their defaults are the zoo's
+    own architecture, which checkpoints written before them get. `bos_id` is the decoder's start token: Marian
+    starts with pad (`bos_id == pad_id`), which every search and the export take as it is.
     """
 
     vocab_size: int
@@ -51,6 +55,15 @@ class ModelConfig:
     pad_id: int = 0
     bos_id: int = 2
     eos_id: int = 3
+    activation: str = "relu"  # FFN activation: relu | swish (x·sigmoid(x), Marian) | gelu (erf form)
+    scale_embedding: bool = True  # token embeddings × √d_model (Marian's scale_embedding=False: × 1)
+    positions: str = "fairseq"  # sinusoidal table: fairseq (frequency step ln 10⁴/(d/2 − 1)) | marian (ln 10⁴/(d/2))
+    final_logits_bias: bool = False  # a fixed [V] bias added to the logits (Marian's final_logits_bias buffer)
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("activation", tuple(ACTIVATIONS)), ("positions", POSITION_TABLES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not supported; use one of {', '.join(allowed)}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,6 +83,10 @@ class ModelConfig:
         return self.num_heads
 
 
+ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
+POSITION_TABLES = ("fairseq", "marian")
+
+
 def sinusoidal_positions(num_positions: int, dim: int) -> Tensor:
     """[P, dim] fixed sinusoidal table (sin on the first half, cos on the second, as fairseq)."""
     half = dim // 2
@@ -81,15 +98,32 @@ def sinusoidal_positions(num_positions: int, dim: int) -> Tensor:
     return table
 
 
+def marian_positions(num_positions: int, dim: int) -> Tensor:
+    """[P, dim] Marian's sinusoidal table: angle pos / 10000^(2i/dim) for i < ⌈dim/2⌉, sin of them on the first
+    ⌈dim/2⌉ columns and cos of the first ⌊dim/2⌋ on the rest. Computed in float64 and rounded once, as
+    transformers builds it, so converted models see the table they were trained with bit for bit."""
+    sines, cosines = (dim + 1) // 2, dim // 2
+    exponent = 2 * torch.arange(sines, dtype=torch.float64) / dim  # [⌈dim/2⌉]
+    angles = torch.arange(num_positions, dtype=torch.float64)[:, None] / torch.pow(10000.0, exponent)[None, :]
+    return torch.cat([angles.sin(), angles[:, :cosines].cos()], dim=1).float()  # [P, dim]
+
+
+def position_table(cfg: ModelConfig) -> Tensor:
+    """[max_positions + 1, d_model] the table `cfg.positions` names."""
+    build = marian_positions if cfg.positions == "marian" else sinusoidal_positions
+    return build(cfg.max_positions + 1, cfg.d_model)
+
+
 class FeedForward(nn.Module):
-    def __init__(self, d_model: int, ffn_dim: int, activation_dropout: float) -> None:
+    def __init__(self, d_model: int, ffn_dim: int, activation_dropout: float, activation: str = "relu") -> None:
         super().__init__()
         self.fc1 = nn.Linear(d_model, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, d_model)
         self.activation_dropout = activation_dropout
+        self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        h = F.dropout(F.relu(self.fc1(x)), self.activation_dropout, self.training)
+        h = F.dropout(self.activation(self.fc1(x)), self.activation_dropout, self.training)  # [..., ffn_dim]
         return self.fc2(h)
 
 
@@ -136,7 +170,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.self_attn = _attention(cfg, f"encoder.layers.{index}.self_attn")
-        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation_dropout, cfg.activation)
         self.attn_block = _Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
         self.ffn_block = _Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
 
@@ -150,7 +184,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = _attention(cfg, f"decoder.layers.{index}.self_attn")
         self.cross_attn = _attention(cfg, f"decoder.layers.{index}.cross_attn")
-        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation_dropout, cfg.activation)
         self.self_block = _Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
         self.cross_block = _Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
         self.ffn_block = _Sublayer(cfg.d_model, cfg.dropout, cfg.pre_norm)
@@ -180,13 +214,13 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_scale = math.sqrt(cfg.d_model)
+        self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
         self.src_embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         if cfg.share_all_embeddings:
             self.tgt_embed = self.src_embed
         else:
             self.tgt_embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
-        self.register_buffer("positions", sinusoidal_positions(cfg.max_positions + 1, cfg.d_model), persistent=False)
+        self.register_buffer("positions", position_table(cfg), persistent=False)
         self.encoder = _Stack([EncoderLayer(cfg, i) for i in range(cfg.encoder_layers)], cfg.d_model, cfg.pre_norm)
         self.decoder = _Stack([DecoderLayer(cfg, i) for i in range(cfg.decoder_layers)], cfg.d_model, cfg.pre_norm)
         if cfg.share_decoder_embeddings or cfg.share_all_embeddings:
@@ -194,6 +228,10 @@ class Transformer(nn.Module):
         else:
             self.output_proj = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
             nn.init.normal_(self.output_proj.weight, 0, cfg.d_model**-0.5)
+        if cfg.final_logits_bias:  # a buffer, as in Marian: saved with the weights, never trained
+            self.register_buffer("final_logits_bias", torch.zeros(cfg.vocab_size))
+        else:
+            self.final_logits_bias = None
         # a list, not a set: set order follows object ids, which would make initialisation vary between runs
         for emb in dict.fromkeys([self.src_embed, self.tgt_embed]):
             nn.init.normal_(emb.weight, 0, cfg.d_model**-0.5)
@@ -229,9 +267,13 @@ class Transformer(nn.Module):
         x = self._embed(self.tgt_embed, tgt_in, offset)
         for i, layer in enumerate(self.decoder.layers):
             x = layer(x, memory, memory_pad_mask, state[i] if state is not None else None)
-        x = self.decoder.final_norm(x)
-        weight = self.output_proj.weight if self.output_proj is not None else self.tgt_embed.weight
-        return x @ weight.t()
+        return self.logits(self.decoder.final_norm(x))
+
+    def logits(self, x: Tensor) -> Tensor:
+        """Decoder states [..., D] -> logits [..., V]: the output projection (tied or not) and the final bias."""
+        weight = self.output_proj.weight if self.output_proj is not None else self.tgt_embed.weight  # [V, D]
+        logits = x @ weight.t()
+        return logits if self.final_logits_bias is None else logits + self.final_logits_bias
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         memory, pad_mask = self.encode(src)

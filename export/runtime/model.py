@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import sentencepiece as spm
 
 from .backend import Backend, OrtBackend
 from .errors import ExportedModelError, ExportRuntimeError
@@ -43,6 +42,7 @@ from .search import (
     truncate_targets,
 )
 from .stores import SelfCache, StorePool
+from .tokenizer import SentencePieceTokenizer, SharedVocabTokenizer, load_tokenizer
 
 
 def cross_rows(sentence: np.ndarray, per_source: bool) -> np.ndarray:
@@ -171,10 +171,9 @@ class ExportedModel:
         self.search = Search.from_generation(gen)
         self.max_tokens: int = gen.get("max_tokens", 6000)
         self.max_sentences: int = gen.get("max_sentences", 128)
-        self.sp = spm.SentencePieceProcessor()
+        # a joint sentencepiece model or source and target models sharing one vocabulary (tokenizer.py)
         with open_regular(self.directory / m["tokenizer"]) as fh:  # a regular file, as read_manifest checked
-            self.sp.LoadFromSerializedProto(fh.read())
-        self._special = frozenset((self.pad_id, self.bos_id, self.eos_id))
+            self.tokenizer: SentencePieceTokenizer | SharedVocabTokenizer = load_tokenizer(fh.read())
         self._vocab = SearchVocab(self.vocab_size, self.pad_id, self.bos_id, self.eos_id)
         self.store_pool = StorePool()  # self-attention store memory reused from search to search
         missing = sorted({*self.self_names, "tokens", "step", "topk"} - backend.decoder_inputs)
@@ -270,10 +269,10 @@ class ExportedModel:
     # ------------------------------------------------------------------ text in, text out
     def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids per text, truncated to half the position limit (as zoo's translate_texts)."""
-        return truncate_sources(self.sp.encode(list(texts), out_type=int), self.max_positions, self.unk_id)
+        return truncate_sources(self.tokenizer.encode_sources(texts), self.max_positions, self.unk_id)
 
     def decode_ids(self, ids: Sequence[int]) -> str:
-        return self.sp.decode([int(i) for i in ids if int(i) not in self._special])
+        return self.tokenizer.decode(ids)
 
     def pad(self, encoded: Sequence[Sequence[int]]) -> np.ndarray:
         """Right-padded [B, S] int64 batch."""
@@ -365,7 +364,7 @@ class ExportedModel:
     # ------------------------------------------------------------------ forced decoding
     def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids per target text to score, truncated to what the search can produce (as zoo's)."""
-        return truncate_targets(self.sp.encode(list(texts), out_type=int), self.max_positions)
+        return truncate_targets(self.tokenizer.encode_targets(texts), self.max_positions)
 
     def check_targets(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> None:
         """ScoreError unless `score_encoded` can run these: one target per source, each at most max_positions - 2

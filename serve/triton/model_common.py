@@ -183,7 +183,7 @@ class _Request:
 
 class TextModel:
     """Text in, text out over any object with the export runtime's `search_settings`/`request_cost`/
-    `translate_encoded_nbest`/`score_encoded`/`sp`/`max_positions`; subclasses say how it is built (`load`)."""
+    `translate_encoded_nbest`/`score_encoded`/`tokenizer`/`max_positions`; subclasses say how it is built (`load`)."""
 
     def load(self, directory: str, params: dict[str, str], args: dict[str, str]) -> Any:
         raise NotImplementedError
@@ -215,7 +215,7 @@ class TextModel:
         truncation flags, cutting in characters first."""
         live = [j for j, t in enumerate(texts) if keep_empty or t.strip()]
         cut = [texts[j][: self.max_chars] for j in live]
-        ids = self.model.sp.encode(cut, out_type=int) if cut else []
+        ids = self.model.tokenizer.encode_sources(cut) if cut else []
         encoded: list[list[int] | None] = [None] * len(texts)
         truncated = [False] * len(texts)
         for j, piece_ids, text in zip(live, ids, cut, strict=True):
@@ -269,7 +269,7 @@ class TextModel:
         len_penalty = given.get("len_penalty", self.model.search.len_penalty)
         encoded, truncated = self._encode_sources(texts, keep_empty=True)
         cut = [t[: self.max_target_chars] for t in targets]
-        target_ids = [ids[: self.target_limit] for ids in self.model.sp.encode(cut, out_type=int)] if cut else []
+        target_ids = [ids[: self.target_limit] for ids in self.model.tokenizer.encode_targets(cut)] if cut else []
         cost = self.model.score_cost(target_ids)
         if cost > self.max_request_cost:
             raise self._over_budget(cost, "(target tokens + eos per row); send fewer or shorter targets per request")

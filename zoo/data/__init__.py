@@ -14,17 +14,21 @@ The batching names (`Batch`, `TokenBatchSampler`, `collate`, `encode_examples`) 
 fetches nginx and perf_analyzer's libb64 through `zoo.data.debian` on hosts that need no torch.
 """
 
+from export.runtime.tokenizer import SharedVocabTokenizer, TextTokenizer
 from zoo.data.build import build_splits
 from zoo.data.text import remove_bpe
-from zoo.data.tokenizer import Tokenizer, train_run_tokenizer
+from zoo.data.tokenizer import Tokenizer, load_tokenizer, train_run_tokenizer
 from zoo.data.types import DataError, Example, Splits
 
 __all__ = [
     "DataError",
     "Example",
+    "SharedVocabTokenizer",
     "Splits",
+    "TextTokenizer",
     "Tokenizer",
     "build_splits",
+    "load_tokenizer",
     "remove_bpe",
     "train_run_tokenizer",
 ]

@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from zoo.data.tokenizer import Tokenizer
+from export.runtime.tokenizer import TextTokenizer
 from zoo.data.types import Example
 
 log = logging.getLogger("zoo.data")
@@ -26,7 +26,7 @@ Pair = tuple[list[int], list[int]]
 
 def encode_examples(
     examples: Sequence[Example],
-    tokenizer: Tokenizer,
+    tokenizer: TextTokenizer,
     max_len: int | None,
     truncate: bool = False,
 ) -> tuple[list[Pair], int]:
@@ -39,8 +39,8 @@ def encode_examples(
     are cut instead of dropped, e.g. to compute a loss over every validation pair. Returns the
     pairs and the number dropped.
     """
-    srcs = tokenizer.encode_batch([ex.src for ex in examples])
-    tgts = tokenizer.encode_batch([ex.tgt for ex in examples])
+    srcs = tokenizer.encode_sources([ex.src for ex in examples])
+    tgts = tokenizer.encode_targets([ex.tgt for ex in examples])
     pairs: list[Pair] = []
     too_long = empty = 0
     for src, tgt in zip(srcs, tgts, strict=True):

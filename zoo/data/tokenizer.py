@@ -2,7 +2,9 @@
 
 One model for source and target (shared embeddings are possible, and the model bytes travel
 inside checkpoints and export directories). ``character_coverage=1.0`` because the default
-(0.9995) maps rare characters such as ``ü`` to ``⁇`` on small corpora.
+(0.9995) maps rare characters such as ``ü`` to ``⁇`` on small corpora. A converted pretrained
+model brings its own tokenizer instead — source and target models sharing one vocabulary, the
+export runtime's `SharedVocabTokenizer` — and `load_tokenizer` reads either from a checkpoint.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 
 import sentencepiece as spm
 
+from export.runtime.errors import ExportedModelError
+from export.runtime.tokenizer import SharedVocabTokenizer
 from zoo.data.types import DataError, Example
 
 log = logging.getLogger("zoo.data")
@@ -145,6 +149,18 @@ class Tokenizer:
         """Piece ids of many texts at once (sentencepiece encodes the batch in C++)."""
         return self._sp.encode(list(texts), out_type=int)
 
+    def encode_sources(self, texts: Sequence[str]) -> list[list[int]]:
+        """Source ids (TextTokenizer): pieces alone, no eos."""
+        return self.encode_batch(texts)
+
+    def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
+        """Target ids (TextTokenizer): pieces alone, the collator adds bos and eos."""
+        return self.encode_batch(texts)
+
+    def to_bytes(self) -> bytes:
+        """What a checkpoint stores and `load_tokenizer` reads back (TextTokenizer)."""
+        return self._bytes
+
     def decode(self, ids: Iterable[int]) -> str:
         """Raw text of ``ids``; pad/bos/eos are ignored, unk renders as ``⁇``."""
         return self._sp.decode([int(i) for i in ids if int(i) not in self._special])
@@ -155,6 +171,17 @@ class Tokenizer:
 
     def __len__(self) -> int:
         return self.vocab_size
+
+
+def load_tokenizer(data: bytes) -> Tokenizer | SharedVocabTokenizer:
+    """A checkpoint's tokenizer: the joint model zoo.train trains, or a converted model's source and target models
+    sharing one vocabulary (a JSON document; export.runtime.tokenizer)."""
+    if data[:1] != b"{":
+        return Tokenizer.from_bytes(data)
+    try:
+        return SharedVocabTokenizer.from_bytes(data)
+    except ExportedModelError as exc:
+        raise DataError(str(exc)) from exc
 
 
 def train_run_tokenizer(train: Sequence[Example], data_cfg: Mapping[str, Any], seed: int) -> Tokenizer:

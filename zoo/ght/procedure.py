@@ -141,7 +141,9 @@ class GHTProcedure(Procedure):
 
     @staticmethod
     def _masks(batch: Batch, pad_id: int) -> dict[str, Tensor]:
-        return {"src": batch.src.ne(pad_id), "tgt": batch.tgt_in.ne(pad_id)}
+        # the target positions from tgt_out (target + eos), which has tgt_in's (start + target) length: a model
+        # whose decoder starts from pad (converted Marian) would lose position 0 to tgt_in.ne(pad)
+        return {"src": batch.src.ne(pad_id), "tgt": batch.tgt_out.ne(pad_id)}
 
     def _points(self, masks: dict[str, Tensor], feature_map: str | None = None) -> dict[str, Tensor]:
         out = {}

@@ -1,0 +1,73 @@
+"""Shared helpers of the tests of converted pretrained models: a tiny parallel text, source and target
+sentencepiece models trained on it in memory, and a Marian-style vocabulary over both (OPUS-MT's layout: eos 0,
+unk 1, every piece of either model, pad last)."""
+
+from __future__ import annotations
+
+import io
+import random
+
+import sentencepiece as spm
+
+from export.runtime.tokenizer import SharedVocabTokenizer
+
+_DE = (
+    "Das Haus ist klein .|Der Hund schläft im Garten .|Ich trinke gern Kaffee am Morgen .|Wir fahren morgen nach "
+    "Berlin .|Die Katze sitzt auf dem Dach .|Heute ist das Wetter schön .|Er liest ein altes Buch .|Sie kauft "
+    "frisches Brot beim Bäcker .|Zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich .|Öffnen Sie "
+    "bitte das Fenster .|Das Konzert beginnt um acht Uhr .|Meine Schwester wohnt in Hamburg ."
+).split("|")
+_EN = (
+    "The house is small .|The dog sleeps in the garden .|I like to drink coffee in the morning .|We are going to "
+    "Berlin tomorrow .|The cat sits on the roof .|The weather is nice today .|He reads an old book .|She buys fresh "
+    "bread at the baker .|Twelve boxers chase Viktor across the great Sylt dike .|Please open the window .|The "
+    "concert starts at eight o'clock .|My sister lives in Hamburg ."
+).split("|")
+PAIRS: list[tuple[str, str]] = list(zip(_DE, _EN, strict=True))
+SPECIALS = ("</s>", "<unk>", "<pad>")
+
+
+def train_sentencepiece(texts: list[str], vocab_size: int, seed: int = 0) -> bytes:
+    """A unigram model trained in memory (as OPUS-MT's: <unk> 0, <s> 1, </s> 2, no pad)."""
+    spm.set_random_generator_seed(seed)
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts * 4),
+        model_writer=buf,
+        vocab_size=vocab_size,
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        num_threads=1,
+        minloglevel=2,
+    )
+    return buf.getvalue()
+
+
+def pieces_of(model: bytes) -> list[str]:
+    """The normal pieces of a sentencepiece model (no control or unknown pieces), in id order."""
+    sp = spm.SentencePieceProcessor()
+    sp.LoadFromSerializedProto(model)
+    return [
+        sp.id_to_piece(i)
+        for i in range(sp.get_piece_size())
+        if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i))
+    ]
+
+
+def marian_vocab(source: bytes, target: bytes) -> list[str]:
+    """id → piece: eos, unk, the source model's pieces, the target's it lacks, pad last (OPUS-MT's order)."""
+    pieces = list(dict.fromkeys([*pieces_of(source), *pieces_of(target)]))
+    return ["</s>", "<unk>", *(p for p in pieces if p not in SPECIALS), "<pad>"]
+
+
+def marian_tokenizer(source_vocab: int = 60, target_vocab: int = 60) -> SharedVocabTokenizer:
+    """The test pairs' source and target models sharing one vocabulary."""
+    source = train_sentencepiece([s for s, _ in PAIRS], source_vocab)
+    target = train_sentencepiece([t for _, t in PAIRS], target_vocab, seed=1)
+    return SharedVocabTokenizer(source, target, marian_vocab(source, target))
+
+
+def shuffled_pairs(seed: int = 0) -> list[tuple[str, str]]:
+    pairs = list(PAIRS)
+    random.Random(seed).shuffle(pairs)
+    return pairs
