@@ -4,11 +4,14 @@ How the code is laid out (tests/test_imports.py fails on any module-level import
 
 * **Verbs are commands, nouns are library.** Commands are thin Hydra entry points — `zoo.train`, `zoo.evaluate`,
   `zoo.analyze`, `zoo.report`, `export` (`python -m export`), `serve.repository` / `serve.start` / `serve.bench` —
-  that compose a config and call one testable function. Library modules never import Hydra.
+  that compose a config and call one testable function. Library modules never import Hydra. Commands whose
+  arguments are free text or paths use ordinary flags: `zoo.translate`, and `zoo.convert` (a pretrained model's
+  directory → a checkpoint; its library is the package, its `__main__` the thin command).
 * **Layers import downward only.** `zoo.attention` is the leaf: the contract (`base.py`), one file per mechanism,
   the mixture-of-keys base they share and their FLOP helpers. Above it `zoo.model` (the encoder-decoder from a
   `ModelConfig`), then `zoo.data`, `zoo.generate`, `zoo.trainer`, `zoo.ght`, `zoo.checkpoint`, `zoo.metrics`,
-  `zoo.flops`; the commands sit on top.
+  `zoo.flops`; `zoo.convert` (on zoo.model, zoo.checkpoint, zoo.flops and the runtime's tokenizer) and the
+  commands sit on top.
 * **`export` builds on `zoo`; its runtime does not.** The exporter and verifier import zoo (model, data,
   generation) to prune and check; `export.runtime` (numpy + onnxruntime) imports neither torch nor zoo, so a
   serving host needs only the export directory. The runtime owns the search's settings, results and errors, and
@@ -19,7 +22,8 @@ How the code is laid out (tests/test_imports.py fails on any module-level import
 * **`zoo.devtools` sits above everything**: one-off measurement scripts (`python -m zoo.devtools.<name>`) kept as
   the provenance of stored numbers (`results/h200/`); they may import `zoo` and `export`, and nothing imports them.
 * Imports sit at module top; the few inside functions say why (optional dependency, start-up time, one
-  process per measured engine).
+  process per measured engine). transformers is no dependency of any module: only the converter's parity tests
+  import it (the `[hf]` extra).
 
 Importing `zoo` has two process-wide effects, both below: the `div` config resolver, and OpenMP threads that
 spin only briefly while they wait (GOMP_SPINCOUNT, unless the environment sets it or OMP_WAIT_POLICY). Every

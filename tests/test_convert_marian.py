@@ -1,0 +1,282 @@
+"""`python -m zoo.convert --from marian`: parity with transformers on an OPUS-MT-like random-init model (swish,
+scale_embedding, tied embeddings, a final logits bias, decoding from pad) whose tokenizer is made from
+sentencepiece models trained in the test; configs the zoo cannot represent exactly are refused, naming the field,
+with nothing written.
+
+transformers is the reference here (the `[hf]` extra, part of `dev`); the converter itself does not import it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.marian_testing import PAIRS, marian_tokenizer
+from zoo.checkpoint import load_checkpoint, model_from_checkpoint
+from zoo.convert.__main__ import main as convert_main
+from zoo.convert.hf_files import read_safetensors
+from zoo.data import SharedVocabTokenizer, load_tokenizer
+from zoo.generate import Search, generate, generate_nbest
+
+transformers = pytest.importorskip("transformers", reason="the parity tests need the [hf] extra (part of dev)")
+
+EOS_BIAS = 3.7  # the eos entry of the final logits bias: a random model then ends some outputs itself (lengths
+# 1 … 19 of 19 at the settings below, greedy and beam), so natural, banned and forced eos are all compared
+MAX_NEW = 20
+
+
+def _opus_mt_like(tok: SharedVocabTokenizer):
+    """A random-init MarianMTModel shaped like OPUS-MT's config, tiny: non-zero biases and layer norms and a random
+    final logits bias, so every weight the conversion maps changes the output."""
+    config = transformers.MarianConfig(
+        vocab_size=tok.vocab_size,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        activation_function="swish",
+        scale_embedding=True,
+        pad_token_id=tok.pad_id,
+        eos_token_id=tok.eos_id,
+        decoder_start_token_id=tok.pad_id,
+        forced_eos_token_id=tok.eos_id,
+        bad_words_ids=[[tok.pad_id]],
+        init_std=0.3,  # peaked next-token distributions: no near-ties for the searches to break differently
+    )
+    torch.manual_seed(0)
+    model = transformers.MarianMTModel(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "layer_norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+        model.final_logits_bias.normal_(0, 1)
+        model.final_logits_bias[0, tok.eos_id] = EOS_BIAS
+    return model
+
+
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory) -> tuple[Path, object, object]:
+    """(save_pretrained directory, the transformers model, its MarianTokenizer)."""
+    directory = tmp_path_factory.mktemp("opus-mt-de-en")
+    tok = marian_tokenizer()
+    (directory / "source.spm").write_bytes(tok.source.serialized_model_proto())
+    (directory / "target.spm").write_bytes(tok.target.serialized_model_proto())
+    (directory / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(tok.vocab)}, ensure_ascii=False))
+    hf_tok = transformers.MarianTokenizer(
+        str(directory / "source.spm"), str(directory / "target.spm"), str(directory / "vocab.json")
+    )
+    hf_tok.save_pretrained(directory)
+    model = _opus_mt_like(tok)
+    model.save_pretrained(directory)
+    return directory, model, hf_tok
+
+
+@pytest.fixture(scope="module")
+def converted(marian, tmp_path_factory) -> Path:
+    directory, _, _ = marian
+    out = tmp_path_factory.mktemp("converted") / "opus.pt"
+    heldout = tmp_path_factory.mktemp("heldout")
+    (heldout / "src").write_text("\n".join(s for s, _ in PAIRS) + "\n")
+    (heldout / "tgt").write_text("\n".join(t for _, t in PAIRS) + "\n")
+    assert (
+        convert_main(
+            [
+                "--from",
+                "marian",
+                str(directory),
+                "--out",
+                str(out),
+                "--heldout",
+                *map(str, [heldout / "src", heldout / "tgt"]),
+            ]
+        )
+        == 0
+    )
+    return out
+
+
+def test_checkpoint_is_self_contained(converted: Path) -> None:
+    payload = load_checkpoint(converted)
+    cfg = payload["model_config"]
+    assert (cfg["activation"], cfg["positions"], cfg["scale_embedding"], cfg["final_logits_bias"]) == (
+        "swish",
+        "marian",
+        True,
+        True,
+    )
+    assert cfg["bos_id"] == cfg["pad_id"] and payload["entry"].startswith("opus-mt-de-en")
+    assert payload["heldout"]["src"][0] == PAIRS[0][0] and payload["converted_from"]["format"] == "marian"
+    assert "model.safetensors" in payload["converted_from"]["files"]
+    assert isinstance(load_tokenizer(payload["tokenizer"]), SharedVocabTokenizer)
+
+
+def test_tokenizer_equals_marian_tokenizer(marian, converted: Path) -> None:
+    _, _, hf_tok = marian
+    tok = load_tokenizer(load_checkpoint(converted)["tokenizer"])
+    sources, targets = [s for s, _ in PAIRS], [t for _, t in PAIRS]
+    batch = hf_tok(sources, text_target=targets)
+    assert tok.encode_sources(sources) == batch["input_ids"]
+    assert [[*ids, tok.eos_id] for ids in tok.encode_targets(targets)] == batch["labels"]
+    ids = tok.encode_targets(targets)
+    assert [tok.decode(i) for i in ids] == hf_tok.batch_decode(ids, skip_special_tokens=True) == targets
+
+
+def test_logits_equal_transformers(marian, converted: Path) -> None:
+    """Teacher-forced logits of a padded batch, every non-padding position, to 1e-4."""
+    _, hf_model, hf_tok = marian
+    model = model_from_checkpoint(load_checkpoint(converted))
+    batch = hf_tok([s for s, _ in PAIRS], text_target=[t for _, t in PAIRS], return_tensors="pt", padding=True)
+    labels = batch["labels"]  # [B, T], padded with pad
+    start = torch.full_like(labels[:, :1], hf_model.config.decoder_start_token_id)
+    decoder_in = torch.cat([start, labels[:, :-1]], dim=1)  # [B, T]
+    with torch.no_grad():
+        theirs = hf_model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], decoder_input_ids=decoder_in
+        ).logits
+        ours = model(batch["input_ids"], decoder_in)
+    keep = labels.ne(hf_model.config.pad_token_id)  # [B, T]
+    assert float((theirs - ours)[keep].abs().max()) <= 1e-4
+
+
+def _strip(row: list[int], eos: int, pad: int) -> list[int]:
+    out = []
+    for t in row[1:]:  # after the decoder start
+        if t in (eos, pad):
+            break
+        out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_greedy_and_beam_equal_generate(marian, converted: Path, beam: int) -> None:
+    """The zoo's search equals generate() with the same settings: pad banned (OPUS-MT's bad_words_ids), eos banned
+    before the first token, forced at the limit, length penalty 1 over tokens + eos, a sentence done when `beam`
+    hypotheses finished (early_stopping=True); the beam's best hypothesis and its score too. (The n-best lists below
+    the best may differ: when more hypotheses finish in one step than slots are left, fairseq's rule, the zoo's, keeps
+    the earlier finished ones, transformers the best of old and new.)"""
+    _, hf_model, hf_tok = marian
+    model = model_from_checkpoint(load_checkpoint(converted))
+    cfg = hf_model.config
+    enc = hf_tok([s for s, _ in PAIRS], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = hf_model.generate(
+            **enc,
+            num_beams=beam,
+            max_new_tokens=MAX_NEW,
+            min_new_tokens=1,
+            do_sample=False,
+            bad_words_ids=[[cfg.pad_token_id]],
+            forced_eos_token_id=cfg.eos_token_id,
+            early_stopping=True,
+            length_penalty=1.0,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    theirs = [_strip(r, cfg.eos_token_id, cfg.pad_token_id) for r in out.sequences.tolist()]
+    search = Search(beam_size=beam, len_penalty=1.0, max_len_a=0, max_len_b=MAX_NEW, min_len=1)
+    best = [hyps[0] for hyps in generate_nbest(model, enc["input_ids"], search)]
+    assert [h.tokens for h in best] == theirs == generate(model, enc["input_ids"], search)
+    lengths = {len(h.tokens) for h in best}
+    assert min(lengths) < MAX_NEW - 1 and max(lengths) == MAX_NEW - 1  # natural and forced ends both compared
+    if beam > 1:
+        np.testing.assert_allclose([h.score for h in best], out.sequences_scores.numpy(), atol=1e-4)
+
+
+def test_pytorch_model_bin_converts_alike(marian, converted: Path, tmp_path: Path) -> None:
+    """pytorch_model.bin instead of safetensors: the same checkpoint weights (read with weights_only=True)."""
+    directory, hf_model, _ = marian
+    copy = tmp_path / "bin"
+    shutil.copytree(directory, copy)
+    (copy / "model.safetensors").unlink()
+    state = hf_model.state_dict()
+    assert "model.encoder.embed_positions.weight" in state  # the stored table is checked against Marian's
+    torch.save(state, copy / "pytorch_model.bin")
+    assert convert_main(["--from", "marian", str(copy), "--out", str(tmp_path / "bin.pt")]) == 0
+    ours, ref = load_checkpoint(tmp_path / "bin.pt")["model"], load_checkpoint(converted)["model"]
+    assert ours.keys() == ref.keys() and all(torch.equal(ours[k], ref[k]) for k in ref)
+
+
+def test_safetensors_reader_equals_the_library(marian, tmp_path: Path) -> None:
+    """zoo.convert reads safetensors itself (no transformers, no safetensors package needed): the same tensors as
+    the library's reader, for the model's file and for every dtype a checkpoint may hold."""
+    library = pytest.importorskip("safetensors.torch")
+    directory, _, _ = marian
+    mixed = {
+        f"t.{dtype}".replace("torch.", ""): torch.arange(6, dtype=torch.float32).reshape(2, 3).to(dtype)
+        for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int8, torch.bool)
+    }
+    mixed["empty"] = torch.zeros(0, 4)
+    library.save_file(mixed, str(tmp_path / "mixed.safetensors"))
+    for path in (directory / "model.safetensors", tmp_path / "mixed.safetensors"):
+        ours, theirs = read_safetensors(path), library.load_file(str(path))
+        assert ours.keys() == theirs.keys()
+        assert all(ours[k].dtype == theirs[k].dtype and torch.equal(ours[k], theirs[k]) for k in theirs), path
+
+
+def _edit_config(directory: Path, **fields) -> None:
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **fields}))
+
+
+def _edit_weights(directory: Path, edit) -> None:
+    state = read_safetensors(directory / "model.safetensors")
+    edit(state)
+    (directory / "model.safetensors").unlink()
+    torch.save(state, directory / "pytorch_model.bin")
+
+
+REFUSED = {
+    "normalize_before": (lambda d: _edit_config(d, normalize_before=True), "normalize_before=True (pre-norm layers)"),
+    "layernorm_embedding": (lambda d: _edit_config(d, layernorm_embedding=True), "layernorm_embedding=True"),
+    "add_final_layer_norm": (lambda d: _edit_config(d, add_final_layer_norm=True), "add_final_layer_norm=True"),
+    "static_position_embeddings": (
+        lambda d: _edit_config(d, static_position_embeddings=False),
+        "static_position_embeddings=False (learned positions)",
+    ),
+    "activation": (lambda d: _edit_config(d, activation_function="gelu_new"), "activation_function='gelu_new'"),
+    "decoder_start": (lambda d: _edit_config(d, decoder_start_token_id=0), "decoder_start_token_id=0"),
+    "separate_embeddings": (
+        lambda d: _edit_config(d, share_encoder_decoder_embeddings=False),
+        "share_encoder_decoder_embeddings=False",
+    ),
+    "untied_output": (lambda d: _edit_config(d, tie_word_embeddings=False), "tie_word_embeddings=False"),
+    "decoder_heads": (lambda d: _edit_config(d, decoder_attention_heads=2), "decoder_attention_heads=2"),
+    "separate_vocabs": (
+        lambda d: (d / "tokenizer_config.json").write_text(json.dumps({"separate_vocabs": True})),
+        "separate_vocabs=True",
+    ),
+    "extra_weight": (
+        lambda d: _edit_weights(d, lambda s: s.update({"model.encoder.layernorm_embedding.weight": torch.ones(32)})),
+        "weight 'model.encoder.layernorm_embedding.weight' has no counterpart",
+    ),
+    "learned_positions": (
+        lambda d: _edit_weights(d, lambda s: s.update({"model.decoder.embed_positions.weight": torch.randn(64, 32)})),
+        "weight 'model.decoder.embed_positions.weight' is not Marian's sinusoidal position table",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_unrepresentable_configs_are_refused(marian, tmp_path: Path, capsys, case: str) -> None:
+    """One line on stderr naming the field (or weight), exit status 2, and no checkpoint written."""
+    directory, _, _ = marian
+    copy = tmp_path / "model"
+    shutil.copytree(directory, copy)
+    edit, named = REFUSED[case]
+    edit(copy)
+    out = tmp_path / "out.pt"
+    with pytest.raises(SystemExit) as exit_info:
+        convert_main(["--from", "marian", str(copy), "--out", str(out)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and named in err and err.count("\n") == 1, err
+    assert not out.exists() and list(tmp_path.glob("*.pt*")) == []
