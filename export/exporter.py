@@ -185,7 +185,8 @@ def _load(cfg: DictConfig) -> tuple[dict[str, Any], Transformer]:
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{payload['path']} has a model config this code does not understand: {exc}") from exc
     entry = payload.get("entry")
-    if entry not in list_entries() and not cfg.name:
+    # a converted pretrained model (zoo.convert) is its own entry: its name is the one the user gave it
+    if entry not in list_entries() and not cfg.name and "converted_from" not in payload:
         raise ExportError(
             f"checkpoint {payload['path']} is from entry {entry!r}, which is not a model entry of this "
             f"code (known: {', '.join(list_entries())}); pass name=<public model name> to export it"
@@ -211,7 +212,14 @@ def _heldout(payload: dict[str, Any], n: int) -> tuple[list[str], list[str]]:
     held = payload.get("heldout") or {}
     src, tgt = list(held.get("src", []))[:n], list(held.get("tgt", []))[:n]
     if not src or len(src) != len(tgt):
-        raise CheckpointError(f"{payload['path']} has no held-out sentence pairs (heldout.src/tgt) to verify with")
+        fix = (
+            "convert it again with --heldout SRC TGT"
+            if "converted_from" in payload
+            else "it was not written by zoo.train"
+        )
+        raise CheckpointError(
+            f"{payload['path']} has no held-out sentence pairs (heldout.src/tgt) to verify with; {fix}"
+        )
     return src, tgt
 
 

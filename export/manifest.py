@@ -64,10 +64,15 @@ def versions() -> dict[str, str]:
 
 
 def heads_info(model: Transformer, plan: dict[str, list[int]]) -> dict[str, HeadsInfo]:
-    """Per attention module of the exported model: heads in the graph, head size, kept original indices."""
+    """Per attention module of the exported model: heads in the graph, head size, the original indices kept and
+    those the plan prunes."""
+    every = list(range(model.cfg.num_heads))
     return {
         name: HeadsInfo(
-            num_heads=module.num_heads, head_dim=module.head_dim, kept=plan.get(name, list(range(model.cfg.num_heads)))
+            num_heads=module.num_heads,
+            head_dim=module.head_dim,
+            kept=plan.get(name, every),
+            pruned=[h for h in every if h not in plan.get(name, every)],
         )
         for name, module in model.attention_modules().items()
     }

@@ -16,6 +16,9 @@ import numpy as np
 import pytest
 import torch
 
+import export
+from export.exporter import export_checkpoint
+from tests.export_testing import export_config
 from tests.marian_testing import PAIRS, marian_tokenizer
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.convert.__main__ import main as convert_main
@@ -280,3 +283,21 @@ def test_unrepresentable_configs_are_refused(marian, tmp_path: Path, capsys, cas
     err = capsys.readouterr().err
     assert err.startswith("error: ") and named in err and err.count("\n") == 1, err
     assert not out.exists() and list(tmp_path.glob("*.pt*")) == []
+
+
+def test_export_prunes_heads_by_importance(converted: Path, tmp_path: Path) -> None:
+    """`python -m export checkpoint=<converted> keep_heads=2`: Michel et al.'s importance on the converted
+    checkpoint's held-out pairs keeps 2 of 4 heads per module, removed physically; the export verifies (ORT = torch
+    to 1e-4, identical greedy and beam hypotheses) and its manifest names the pruned heads of every module."""
+    manifest = export_checkpoint(export_config(converted, tmp_path / "export", "keep_heads=2", "verify.sentences=8"))
+    assert manifest["name"] == f"{load_checkpoint(converted)['entry']}-pretrained"
+    assert manifest["verification"]["passed"], json.dumps(manifest["verification"])[:2000]
+    assert manifest["head_plan_source"] == "importance:heldout:keep_heads=2" and manifest["heads_removed"]
+    assert len(manifest["heads"]) == 2 + 2 * 2  # encoder self; decoder self and cross, 2 layers each
+    for module, heads in manifest["heads"].items():
+        assert heads["num_heads"] == len(heads["kept"]) == len(heads["pruned"]) == 2, module
+        assert sorted(heads["kept"] + heads["pruned"]) == [0, 1, 2, 3], module
+        assert heads["kept"] == manifest["head_plan"][module]
+    assert manifest["size"]["params_excl_emb_ratio"] < 1 and manifest["tokenizer"] == "tokenizer.json"
+    translations = export.load(tmp_path / "export", threads=1).translate([s for s, _ in PAIRS[:3]], beam_size=2)
+    assert len(translations) == 3 and all(isinstance(t, str) for t in translations)

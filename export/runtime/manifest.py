@@ -76,10 +76,15 @@ class CheckpointRef(TypedDict):
     sha256: str
 
 
-class HeadsInfo(TypedDict):
+class _HeadsKeys(TypedDict):
     num_heads: int  # heads in the exported graph
     head_dim: int
     kept: list[int]  # original head indices
+
+
+class HeadsInfo(_HeadsKeys, total=False):
+    pruned: list[int]  # original head indices the plan leaves out (removed, or gated off with remove_heads=false);
+    # exports before it lack the key
 
 
 class SizeInfo(TypedDict):
