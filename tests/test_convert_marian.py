@@ -15,16 +15,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 
 import export
 from export.exporter import export_checkpoint
 from tests.export_testing import export_config
 from tests.marian_testing import PAIRS, marian_tokenizer
+from zoo.api import Translator
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.convert.__main__ import main as convert_main
 from zoo.convert.hf_files import read_safetensors
-from zoo.data import SharedVocabTokenizer, load_tokenizer
+from zoo.data import DataError, SharedVocabTokenizer, load_tokenizer
+from zoo.entries import CONF_DIR
+from zoo.evaluate import evaluate
 from zoo.generate import Search, generate, generate_nbest
+from zoo.translate import main as translate_main
 
 transformers = pytest.importorskip("transformers", reason="the parity tests need the [hf] extra (part of dev)")
 
@@ -192,6 +197,24 @@ def test_greedy_and_beam_equal_generate(marian, converted: Path, beam: int) -> N
     assert min(lengths) < MAX_NEW - 1 and max(lengths) == MAX_NEW - 1  # natural and forced ends both compared
     if beam > 1:
         np.testing.assert_allclose([h.score for h in best], out.sequences_scores.numpy(), atol=1e-4)
+
+
+def test_zoo_commands_take_the_converted_checkpoint(converted: Path, tmp_path: Path, capsys) -> None:
+    """zoo.translate and zoo.evaluate (on files: a converted model has no corpus of ours, and split=test says so in
+    one line) take the checkpoint as they take a trained one."""
+    sources = [s for s, _ in PAIRS[:3]]
+    assert translate_main(["--checkpoint", str(converted), "--beam", "2", *sources]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == Translator.from_checkpoint(str(converted)).translate(sources, beam_size=2)
+    (tmp_path / "src.txt").write_text("\n".join(sources) + "\n")
+    (tmp_path / "ref.txt").write_text("\n".join(t for _, t in PAIRS[:3]) + "\n")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        base = [f"checkpoint={converted}", f"out={tmp_path / 'eval'}", "generation.beam_size=2"]
+        on_files = compose("evaluate", [*base, f"src={tmp_path / 'src.txt'}", f"ref={tmp_path / 'ref.txt'}"])
+        on_split = compose("evaluate", [*base, "split=test"])
+    assert evaluate(on_files)["n"] == 3
+    with pytest.raises(DataError, match="converted pretrained model with no corpus; pass src=FILE ref=FILE"):
+        evaluate(on_split)
 
 
 def test_pytorch_model_bin_converts_alike(marian, converted: Path, tmp_path: Path) -> None:

@@ -42,6 +42,8 @@ def _examples(cfg: DictConfig, payload: dict[str, Any]) -> tuple[list[Example], 
         return [Example(s, r, "files") for s, r in zip(srcs, refs, strict=True)], Path(cfg.src).stem
     if cfg.split not in ("test", "valid"):
         raise DataError(f"split={cfg.split!r}: use test or valid")
+    if "converted_from" in payload:  # zoo.convert: no corpus of ours made it
+        raise DataError(f"{payload['path']} is a converted pretrained model with no corpus; pass src=FILE ref=FILE")
     splits = build_splits(payload["data_config"])
     return list(getattr(splits, cfg.split)), cfg.split
 
