@@ -19,6 +19,10 @@ from hydra import compose, initialize_config_dir
 
 import export
 from export.exporter import export_checkpoint
+from serve.client import Client
+from serve.model_config import ModelSettings
+from serve.repository import write_repository
+from serve.server import Server
 from tests.export_testing import export_config
 from tests.marian_testing import PAIRS, marian_tokenizer
 from zoo.api import Translator
@@ -308,11 +312,18 @@ def test_unrepresentable_configs_are_refused(marian, tmp_path: Path, capsys, cas
     assert not out.exists() and list(tmp_path.glob("*.pt*")) == []
 
 
-def test_export_prunes_heads_by_importance(converted: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def pruned(converted: Path, tmp_path_factory) -> tuple[Path, dict]:
+    """(export directory, manifest) of `python -m export checkpoint=<converted> keep_heads=2`."""
+    out = tmp_path_factory.mktemp("pruned") / "export"
+    return out, export_checkpoint(export_config(converted, out, "keep_heads=2", "verify.sentences=8"))
+
+
+def test_export_prunes_heads_by_importance(converted: Path, pruned: tuple[Path, dict]) -> None:
     """`python -m export checkpoint=<converted> keep_heads=2`: Michel et al.'s importance on the converted
     checkpoint's held-out pairs keeps 2 of 4 heads per module, removed physically; the export verifies (ORT = torch
     to 1e-4, identical greedy and beam hypotheses) and its manifest names the pruned heads of every module."""
-    manifest = export_checkpoint(export_config(converted, tmp_path / "export", "keep_heads=2", "verify.sentences=8"))
+    out, manifest = pruned
     assert manifest["name"] == f"{load_checkpoint(converted)['entry']}-pretrained"
     assert manifest["verification"]["passed"], json.dumps(manifest["verification"])[:2000]
     assert manifest["head_plan_source"] == "importance:heldout:keep_heads=2" and manifest["heads_removed"]
@@ -322,5 +333,25 @@ def test_export_prunes_heads_by_importance(converted: Path, tmp_path: Path) -> N
         assert sorted(heads["kept"] + heads["pruned"]) == [0, 1, 2, 3], module
         assert heads["kept"] == manifest["head_plan"][module]
     assert manifest["size"]["params_excl_emb_ratio"] < 1 and manifest["tokenizer"] == "tokenizer.json"
-    translations = export.load(tmp_path / "export", threads=1).translate([s for s, _ in PAIRS[:3]], beam_size=2)
+    translations = export.load(out, threads=1).translate([s for s, _ in PAIRS[:3]], beam_size=2)
     assert len(translations) == 3 and all(isinstance(t, str) for t in translations)
+
+
+def test_served_pruned_model_equals_the_runtime(pruned: tuple[Path, dict], tmp_path: Path) -> None:
+    """serve.repository + serve.start + the client: the pruned converted model served by Triton (Python backend,
+    the runtime's shared-vocabulary tokenizer inside it) returns the in-process runtime's texts, one request at a
+    time (so that no dynamic batch mixes requests: tests/test_serve.py)."""
+    out, manifest = pruned
+    repo = tmp_path / "repo"
+    assert write_repository([out], repo, ModelSettings(instance_count=1, threads=1)) == [manifest["name"]]
+    sources = [s for s, _ in PAIRS[:4]]
+    local = export.load(out, threads=1)
+    server = Server.start(repo, http_port=0, grpc_port=0, metrics_port=0)
+    try:
+        client = Client(server.info.http_url, model=manifest["name"])
+        for beam in (1, 2):
+            assert [client.translate([s], beam_size=beam)[0] for s in sources] == local.translate(
+                sources, beam_size=beam
+            )
+    finally:
+        server.stop()
