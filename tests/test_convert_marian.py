@@ -36,6 +36,8 @@ from zoo.generate import Search, generate, generate_nbest
 from zoo.translate import main as translate_main
 
 transformers = pytest.importorskip("transformers", reason="the parity tests need the [hf] extra (part of dev)")
+# MarianTokenizer's advice to install sacremoses for a punctuation normaliser it never applies when tokenizing
+pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
 EOS_BIAS = 3.7  # the eos entry of the final logits bias: a random model then ends some outputs itself (lengths
 # 1 … 19 of 19 at the settings below, greedy and beam), so natural, banned and forced eos are all compared
