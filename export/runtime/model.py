@@ -142,7 +142,7 @@ class Stepper:
 
 
 class ExportedModel:
-    """An export directory (its manifest read by `read_manifest`) with its sentencepiece model, searching over the
+    """An export directory (its manifest read by `read_manifest`) with its tokenizer (tokenizer.py), searching over the
     graphs that `backend` runs. `load` builds one with onnxruntime sessions."""
 
     def __init__(self, directory: str | os.PathLike[str], manifest: Manifest, backend: Backend) -> None:
