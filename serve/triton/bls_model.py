@@ -45,6 +45,8 @@ def _own(name: str) -> ModuleType:
     )
     if spec is None or spec.loader is None:
         raise ImportError(f"{path} is missing from the model directory; write it again with serve.repository")
+    # (this loader is written in each model file on purpose: it is what loads the shared modules, so it cannot
+    # be imported from one of them)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
