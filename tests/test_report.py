@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.zoo_testing import REPO
-from zoo.report.suite import SuiteError, suite_from_config
+from zoo.report.suite import SuiteError, require_speed_seed, suite_from_config
 
 ENTRIES = ["transformer", "mixhead_a"]
 
@@ -460,7 +460,6 @@ def _suite(**changes):
         ({"baseline": "nope"}, "suite.baseline='nope' is not an entry"),
         ({"task": "poetry"}, "suite.task"),
         ({"seeds": [1, 1]}, "repeats a seed"),
-        ({"speed.seed": 9}, "speed.seed"),
         ({"variants": {"transformer": {"entry": "transformer", "overrides": []}}}, "not an existing entry"),
         ({"variants": {"t2": {"entry": "nope", "overrides": []}}}, "expected {entry"),
         (
@@ -534,6 +533,20 @@ def test_parameter_matched_entries_are_within_three_percent_at_size_small() -> N
     matched, base = params("fixhead_matched"), params("transformer")
     assert (matched, base) == (5_589_408, 5_529_600)  # the counts stated in conf/model/fixhead_matched.yaml
     assert abs(matched / base - 1) <= 0.03
+
+
+def test_training_one_seed_alone_is_allowed_and_timing_an_untrained_seed_is_refused() -> None:
+    assert _suite(seeds=[3]).seeds == (3,)  # speed.seed is 1: only the speed stage needs it among the seeds
+    with pytest.raises(SuiteError, match=r"suite.speed.seed=9 is not one of suite.seeds=\[1, 2\]"):
+        require_speed_seed(_suite(**{"speed.seed": 9}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo.report", "+suite=quick", "suite.speed.seed=9", "stages=[speed]"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0 and "suite.speed.seed=9" in proc.stderr
 
 
 def test_growing_a_suite_by_one_entry_keeps_its_baseline() -> None:

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from zoo.errors import one_line_errors
 from zoo.report.measure import run_speed
 from zoo.report.publish import default_results_dir, publish
-from zoo.report.suite import SuiteError, suite_from_config
+from zoo.report.suite import SuiteError, require_speed_seed, suite_from_config
 from zoo.report.training import run_training
 
 log = logging.getLogger("zoo.report")
@@ -33,6 +33,8 @@ def report(cfg: DictConfig) -> Path | None:
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise SuiteError(f"stages={stages}: unknown {unknown}; choose from {list(STAGES)}")
+    if "speed" in stages:
+        require_speed_seed(suite)
     report_dir = Path(cfg.reports_root) / suite.name
     results_dir = Path(cfg.results_dir) if cfg.get("results_dir") else default_results_dir(cfg.results_root, suite)
     start = time.perf_counter()
