@@ -25,14 +25,17 @@ from serve.repository import write_repository
 from serve.server import Server
 from tests.export_testing import export_config
 from tests.marian_testing import PAIRS, marian_tokenizer
+from tests.zoo_testing import compose_train
 from zoo.api import Translator
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.convert.__main__ import main as convert_main
 from zoo.convert.hf_files import read_safetensors
 from zoo.data import DataError, SharedVocabTokenizer, load_tokenizer
 from zoo.entries import CONF_DIR
+from zoo.errors import ZooError
 from zoo.evaluate import evaluate
 from zoo.generate import Search, generate, generate_nbest
+from zoo.train import train
 from zoo.translate import main as translate_main
 
 transformers = pytest.importorskip("transformers", reason="the parity tests need the [hf] extra (part of dev)")
@@ -312,6 +315,58 @@ def test_unrepresentable_configs_are_refused(marian, tmp_path: Path, capsys, cas
     err = capsys.readouterr().err
     assert err.startswith("error: ") and named in err and err.count("\n") == 1, err
     assert not out.exists() and list(tmp_path.glob("*.pt*")) == []
+
+
+GHT_PS_FROM_PRETRAINED = [
+    "+model=ght_ps",
+    "trainer=smoke",
+    "data=files",
+    "data.name=smoke",
+    "data.max_len=60",
+    "trainer.max_updates=16",
+    "trainer.validate_every=8",
+    "trainer.max_tokens=1024",
+    "model.ght.check_every=8",
+    "model.ght.vote_batches=3",
+    "model.ght.vote_at=8",
+    "evaluate_test=false",
+]
+
+
+def test_ght_ps_trains_from_the_converted_model(converted: Path, smoke_corpus: Path, tmp_path: Path) -> None:
+    """`init=`: GHT-PS's three stages on the converted model's tokenizer, architecture and weights — group-constrained
+    training from update 0 (not voting first, as init_from= does), then voting and fine-tuning."""
+    source = load_checkpoint(converted)
+    overrides = [*GHT_PS_FROM_PRETRAINED, f"init={converted}", f"data.path={smoke_corpus}", f"runs_root={tmp_path}"]
+    summary = train(compose_train(overrides))
+    run = Path(summary["run_dir"])
+    assert (run / "tokenizer.model").read_bytes() == source["tokenizer"]
+    last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    architecture = {k: v for k, v in last["model_config"].items() if k != "head_plan"}
+    assert architecture == {k: v for k, v in source["model_config"].items() if k != "head_plan"}
+    # the final logits bias is a buffer no update touches: equal to the converted one only if init= loaded it
+    assert torch.equal(last["model"]["final_logits_bias"], source["model"]["final_logits_bias"])
+    assert last["initialised_from"]["converted_from"]["format"] == "marian"
+    votes = json.loads((run / "ght" / "votes.json").read_text())
+    assert votes["trigger"] == "reached vote_at=8" and votes["voting_batches"] == 3
+    plan = summary["head_plan"]
+    assert len(plan) == 6 and all(len(kept) == 2 for kept in plan.values())  # 4 heads, C = 2: one per group
+    assert last["train_state"]["step"] == 16 and last["procedure"]["stage"] == "finetune"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["+model=mgk_4head"], r"attention='mha' \(entry mgk_4head: 'mgk'\).*pick an entry that has it \(.*ght_ps"),
+        (["+model=ght_ps", "init_from=elsewhere.pt"], "init= and init_from= both given"),
+    ],
+)
+def test_init_with_an_entry_that_cannot_take_the_weights_is_refused(
+    converted: Path, tmp_path: Path, extra: list[str], message: str
+) -> None:
+    with pytest.raises(ZooError, match=message):
+        train(compose_train([*extra, f"init={converted}", f"runs_root={tmp_path}"]))
+    assert not list(tmp_path.iterdir())  # refused before a run directory exists
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ How the code is laid out (tests/test_imports.py fails on any module-level import
   that compose a config and call one testable function. Library modules never import Hydra. Commands whose
   arguments are free text or paths use ordinary flags: `zoo.translate`, and `zoo.convert` (a pretrained model's
   directory → a checkpoint; its library is the package, its `__main__` the thin command).
-* **Layers import downward only.** `zoo.attention` is the leaf: the contract (`base.py`), one file per mechanism,
-  the mixture-of-keys base they share and their FLOP helpers. Above it `zoo.model` (the encoder-decoder from a
+* **Layers import downward only.** `zoo.attention` is the leaf: the contract (`base.py`), one file per mechanism, the
+  mixture-of-keys base they share and their FLOP helpers. Above it `zoo.model` (the encoder-decoder from a
   `ModelConfig`), then `zoo.data`, `zoo.generate`, `zoo.trainer`, `zoo.ght`, `zoo.checkpoint`, `zoo.metrics`,
-  `zoo.flops`; `zoo.convert` (on zoo.model, zoo.checkpoint, zoo.flops and the runtime's tokenizer) and the
-  commands sit on top.
+  `zoo.flops`, `zoo.pretrained` (a run started from a checkpoint: `init=`); `zoo.convert` (on zoo.model,
+  zoo.checkpoint, zoo.flops and the runtime's tokenizer) and the commands sit on top.
 * **`export` builds on `zoo`; its runtime does not.** The exporter and verifier import zoo (model, data,
   generation) to prune and check; `export.runtime` (numpy + onnxruntime) imports neither torch nor zoo, so a
   serving host needs only the export directory. The runtime owns the search's settings, results and errors, and

@@ -4,9 +4,10 @@
   check    the trainer's settings (a TrainerConfig), procedure and generation options, rejected before a run
            directory exists
   run      a new run directory (config.yaml, provenance), or the resumed one with its saved config and settings
-  data     the splits, the run's tokenizer (trained once per run), the encoded training and validation pairs
-  model    built from the entry and the tokenizer's vocabulary, its size printed
-  trainer  the entry's procedure on init_from's weights or last.pt's state; fit, then average checkpoints
+  data     the splits, the run's tokenizer (trained once per run, or init='s), the encoded training and validation
+           pairs
+  model    built from the entry and the tokenizer's vocabulary (or init='s architecture), its size printed
+  trainer  the entry's procedure on init='s or init_from's weights or last.pt's state; fit, then average checkpoints
   test     beam search on the test split with the checkpoint evaluation picks
   summary  summary.json and the done marker
 """
@@ -25,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zoo import distributed as dist
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
-from zoo.data import Splits, Tokenizer, build_splits, train_run_tokenizer
+from zoo.data import Splits, TextTokenizer, build_splits, load_tokenizer, train_run_tokenizer
 from zoo.data.batching import encode_examples
 from zoo.entries import entry_model_config, missing_model_message
 from zoo.errors import ZooError, one_line_errors
@@ -34,6 +35,7 @@ from zoo.flops import format_size_summary, size_summary
 from zoo.generate import Search, SearchError
 from zoo.ght.procedure import GHTOptions, GHTProcedure
 from zoo.model import ModelConfig, Transformer, build_model
+from zoo.pretrained import Pretrained, load_pretrained, read_init, write_init
 from zoo.runs import DONE_MARKER, RunBusyError, lock_run_dir, new_run_dir, resolve_resume, write_provenance
 from zoo.threads import ThreadChoice, choose_threads, describe, torch_threads
 from zoo.trainer import Trainer, TrainerConfig
@@ -47,7 +49,7 @@ class UsageError(ZooError):
     """A configuration the user must change; printed without a traceback."""
 
 
-def model_config_from(cfg: DictConfig, tokenizer: Tokenizer) -> ModelConfig:
+def model_config_from(cfg: DictConfig, tokenizer: TextTokenizer) -> ModelConfig:
     """ModelConfig from the composed `model` node (entry + size) and the tokenizer's vocabulary."""
     try:
         return entry_model_config(
@@ -69,14 +71,13 @@ def trainer_config_from(node: DictConfig, where: str = "") -> TrainerConfig:
         raise UsageError(f"{where}{exc}") from exc
 
 
-def _effective_max_len(cfg: DictConfig) -> int:
-    """The training length filter: data.max_len, but never more than the model has positions for.
+def _effective_max_len(cfg: DictConfig, positions: int) -> int:
+    """The training length filter: data.max_len, but never more than the model has `positions` for.
 
     Summaries at `data=summ` (max_len 512) with `size=tiny` (256 positions) would otherwise crash
     mid-epoch on the first long document instead of being filtered and counted up front.
     """
     max_len = int(cfg.data.max_len)
-    positions = int(cfg.model.max_positions)
     if positions < max_len:
         log.warning(
             "data.max_len=%d exceeds the model's max_positions=%d; training on pairs of at most %d tokens "
@@ -158,19 +159,26 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 def _train(cfg: DictConfig, settings: TrainerConfig, threads: ThreadChoice) -> dict[str, Any]:
     device = _pick_device(cfg.device)
     dist.init_distributed(device)
-    _check_options(cfg)
+    pretrained = _check_options(cfg)
     cfg, run_dir, resuming, lock = _prepare_run(cfg)
     try:
-        return _train_run(cfg, settings, threads, device, run_dir, resuming)
+        return _train_run(cfg, settings, threads, device, run_dir, resuming, pretrained)
     finally:
         if lock is not None:
             lock.close()
 
 
 def _train_run(
-    cfg: DictConfig, settings: TrainerConfig, threads: ThreadChoice, device: torch.device, run_dir: Path, resuming: bool
+    cfg: DictConfig,
+    settings: TrainerConfig,
+    threads: ThreadChoice,
+    device: torch.device,
+    run_dir: Path,
+    resuming: bool,
+    pretrained: Pretrained | None,
 ) -> dict[str, Any]:
-    """Train, evaluate and mark done one prepared (new or resumed) run directory."""
+    """Train, evaluate and mark done one prepared (new or resumed) run directory; `pretrained` is init='s
+    checkpoint on a new run (a resumed one reads its tokenizer and architecture from the run directory)."""
     if resuming:  # a resumed run goes on with the settings it was started with
         settings = trainer_config_from(cfg.trainer, where=f"{run_dir / 'config.yaml'}: ")
     if dist.is_main():
@@ -178,11 +186,17 @@ def _train_run(
     log.info("run directory: %s%s", run_dir, " (resuming)" if resuming else "")
     log.info("%s", describe(threads))
     torch.manual_seed(settings.seed)
-    data = _data(cfg, run_dir, settings.seed)
-    model = build_model(model_config_from(cfg, data.tokenizer)).to(device)
+    data = _data(cfg, run_dir, settings.seed, pretrained)
+    init = read_init(run_dir)
+    model = build_model(init[0] if init else model_config_from(cfg, data.tokenizer)).to(device)
+    if pretrained is not None:  # a new run: init='s weights (a resumed one loads last.pt's below)
+        model.load_state_dict(pretrained.weights)
+        log.info("initialised from %s (entry %s): its tokenizer, architecture and weights", *_origin(pretrained))
+        if pretrained.replaced:
+            log.info("init=: the checkpoint's architecture replaces the entry's %s", "; ".join(pretrained.replaced))
     size = size_summary(model)
     print(f"[{cfg.model.name}] {format_size_summary(size)}", flush=True)
-    trainer = _trainer(cfg, settings, model, data, _payload(cfg, data, size), run_dir, device, resuming)
+    trainer = _trainer(cfg, settings, model, data, _payload(cfg, data, size, run_dir), run_dir, device, resuming)
     state = trainer.fit()
     trainer.average()
     summary: dict[str, Any] = {
@@ -211,33 +225,52 @@ class _Data:
     """The splits, the run's tokenizer and the encoded training and validation pairs (the data step)."""
 
     splits: Splits
-    tokenizer: Tokenizer
+    tokenizer: TextTokenizer
     train_pairs: list[tuple[list[int], list[int]]]
     valid_pairs: list[tuple[list[int], list[int]]]
 
 
-def _check_options(cfg: DictConfig) -> None:
-    """Reject bad procedure and generation options before a run directory is created (the trainer's settings are
-    checked by TrainerConfig before this)."""
+def _check_options(cfg: DictConfig) -> Pretrained | None:
+    """Reject bad procedure, generation and init= options before a run directory is created (the trainer's
+    settings are checked by TrainerConfig before this); returns init='s checkpoint for a new run."""
     if "name" in cfg.model:
         _procedure(cfg, started_from_weights=False)
     search_config(cfg)  # bad generation settings (SearchError), which only the test evaluation reads
+    if not cfg.get("init") or cfg.resume not in (None, False):  # a resumed run goes on from its own directory
+        return None
+    if cfg.get("init_from"):
+        raise UsageError(
+            "init= and init_from= both given: init= fine-tunes a pretrained checkpoint from the entry's first "
+            "stage, init_from= starts GHT-PS at voting on trained GHT weights — choose one"
+        )
+    if "name" not in cfg.model:
+        raise UsageError(missing_model_message())
+    return load_pretrained(str(cfg.init), cfg.model)
 
 
-def _data(cfg: DictConfig, run_dir: Path, seed: int) -> _Data:
-    """Splits, tokenizer (trained once per run, so a resumed run reads the same one) and encoded pairs; rank 0
-    builds the data cache and the tokenizer first, the other ranks then read them."""
+def _origin(pretrained: Pretrained) -> tuple[str, str]:
+    return pretrained.origin["path"], pretrained.origin.get("entry") or "?"
+
+
+def _data(cfg: DictConfig, run_dir: Path, seed: int, pretrained: Pretrained | None) -> _Data:
+    """Splits, tokenizer (trained once per run, or init='s with its architecture, written into the run directory
+    so a resumed run reads the same) and encoded pairs; rank 0 builds the data cache and the tokenizer first, the
+    other ranks then read them."""
     if dist.is_main():
         splits = build_splits(cfg.data)
     dist.barrier()
     if not dist.is_main():
         splits = build_splits(cfg.data)
     tok_path = run_dir / "tokenizer.model"
+    if dist.is_main() and pretrained is not None:
+        tok_path.write_bytes(pretrained.tokenizer)
+        write_init(run_dir, pretrained)
     if dist.is_main() and not tok_path.exists():
         tok_path.write_bytes(train_run_tokenizer(splits.train, cfg.data, seed).model_bytes)
     dist.barrier()
-    tokenizer = Tokenizer.from_bytes(tok_path.read_bytes())
-    max_len = _effective_max_len(cfg)
+    tokenizer = load_tokenizer(tok_path.read_bytes())
+    init = read_init(run_dir)
+    max_len = _effective_max_len(cfg, init[0].max_positions if init else int(cfg.model.max_positions))
     train_pairs, filtered = encode_examples(splits.train, tokenizer, max_len)
     valid_pairs, _ = encode_examples(splits.valid, tokenizer, max_len)
     log.info(
@@ -251,13 +284,13 @@ def _data(cfg: DictConfig, run_dir: Path, seed: int) -> _Data:
     return _Data(splits, tokenizer, train_pairs, valid_pairs)
 
 
-def _payload(cfg: DictConfig, data: _Data, size: dict[str, Any]) -> dict[str, Any]:
+def _payload(cfg: DictConfig, data: _Data, size: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """What every checkpoint carries besides weights, so export and evaluation need neither the corpus nor the
-    config: entry, task, tokenizer, data config and statistics, held-out test pairs, size."""
-    return {
+    config: entry, task, tokenizer, data config and statistics, held-out test pairs, size, and init='s origin."""
+    payload = {
         "entry": cfg.model.name,
         "task": cfg.data.task,
-        "tokenizer": data.tokenizer.model_bytes,
+        "tokenizer": data.tokenizer.to_bytes(),
         "data_config": OmegaConf.to_container(cfg.data, resolve=True),
         "data_stats": data.splits.stats,
         "heldout": {
@@ -266,6 +299,10 @@ def _payload(cfg: DictConfig, data: _Data, size: dict[str, Any]) -> dict[str, An
         },
         "size": size,
     }
+    init = read_init(run_dir)
+    if init:
+        payload["initialised_from"] = init[1]
+    return payload
 
 
 def _trainer(

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from zoo import distributed as dist
 from zoo.checkpoint import average_weights, load_checkpoint, save_checkpoint
-from zoo.data import Example, Tokenizer
+from zoo.data import Example, TextTokenizer
 from zoo.data.batching import Batch, TokenBatchSampler, collate
 from zoo.evaluation import evaluate_examples
 from zoo.generate import Search
@@ -288,7 +288,7 @@ class Trainer:
     def __init__(
         self,
         model: Transformer,
-        tokenizer: Tokenizer,
+        tokenizer: TextTokenizer,
         train_pairs: Sequence[tuple[list[int], list[int]]],
         valid_examples: Sequence[Example],
         valid_pairs: Sequence[tuple[list[int], list[int]]],
