@@ -71,6 +71,8 @@ def test_runtime_imports_no_torch_and_stays_self_contained(exported) -> None:
         "onnxruntime",
         "sentencepiece",
         "base64",  # a shared-vocabulary tokenizer document holds its two sentencepiece models (tokenizer.py)
+        "concurrent",  # throughput mode's worker threads (replicas.py)
+        "queue",  # and its free copies
     }, imported
 
 
@@ -216,6 +218,57 @@ def test_runtime_providers_name_the_fix(exported) -> None:
     else:
         with pytest.raises(rt.ExportRuntimeError, match="install onnxruntime-gpu"):
             export.load(out, provider="cuda")
+
+
+def test_throughput_mode_decodes_batches_concurrently_to_the_same_outputs(exported) -> None:
+    """inter_threads=2: two copies of the sessions decode different batches of one call at once; every output
+    (text, score, tokens, input order) is the one-search result, and a bad setting is refused naming the range."""
+    out, _ = exported("transformer")
+    sources = [f"Das Haus Nummer {i} ist {'sehr ' * (i % 4)}klein." for i in range(24)]
+    one = export.load(out, threads=1)
+    two = export.load(out, inter_threads=2, intra_threads=1)
+    assert len(two.replicas) == 2 and two.replicas.models[1].backend is not two.backend
+    for beam in (1, 3):
+        expected = one.translate(sources, beam_size=beam, max_sentences=5, return_scores=True)
+        got = two.translate(sources, beam_size=beam, max_sentences=5, return_scores=True)
+        assert [[(t.text, t.tokens) for t in hyps] for hyps in got] == [
+            [(t.text, t.tokens) for t in hyps] for hyps in expected
+        ]
+        np.testing.assert_allclose(
+            [hyps[0].score for hyps in got], [hyps[0].score for hyps in expected], rtol=0, atol=1e-5
+        )
+    for bad in (0, 65, 1.5, True):
+        with pytest.raises(rt.ExportRuntimeError, match=r"inter_threads=.*: give an integer 1 … 64"):
+            export.load(out, inter_threads=bad)
+    with pytest.raises(rt.ExportRuntimeError, match="threads=2 and intra_threads=1: give one"):
+        export.load(out, threads=2, intra_threads=1)
+
+
+def test_bench_threads_reports_every_configuration_at_every_point(exported, tmp_path) -> None:
+    """`python -m export.bench_threads`: each (inter, intra) at the four standard points in fresh processes, the
+    ratio to the first configuration, the peak memory, and a table naming them."""
+    out, _ = exported("transformer")
+    src = tmp_path / "src.txt"
+    src.write_text("".join(f"Das Haus Nummer {i} ist klein.\n" for i in range(40)))
+    report_file = tmp_path / "report.json"
+    args = ["--export", str(out), "--src", str(src), "--configs", "1x1,2x1", "--rounds", "1", "--fixed-len", "3"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "export.bench_threads", *args, "--sentences-b1", "3", "--sentences-b32", "6"]
+        + ["--json", str(report_file)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(report_file.read_text())
+    assert set(report["points"]) == {
+        f"{p}/{c}" for p in ("greedy_b1", "greedy_b32", "beam5_b1", "beam5_b32") for c in ("1x1", "2x1")
+    }
+    assert all(p["ratio_to_first"] == 1.0 for k, p in report["points"].items() if k.endswith("/1x1"))
+    assert all(p["median_sentences_per_s"] > 0 and p["peak_rss_mb"] > 0 for p in report["points"].values())
+    assert "| beam5_b32 |" in proc.stdout and "2x1 sent/s (× 1x1)" in proc.stdout
 
 
 def _tampered(out: Path, tmp_path: Path, edit) -> Path:

@@ -19,6 +19,7 @@ from .backend import Backend, OrtBackend
 from .errors import ExportedModelError, ExportRuntimeError
 from .manifest import NEXT_PREFIX, Manifest, read_manifest
 from .manifest_checks import open_regular
+from .replicas import Replicas
 from .search import (
     Hypothesis,
     RowLimits,
@@ -176,6 +177,7 @@ class ExportedModel:
             self.tokenizer: SentencePieceTokenizer | SharedVocabTokenizer = load_tokenizer(fh.read())
         self._vocab = SearchVocab(self.vocab_size, self.pad_id, self.bos_id, self.eos_id)
         self.store_pool = StorePool()  # self-attention store memory reused from search to search
+        self.replicas: Replicas[ExportedModel] = Replicas([self])  # throughput mode adds copies (`load`)
         missing = sorted({*self.self_names, "tokens", "step", "topk"} - backend.decoder_inputs)
         if missing:
             raise ExportedModelError(f"{m['graphs']['decoder']['file']} lacks inputs {missing}; re-export the model")
@@ -324,9 +326,13 @@ class ExportedModel:
         if limits is not None and len(limits.max_len) != len(encoded):
             raise SearchError(f"got length bounds for {len(limits.max_len)} sentences but {len(encoded)} sources")
         outputs: list[list[Translation]] = [[] for _ in encoded]
-        for idx in self._batches([len(e) for e in encoded], max_tokens, max_sentences):
+
+        def run(model: ExportedModel, idx: list[int]) -> list[list[Hypothesis]]:
             part = None if limits is None else limits.take(idx)
-            nbest = self.generate_nbest(self.pad([encoded[i] for i in idx]), search, num_hypotheses, part)
+            return model.generate_nbest(model.pad([encoded[i] for i in idx]), search, num_hypotheses, part)
+
+        batches = self._batches([len(e) for e in encoded], max_tokens, max_sentences)
+        for idx, nbest in zip(batches, self.replicas.map(run, batches), strict=True):
             for i, hyps in zip(idx, nbest, strict=True):
                 outputs[i] = [Translation(self.decode_ids(h.tokens), h.score, h.tokens) for h in hyps]
         return outputs
@@ -456,13 +462,32 @@ def load(
     spinning: bool = False,
     provider: str = "cpu",
     device_id: int = 0,
+    inter_threads: int = 1,
+    intra_threads: int | None = None,
 ) -> ExportedModel:
-    """Load an export directory (`python -m export …` output) for translation: `threads` ORT intra-op
-    threads (default: the manifest's, else all cores), `optimization` ORT graph optimisation level
-    (disabled|basic|extended|all, default: the manifest's), `check_files` verifies sha256 checksums,
-    `spinning` lets ORT's idle threads spin (lower latency on dedicated cores), `provider` cpu | cuda runs the
-    graphs on ORT's CPU or CUDA execution provider (GPU `device_id`; needs onnxruntime-gpu)."""
+    """Load an export directory (`python -m export …` output) for translation: `threads` (or `intra_threads`)
+    ORT intra-op threads per search (default: the manifest's, else all cores), `optimization` ORT graph
+    optimisation level (disabled|basic|extended|all, default: the manifest's), `check_files` verifies sha256
+    checksums, `spinning` lets ORT's idle threads spin (lower latency on dedicated cores), `provider` cpu | cuda
+    runs the graphs on ORT's CPU or CUDA execution provider (GPU `device_id`; needs onnxruntime-gpu).
+    `inter_threads` > 1 is throughput mode (replicas.py): that many copies decode different batches of one
+    `translate` call at once, each with `intra_threads` threads — more sentences/s for many batches, at the memory
+    of another set of sessions and a slower single batch."""
+    if intra_threads is not None and threads is not None and intra_threads != threads:
+        raise ExportRuntimeError(f"threads={threads} and intra_threads={intra_threads}: give one (the same setting)")
+    threads = intra_threads if intra_threads is not None else threads
+    if isinstance(inter_threads, bool) or not isinstance(inter_threads, int) or not 1 <= inter_threads <= 64:
+        raise ExportRuntimeError(
+            f"inter_threads={inter_threads!r}: give an integer 1 … 64 (batches decoded at once, each by its own "
+            "copy of the sessions; 1 = one search at a time)"
+        )
     directory = Path(directory)
     manifest = read_manifest(directory, check_files=check_files)
-    backend = OrtBackend(directory, manifest, threads, optimization, spinning, provider, device_id)
-    return ExportedModel(directory, manifest, backend)
+    models = [
+        ExportedModel(
+            directory, manifest, OrtBackend(directory, manifest, threads, optimization, spinning, provider, device_id)
+        )
+        for _ in range(inter_threads)
+    ]
+    models[0].replicas = Replicas(models)
+    return models[0]
