@@ -35,7 +35,9 @@ only mode where analytic FLOPs describe the work exactly), plus the GHT paper's 
 by default), always measured with at least 3 interleaved rounds and summarised last. With
 `--pruned-export`, pruned vs unpruned speed (torch and ORT) next to the analytic FLOP ratio of the
 same work. Achieved GFLOP/s are set against a measured fp32 matmul roofline (torch.mm at the same
-thread count). Peak memory in-process is the rise of the process's peak RSS (VmHWM, reset through
+thread count) and against the step's own one (export/roofline.py: torch.mm on exactly the matmul shapes a
+decoder step runs at that point's rows), and at batch 1 the weight bytes a step reads against the measured
+memory read bandwidth. Peak memory in-process is the rise of the process's peak RSS (VmHWM, reset through
 /proc/self/clear_refs) over its RSS before one run of the point; what a torch-free server pays is
 measured in a fresh process per runtime and export (export/rss_probe.py: VmHWM after loading and
 after the headline work) next to the export's weight bytes. With `--int8-export`, BLEU of fp32 vs
@@ -83,6 +85,7 @@ from export import runtime as runtime_package
 from export.bench_table import paired_ratio
 from export.graph import ExportError
 from export.pruning import prune
+from export.roofline import StepLimits, step_weight_bytes
 from export.runtime import ExportedModel, ExportRuntimeError, Search, load
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import build_splits
@@ -364,10 +367,13 @@ def bench_point(
     out_len: int | None = None,
     pad: int = 0,
     pairs: Sequence[tuple[str, str]] = (),
+    limits: StepLimits | None = None,
 ) -> dict[str, Any]:
     """Time engines {name: ("torch", model) | ("ort", runtime)} on the same batches and search; `pairs`
     [(engine, its baseline), …] get a speed ratio and a hypothesis agreement each (default: the second
-    engine against the first). `ratio` is the first pair's."""
+    engine against the first). `ratio` is the first pair's. With analytic FLOPs and `limits`, each fp32 engine's
+    GFLOP/s is set against the step's own matmul roofline, and at batch 1 its weight traffic against the
+    measured read bandwidth (roofline.py)."""
     tensors = [torch.from_numpy(b) for b in batches]
     results: dict[str, list[list[int]]] = {}
 
@@ -410,6 +416,8 @@ def bench_point(
         if flops_models and out_len and name in flops_models:
             flops = work_flops(flops_models[name], batches, out_len, search.beam_size, pad)
             entry.update(gflops=flops / 1e9, gflops_per_s=flops / med / 1e9)
+            if limits is not None and not name.startswith("int8"):  # INT8 MatMuls have no fp32 roofline
+                entry.update(_against_limits(flops_models[name], limits, batches, search, out_len, med, entry))
         point["engines"][name] = entry
     names = list(engines)
     if not pairs and len(names) >= 2:
@@ -427,6 +435,28 @@ def bench_point(
     if point["pairs"]:
         point["ratio"] = point["pairs"][0]["ratio"]
     return point
+
+
+def _against_limits(
+    model: Transformer,
+    limits: StepLimits,
+    batches: list[np.ndarray],
+    search: Search,
+    out_len: int,
+    seconds: float,
+    entry: dict[str, Any],
+) -> dict[str, Any]:
+    """A fixed-length point's achieved rate over the machine's limits: the step's matmul roofline at its rows
+    (beam × batch), and at batch 1 the weight bytes every step reads over the read bandwidth. The encoder's time
+    is in `seconds` too, so both are lower bounds of the decoder's own efficiency."""
+    roof = limits.roofline(model, search.beam_size * len(batches[0]))
+    out: dict[str, Any] = {"step_roofline_gflops": roof, "step_efficiency": entry["gflops_per_s"] / roof}
+    if len(batches[0]) == 1:
+        steps = sum(len(b) for b in batches) * (out_len + 1)  # every token and the eos
+        weights = step_weight_bytes(model)
+        gbps = weights * steps / seconds / 1e9
+        out.update(step_weight_bytes=weights, weight_gb_per_s=gbps, bandwidth_fraction=gbps / limits.bandwidth_gbps)
+    return out
 
 
 def pair(point: dict[str, Any], engine: str, baseline: str) -> dict[str, Any] | None:
@@ -450,7 +480,12 @@ def _line(p: dict[str, Any], roofline: float | None) -> str:
         s = f"{n} {e['sentences_per_s']:8.1f} sent/s"
         if "gflops_per_s" in e:
             s += f" ({e['gflops_per_s']:.2f} GFLOP/s"
-            s += f" = {100 * e['gflops_per_s'] / roofline:.1f}% of mm)" if roofline else ")"
+            s += f" = {100 * e['gflops_per_s'] / roofline:.1f}% of mm" if roofline else ""
+            if "step_efficiency" in e:
+                s += f", {100 * e['step_efficiency']:.0f}% of the step's roofline {e['step_roofline_gflops']:.1f}"
+            if "bandwidth_fraction" in e:
+                s += f"; weights {e['weight_gb_per_s']:.1f} GB/s = {100 * e['bandwidth_fraction']:.0f}% of memory"
+            s += ")"
         if e["peak_rss_rise_mb"] is not None:
             s += f" peak +{e['peak_rss_rise_mb']:.0f}MB"
         parts.append(s)
@@ -518,6 +553,7 @@ class _Inputs:
     texts: list[str]
     refs: list[str] | None  # references of `texts`, when known
     roofline: float | None  # fp32 matmul GFLOP/s (with a torch model only)
+    limits: StepLimits | None  # the step's own matmul roofline and the read bandwidth (with a torch model only)
 
 
 @dataclass
@@ -527,6 +563,7 @@ class _Sweep:
     engines: dict[str, tuple[str, Any]]
     pairs: list[tuple[str, str]]
     flops_models: dict[str, Transformer] | None
+    limits: StepLimits | None
     pad: int
     baseline_file: Path | None  # --baseline-runtime, resolved
     baseline_exports: dict[str, Path]  # kind → the export the baseline runtime reads
@@ -537,7 +574,7 @@ class _Sweep:
     ) -> dict[str, Any]:
         """One point on every engine, kept in `points`; analytic FLOPs only where the work is fixed."""
         flops = self.flops_models if fixed else None
-        p = bench_point(label, self.engines, batches, search, repeats, flops, fixed, self.pad, self.pairs)
+        p = bench_point(label, self.engines, batches, search, repeats, flops, fixed, self.pad, self.pairs, self.limits)
         self.points.append(p)
         return p
 
@@ -563,7 +600,8 @@ def _load_inputs(args: argparse.Namespace) -> _Inputs:
     sizes = (args.paper_batch, args.batch1_sentences, HEADLINE_SENTENCES, 64, *args.batches)
     texts, refs = load_sentences(payload, args.src, max(sizes), runtime)
     roofline = matmul_roofline(args.threads) if model is not None else None
-    return _Inputs(payload, runtime, int8, model, texts, refs, roofline)
+    limits = StepLimits.measure(args.threads) if model is not None else None
+    return _Inputs(payload, runtime, int8, model, texts, refs, roofline, limits)
 
 
 # ---------------------------------------------------------------------------------------------- engines
@@ -597,7 +635,7 @@ def _engines(args: argparse.Namespace, inputs: _Inputs, baseline: tuple[Path, Mo
         pairs.append(("ort", "torch"))
     flops_models = {name: inputs.model for name in engines} if inputs.model is not None else None
     baseline_file = baseline[0] if baseline is not None else None
-    return _Sweep(engines, pairs, flops_models, inputs.runtime.pad_id, baseline_file, baseline_exports)
+    return _Sweep(engines, pairs, flops_models, inputs.limits, inputs.runtime.pad_id, baseline_file, baseline_exports)
 
 
 def _report_header(args: argparse.Namespace, inputs: _Inputs, sweep: _Sweep) -> dict[str, Any]:
@@ -620,6 +658,7 @@ def _report_header(args: argparse.Namespace, inputs: _Inputs, sweep: _Sweep) -> 
         "repeats": args.repeats,
         "fixed_len": args.fixed_len,
         "matmul_roofline_gflops": inputs.roofline,
+        "read_bandwidth_gbps": inputs.limits.bandwidth_gbps if inputs.limits else None,
         "model": inputs.runtime.manifest["model_config"],
         "points": sweep.points,
     }

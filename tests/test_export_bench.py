@@ -14,9 +14,9 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from export import bench
+from export import bench, roofline
 from export import runtime as rt
-from tests.zoo_testing import REPO
+from tests.zoo_testing import REPO, tiny_model
 
 
 def test_bench_runs_side_by_side(ght_ps_unpruned, exported, smoke_run, tmp_path, capsys) -> None:
@@ -65,12 +65,31 @@ def test_bench_runs_side_by_side(ght_ps_unpruned, exported, smoke_run, tmp_path,
         assert vs_torch["identical"] == p["sentences"]  # both engines return the same hypotheses
         if p.get("mode") == "fixed":
             assert 0 < e["ort"]["gflops_per_s"] < report["matmul_roofline_gflops"] * 2
+            assert e["ort"]["step_roofline_gflops"] > 0 and e["ort"]["step_efficiency"] > 0
+            assert ("bandwidth_fraction" in e["ort"]) == (p["batch"] == 1)  # weight traffic: batch 1 only
     assert report["headline"]["rounds"] == 3 and report["baseline_runtime"] is None
     assert report["matmul_roofline_gflops"] > 0
     assert set(report["memory"]) >= {"fp32"} and set(report["memory"]["fp32"]["engines"]) == {"ort"}
     pruning = report["pruning"]
     assert 0 < pruning["analytic_flops_ratio"] < 1 and pruning["torch"]["speedup"] > 0 and pruning["ort"]["speedup"] > 0
-    assert "ratio" in text and "analytic FLOP ratio" in text and "roofline" in text
+    assert "ratio" in text and "analytic FLOP ratio" in text and "of the step's roofline" in text
+    assert report["read_bandwidth_gbps"] > 0 and "% of memory" in text
+
+
+def test_step_matmuls_are_the_decoder_linears_a_step_runs() -> None:
+    """Per decoder layer: self-attention q, k, v, out; cross-attention q and out (its keys and values come from the
+    encoder pass); the FFN's two; then the output projection. A pruned module's projections shrink with it."""
+    model = tiny_model("transformer")  # d 32, 8 heads of 4, FFN 64, 2 decoder layers, vocabulary 64
+    d, f, v = model.cfg.d_model, model.cfg.ffn_dim, model.cfg.vocab_size
+    layer = [(5, d, d)] * 4 + [(5, d, d)] * 2 + [(5, d, f), (5, f, d)]
+    assert roofline.step_matmuls(model, 5) == layer * model.cfg.decoder_layers + [(5, d, v)]
+    assert roofline.step_weight_bytes(model) == 4 * sum(k * n for _, k, n in roofline.step_matmuls(model, 1))
+    model.apply_head_plan({"decoder.layers.0.self_attn": [0, 2]}, remove=True)
+    shrunk = roofline.step_matmuls(model, 1)
+    kept = 2 * d // model.cfg.num_heads
+    assert shrunk[0] == (1, d, kept) and shrunk[3] == (1, kept, d)  # q_proj, out_proj of 2 of 8 heads
+    assert roofline.shape_roofline(shrunk, threads=1, repeats=1) > 0
+    assert roofline.read_bandwidth(threads=1, megabytes=8, repeats=1) > 0
 
 
 def test_bench_against_a_baseline_runtime_without_torch(exported, tmp_path, capsys) -> None:
