@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from tests.zoo_testing import REPO
 from zoo.metrics import bleu_from_stats, corpus_bleu, sentence_stats
+from zoo.report import render
 from zoo.report.claims import (
     FAILS,
     HOLDS,
@@ -211,6 +212,13 @@ def test_ght_ps_is_judged_only_where_its_groups_compacted() -> None:
 
 def _suites():
     return [suite_from_config(OmegaConf.load(p), REPO / "conf") for p in sorted((REPO / "conf/suite").glob("*.yaml"))]
+
+
+def test_an_untested_claim_shows_its_interval_and_says_it_was_not_tested() -> None:
+    """Three seeds give Δ̄ an interval, but a claim whose precondition failed is not tested: it has no p."""
+    delta = {"mean": 0.31, "low": -1.2, "high": 1.9, "seeds": 3}
+    assert render._delta_cell({"delta": delta, "p": None, "p_holm": None}) == "+0.31 [-1.20, +1.90]; not tested"
+    assert render._delta_cell({"delta": delta, "p": 0.2, "p_holm": 0.4}) == "+0.31 [-1.20, +1.90]; p=0.200, Holm 0.400"
 
 
 def test_a_paper_claim_without_its_source_is_refused() -> None:

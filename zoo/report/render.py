@@ -252,6 +252,8 @@ def _delta_cell(c: dict[str, Any]) -> str:
         return "—"
     if d["low"] is None:
         return f"{d['mean']:+.2f} ({d['seeds']} seeds: no interval)"
+    if c.get("p") is None:  # an interval, but no test: the verdict cell says why (e.g. an unmet precondition)
+        return f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]; not tested"
     p = f"p={c['p']:.3f}" + (f", Holm {c['p_holm']:.3f}" if c.get("p_holm") != c.get("p") else "")
     return f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]; {p}"
 
