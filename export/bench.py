@@ -63,8 +63,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -82,7 +80,7 @@ import torch
 
 from export import rss_probe
 from export import runtime as runtime_package
-from export.bench_table import paired_ratio
+from export.bench_table import machine, paired_ratio
 from export.graph import ExportError
 from export.pruning import prune
 from export.roofline import StepLimits, step_weight_bytes
@@ -123,20 +121,6 @@ def peak_rss_rise(fn: Callable[[], Any]) -> int | None:
     base = _status("VmRSS")
     fn()
     return max(0, _status("VmHWM") - base)
-
-
-def machine() -> dict[str, Any]:
-    """The CPU a report was measured on (ratios and RSS move with it: an AVX2 EPYC and an AVX-512 Xeon gave the
-    same change 1.19× and 1.23×), from /proc/cpuinfo where there is one."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count()}
 
 
 def graph_weight_bytes(path: str | Path) -> int:

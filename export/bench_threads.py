@@ -3,6 +3,7 @@ intra_threads=M)` for several (N, M), at the four standard points (greedy and be
 
     python -m export.bench_threads --export exports/transformer-deen --src test.de [--configs 1x2,2x1]
         [--rounds 3] [--fixed-len 30] [--sentences-b1 48] [--sentences-b32 256] [--json report.json]
+    python -m export.bench_threads --render results/runtime/<report>.json   # results/runtime/README.md's block
 
 Every measurement runs in a fresh process (so its peak resident set, VmHWM, is that configuration's alone), decoding
 the first sentences of `--src` through `translate_encoded_nbest` — the path that hands batches to the copies — each
@@ -19,14 +20,17 @@ import statistics
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import export
+from export import bench_table
 from export.rss_probe import vm_hwm
 from export.runtime.search import forced_limits
 
 POINTS = {"greedy_b1": (1, 1), "greedy_b32": (1, 32), "beam5_b1": (5, 1), "beam5_b32": (5, 32)}
+BLOCK = "bench:threads"  # in results/runtime/README.md (bench_table.README)
 
 
 def _config(text: str) -> tuple[int, int]:
@@ -97,14 +101,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "ratio_to_first": round(statistics.median(ratios), 3),
                 "peak_rss_mb": max(t["peak_rss_mb"] for t in runs),
             }
+    manifest = json.loads((Path(args.export) / "manifest.json").read_text(encoding="utf-8"))
+    cfg = manifest["model_config"]
     return {
         "export": args.export,
+        "model": {
+            "name": manifest["name"],
+            "params": manifest["size"]["after"]["params"],
+            "layers": [cfg["encoder_layers"], cfg["decoder_layers"]],
+            "d_model": cfg["d_model"],
+            "vocab": manifest["vocab"]["size"],
+        },
+        "machine": bench_table.machine(),
+        "onnxruntime": metadata.version("onnxruntime"),
         "configs": [f"{c[0]}x{c[1]}" for c in configs],
         "rounds": args.rounds,
         "fixed_len": args.fixed_len,
         "sentences": {"batch1": args.sentences_b1, "batch32": args.sentences_b32},
         "points": points,
     }
+
+
+def render(report: dict[str, Any], source: str) -> str:
+    """The stored report as README markdown: where and how it was measured, then the table."""
+    m, mo = report["machine"], report["model"]
+    return (
+        f"Rendered by `python -m export.bench_threads --render {source}`: {m['cpu']}, {m['cores']} cores; "
+        f"`{mo['name']}` ({mo['params'] / 1e6:.1f}M params: {mo['layers'][0]}+{mo['layers'][1]} layers, d_model "
+        f"{mo['d_model']}, vocabulary {mo['vocab']:,}); every sentence decoded to {report['fixed_len']} tokens "
+        f"({report['sentences']['batch1']} sentences at batch 1, {report['sentences']['batch32']} at batch 32), "
+        f"a fresh process per measurement, medians of {report['rounds']} interleaved rounds; × = median per-round "
+        f"ratio to {report['configs'][0]} (inter × intra threads); peak MB = the process's VmHWM.\n\n"
+        + table(report)
+        + "\n"
+    )
 
 
 def table(report: dict[str, Any]) -> str:
@@ -122,8 +152,9 @@ def table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m export.bench_threads", description=__doc__.split("\n")[0])
-    parser.add_argument("--export", required=True, help="export directory")
-    parser.add_argument("--src", required=True, help="source sentences, one per line")
+    parser.add_argument("--export", help="export directory")
+    parser.add_argument("--src", help="source sentences, one per line")
+    parser.add_argument("--render", metavar="REPORT", help="rewrite results/runtime/README.md's block from a report")
     parser.add_argument("--configs", type=lambda s: [_config(c) for c in s.split(",")], default=[(1, 2), (2, 1)])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--fixed-len", type=int, default=30, help="output tokens of every sentence")
@@ -137,6 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(child(args)), flush=True)
         return 0
+    if args.render:
+        text = bench_table.README.read_text(encoding="utf-8")
+        block = render(json.loads(Path(args.render).read_text(encoding="utf-8")), args.render)
+        bench_table.README.write_text(bench_table.replace_block(text, block, BLOCK), encoding="utf-8")
+        print(f"{bench_table.README}: {BLOCK} block rendered from {args.render}")
+        return 0
+    if not args.export or not args.src:
+        parser.error("--export and --src are needed to measure (or give --render REPORT)")
     report = run(args)
     print(table(report))
     if args.json:

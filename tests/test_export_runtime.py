@@ -23,6 +23,7 @@ import torch
 from onnx import numpy_helper
 
 import export
+from export import bench_threads
 from export import graph as export_graph
 from export import runtime as rt
 from export.graph import CacheSpec
@@ -269,6 +270,11 @@ def test_bench_threads_reports_every_configuration_at_every_point(exported, tmp_
     assert all(p["ratio_to_first"] == 1.0 for k, p in report["points"].items() if k.endswith("/1x1"))
     assert all(p["median_sentences_per_s"] > 0 and p["peak_rss_mb"] > 0 for p in report["points"].values())
     assert "| beam5_b32 |" in proc.stdout and "2x1 sent/s (× 1x1)" in proc.stdout
+    rendered = bench_threads.render(report, "r.json")
+    assert (
+        rendered.startswith("Rendered by `python -m export.bench_threads --render r.json`")
+        and bench_threads.table(report) in rendered
+    )
 
 
 def _tampered(out: Path, tmp_path: Path, edit) -> Path:

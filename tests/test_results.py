@@ -15,7 +15,7 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
-from export import bench_table
+from export import bench_table, bench_threads
 from tests.zoo_testing import REPO
 from zoo.report.publish import Published, publish
 from zoo.report.readme import read_block, readme_suites, replace_block
@@ -89,6 +89,19 @@ def test_readme_runtime_table_is_the_render_of_its_report(capsys) -> None:
     )
     with pytest.raises(SystemExit, match=r"cannot render .*python -m export\.bench"):
         bench_table.main(["no-such-report.json"])
+
+
+def test_runtime_throughput_table_is_the_render_of_its_report() -> None:
+    """results/runtime/README.md's throughput-mode table is `python -m export.bench_threads --render <report>`'s
+    output for the stored report it names."""
+    block = bench_table.read_block(RUNTIME_README.read_text(encoding="utf-8"), bench_threads.BLOCK)
+    source = re.search(r"`python -m export\.bench_threads --render (\S+)`", block)
+    assert source is not None, "the bench:threads block must name the report it renders"
+    report = json.loads((REPO / source.group(1)).read_text(encoding="utf-8"))
+    assert block == bench_threads.render(report, source.group(1)), (
+        f"results/runtime/README.md's bench:threads block differs from its report: run `python -m "
+        f"export.bench_threads --render {source.group(1)}`"
+    )
 
 
 def test_paired_ratio_is_the_median_of_each_rounds_ratio_and_the_table_shows_it() -> None:
