@@ -10,6 +10,7 @@ import random
 import sentencepiece as spm
 
 from export.runtime.tokenizer import SharedVocabTokenizer
+from zoo.convert.marian import marian_vocabulary
 
 _DE = (
     "Das Haus ist klein .|Der Hund schläft im Garten .|Ich trinke gern Kaffee am Morgen .|Wir fahren morgen nach "
@@ -24,7 +25,6 @@ _EN = (
     "concert starts at eight o'clock .|My sister lives in Hamburg ."
 ).split("|")
 PAIRS: list[tuple[str, str]] = list(zip(_DE, _EN, strict=True))
-SPECIALS = ("</s>", "<unk>", "<pad>")
 
 
 def train_sentencepiece(texts: list[str], vocab_size: int, seed: int = 0) -> bytes:
@@ -43,28 +43,11 @@ def train_sentencepiece(texts: list[str], vocab_size: int, seed: int = 0) -> byt
     return buf.getvalue()
 
 
-def pieces_of(model: bytes) -> list[str]:
-    """The normal pieces of a sentencepiece model (no control or unknown pieces), in id order."""
-    sp = spm.SentencePieceProcessor()
-    sp.LoadFromSerializedProto(model)
-    return [
-        sp.id_to_piece(i)
-        for i in range(sp.get_piece_size())
-        if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i))
-    ]
-
-
-def marian_vocab(source: bytes, target: bytes) -> list[str]:
-    """id → piece: eos, unk, the source model's pieces, the target's it lacks, pad last (OPUS-MT's order)."""
-    pieces = list(dict.fromkeys([*pieces_of(source), *pieces_of(target)]))
-    return ["</s>", "<unk>", *(p for p in pieces if p not in SPECIALS), "<pad>"]
-
-
 def marian_tokenizer(source_vocab: int = 60, target_vocab: int = 60) -> SharedVocabTokenizer:
     """The test pairs' source and target models sharing one vocabulary."""
     source = train_sentencepiece([s for s, _ in PAIRS], source_vocab)
     target = train_sentencepiece([t for _, t in PAIRS], target_vocab, seed=1)
-    return SharedVocabTokenizer(source, target, marian_vocab(source, target))
+    return SharedVocabTokenizer(source, target, marian_vocabulary(source, target))
 
 
 def shuffled_pairs(seed: int = 0) -> list[tuple[str, str]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import sentencepiece as spm
 import torch
 from torch import Tensor
 
@@ -205,3 +206,22 @@ def build_converted(cfg: ModelConfig, weights: dict[str, Tensor]) -> Transformer
     state["tgt_embed.weight"] = state["src_embed.weight"]
     model.load_state_dict(state)
     return model
+
+
+def marian_vocabulary(source: bytes, target: bytes) -> list[str]:
+    """id → piece as OPUS-MT's vocab.json lays it out — eos, unk, the source model's pieces, the target's it lacks,
+    pad last — for writing a Marian directory from two sentencepiece models (tests, benchmarks)."""
+    pieces = list(dict.fromkeys([*_normal_pieces(source), *_normal_pieces(target)]))
+    specials = ("</s>", "<unk>", "<pad>")
+    return ["</s>", "<unk>", *(p for p in pieces if p not in specials), "<pad>"]
+
+
+def _normal_pieces(model: bytes) -> list[str]:
+    """The normal pieces of a sentencepiece model (no control, unknown or unused pieces), in id order."""
+    sp = spm.SentencePieceProcessor()
+    sp.LoadFromSerializedProto(model)
+    return [
+        sp.id_to_piece(i)
+        for i in range(sp.get_piece_size())
+        if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i))
+    ]

@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from export.runtime.tokenizer import SharedVocabTokenizer
 from zoo.convert.__main__ import main as convert_main
+from zoo.convert.marian import marian_vocabulary
 from zoo.data import build_splits
 from zoo.entries import CONF_DIR
 from zoo.machine import describe_machine
@@ -64,24 +65,13 @@ def _sentencepiece(texts: list[str], pieces: int) -> bytes:
     return buf.getvalue()
 
 
-def _pieces(model: bytes) -> list[str]:
-    sp = spm.SentencePieceProcessor()
-    sp.LoadFromSerializedProto(model)
-    return [
-        sp.id_to_piece(i)
-        for i in range(sp.get_piece_size())
-        if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i))
-    ]
-
-
 def build_marian_directory(out: Path, train_src: list[str], train_tgt: list[str]) -> None:
     """A save_pretrained directory of a random-init MarianMTModel of OPUS-MT's shape with our corpus's tokenizers."""
     import transformers  # the [hf] extra: only this measurement builds a Marian model
 
     out.mkdir(parents=True, exist_ok=True)
     source, target = _sentencepiece(train_src, PIECES), _sentencepiece(train_tgt, PIECES)
-    pieces = list(dict.fromkeys([*_pieces(source), *_pieces(target)]))
-    vocab = ["</s>", "<unk>", *(p for p in pieces if p not in ("</s>", "<unk>", "<pad>")), "<pad>"]  # OPUS-MT order
+    vocab = marian_vocabulary(source, target)
     (out / "source.spm").write_bytes(source)
     (out / "target.spm").write_bytes(target)
     (out / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(vocab)}, ensure_ascii=False))
