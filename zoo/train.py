@@ -196,7 +196,8 @@ def _train_run(
             log.info("init=: the checkpoint's architecture replaces the entry's %s", "; ".join(pretrained.replaced))
     size = size_summary(model)
     print(f"[{cfg.model.name}] {format_size_summary(size)}", flush=True)
-    trainer = _trainer(cfg, settings, model, data, _payload(cfg, data, size, run_dir), run_dir, device, resuming)
+    payload = _payload(cfg, data, size, init[1] if init else None)
+    trainer = _trainer(cfg, settings, model, data, payload, run_dir, device, resuming)
     state = trainer.fit()
     trainer.average()
     summary: dict[str, Any] = {
@@ -284,7 +285,7 @@ def _data(cfg: DictConfig, run_dir: Path, seed: int, pretrained: Pretrained | No
     return _Data(splits, tokenizer, train_pairs, valid_pairs)
 
 
-def _payload(cfg: DictConfig, data: _Data, size: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+def _payload(cfg: DictConfig, data: _Data, size: dict[str, Any], origin: dict[str, Any] | None) -> dict[str, Any]:
     """What every checkpoint carries besides weights, so export and evaluation need neither the corpus nor the
     config: entry, task, tokenizer, data config and statistics, held-out test pairs, size, and init='s origin."""
     payload = {
@@ -299,9 +300,8 @@ def _payload(cfg: DictConfig, data: _Data, size: dict[str, Any], run_dir: Path) 
         },
         "size": size,
     }
-    init = read_init(run_dir)
-    if init:
-        payload["initialised_from"] = init[1]
+    if origin:
+        payload["initialised_from"] = origin
     return payload
 
 

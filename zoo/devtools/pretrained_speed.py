@@ -240,10 +240,6 @@ def _served(work: Path, exports: dict, texts: Path, lengths: Path, args: argpars
     }
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def render(result: dict[str, Any], source: str) -> str:
     """The README block: one row per variant, sent/s medians and × the unpruned fp32 export (median per-round ratio)."""
     m = result["machine"]
@@ -251,7 +247,7 @@ def render(result: dict[str, Any], source: str) -> str:
 
     def cell(values: list[float], reference: list[float]) -> str:
         ratios = [a / b for a, b in zip(values, reference, strict=True)]
-        return f"{_median(values):.1f} (×{_median(ratios):.2f})"
+        return f"{statistics.median(values):.1f} (×{statistics.median(ratios):.2f})"
 
     head = (
         f"Rendered by `python -m zoo.devtools.pretrained_speed --render` from `{source}`: {m['cpu_model']} "
