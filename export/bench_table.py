@@ -18,7 +18,7 @@ import platform
 import re
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,20 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     return {"cpu": cpu, "cores": os.cpu_count()}
+
+
+def interleaved_rounds(
+    plan: Sequence[Hashable], measure: Callable[[Any], dict[str, Any]], rounds: int
+) -> dict[Any, list[dict[str, Any]]]:
+    """Every key of `plan` measured once per round, each round starting one key further along the plan (so no
+    key always runs first or right after the same one); the measurements per key, in round order."""
+    taken: dict[Any, list[dict[str, Any]]] = {key: [] for key in plan}
+    for r in range(rounds):
+        shift = r % len(plan)
+        for key in [*plan[shift:], *plan[:shift]]:
+            taken[key].append(measure(key))
+            print(f"round {r + 1}: {key} {taken[key][-1]}", flush=True)
+    return taken
 
 
 def paired_ratio(baseline_times: Sequence[float], times: Sequence[float]) -> float:

@@ -81,12 +81,7 @@ def _measure(args: argparse.Namespace, config: tuple[int, int], point: str) -> d
 def run(args: argparse.Namespace) -> dict[str, Any]:
     configs = [tuple(c) for c in args.configs]
     plan = [(c, p) for c in configs for p in POINTS]
-    taken: dict[tuple[tuple[int, int], str], list[dict[str, Any]]] = {k: [] for k in plan}
-    for r in range(args.rounds):
-        shift = r % len(plan)
-        for config, point in plan[shift:] + plan[:shift]:
-            taken[config, point].append(_measure(args, config, point))
-            print(f"round {r + 1}: {config[0]}x{config[1]} {point} {taken[config, point][-1]}", flush=True)
+    taken = bench_table.interleaved_rounds(plan, lambda key: _measure(args, *key), args.rounds)
     base = configs[0]
     points: dict[str, Any] = {}
     for point in POINTS:

@@ -50,6 +50,9 @@ from export.pruning import (
     validate_plan,
 )
 from export.runtime import OPTIMIZATION_LEVELS, ExportedModel, Graphs, Int8Quality, Manifest, Search, load
+from export.runtime.manifest import ShortlistInfo
+from export.runtime.shortlist import SHORTLIST_FILE
+from export.shortlist import ShortlistSettings, build_shortlist, count_pairs
 from export.staging import staged_directory
 from export.verify import encode_pairs, verify_export
 from zoo.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
@@ -91,6 +94,7 @@ def export_checkpoint(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
 def _export(cfg: DictConfig) -> dict[str, Any]:
     laps = _Laps()
     source = _load_source(cfg)
+    shortlist_pairs = _shortlist_pairs(cfg, source.payload) if cfg.shortlist.build else None  # fail before work
     plan = _plan(cfg, source.model, source.payload, source.tokenizer)
     exported = _prune(cfg, source, plan)
     laps("load_and_prune")
@@ -99,10 +103,14 @@ def _export(cfg: DictConfig) -> dict[str, Any]:
     # built beside `out`, swapped in only when verified (export/staging.py); removed on any failure
     with staged_directory(source.out, overwrite=bool(cfg.overwrite), exists_error=_exists_error) as stage:
         directory = stage.path
-        graphs = export_graphs(exported.model, exported.caches, directory, cfg.opset, _graph_metadata(source, exported))
+        metadata = _graph_metadata(source, exported)
+        graphs = export_graphs(exported.model, exported.caches, directory, cfg.opset, metadata, bool(shortlist_pairs))
         laps("onnx_export")
         _write_tokenizer_and_heldout(directory, source)
+        shortlist = _write_shortlist(cfg, directory, source, shortlist_pairs) if shortlist_pairs else None
         manifest = _manifest(cfg, directory, source, plan, exported, graphs, search)
+        if shortlist is not None:
+            manifest["shortlist"] = shortlist
         write_manifest(directory, manifest)  # the runtime loads (and checks) the export through it
         with _ort_errors("fp32"):
             fp32 = load(directory, threads=cfg.runtime.threads)
@@ -297,6 +305,59 @@ def _write_tokenizer_and_heldout(directory: Path, source: _Source) -> None:
     (directory / TOKENIZER_FILE).write_bytes(source.tokenizer.to_bytes())
     (directory / HELDOUT_FILE).write_text(
         json.dumps({"src": source.srcs, "tgt": source.tgts}, indent=1, ensure_ascii=False)
+    )
+
+
+def _shortlist_pairs(cfg: DictConfig, payload: dict[str, Any]) -> tuple[list[str], list[str], str]:
+    """(sources, targets, what they are) a shortlist is counted on: shortlist.src/tgt, else the checkpoint's
+    training split (its corpus rebuilt here)."""
+    given = cfg.shortlist.src, cfg.shortlist.tgt
+    if any(given):
+        if not all(given):
+            raise ExportError("shortlist.src and shortlist.tgt go together: give both parallel files, or neither")
+        try:
+            src, tgt = (Path(p).read_text(encoding="utf-8").splitlines() for p in given)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ExportError(f"cannot read the shortlist's parallel text: {exc}") from exc
+        if len(src) != len(tgt) or not src:
+            raise ExportError(
+                f"shortlist.src has {len(src)} lines, shortlist.tgt {len(tgt)}: give equal, non-empty files"
+            )
+        return src, tgt, f"{Path(given[0]).name} / {Path(given[1]).name}"
+    try:
+        train = build_splits(payload["data_config"]).train
+    except (DataError, KeyError, OSError) as exc:
+        raise ExportError(
+            f"shortlist.build=true needs the checkpoint's training split, which cannot be rebuilt here ({exc}); "
+            "give parallel text with shortlist.src=… shortlist.tgt=…, or export without a shortlist"
+        ) from exc
+    if not train:
+        raise ExportError("shortlist.build=true: the checkpoint's training split is empty; give shortlist.src/tgt")
+    name = payload["data_config"].get("name", "the corpus")
+    return [e.src for e in train], [e.tgt for e in train], f"train split of {name}"
+
+
+def _write_shortlist(
+    cfg: DictConfig, directory: Path, source: _Source, pairs: tuple[list[str], list[str], str]
+) -> ShortlistInfo:
+    """Count parallel text (`_shortlist_pairs`, encoded with the checkpoint's tokenizer) into a vocabulary
+    shortlist (export/shortlist.py), written as shortlist.npz; its manifest entry."""
+    srcs, tgts, origin = pairs
+    tok, vocab = source.tokenizer, source.model.cfg
+    settings = ShortlistSettings(
+        int(cfg.shortlist.per_source_token), int(cfg.shortlist.frequent), int(cfg.shortlist.min_pairs)
+    )
+    counts = count_pairs(tok.encode_sources(srcs), tok.encode_targets(tgts), vocab.vocab_size)
+    built = build_shortlist(counts, settings, always=(vocab.eos_id, tok.unk_id), banned=(vocab.pad_id, vocab.bos_id))
+    built.save(directory / SHORTLIST_FILE)
+    return ShortlistInfo(
+        file=SHORTLIST_FILE,
+        built_from=origin,
+        pairs=len(srcs),
+        per_source_token=settings.per_source_token,
+        frequent=settings.frequent,
+        min_pairs=settings.min_pairs,
+        entries=len(built.targets),
     )
 
 

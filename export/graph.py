@@ -18,15 +18,18 @@ decoder.onnx (one incremental step, every step)
          step             int64 [1]                         its position (0 = bos), indexes the positions table
          history          int64 [batch, steps]              row i's cell of every earlier position (see below)
          topk             int64 [1]                         how many best tokens per row to return (k)
+         vocab_rows       int64 [candidates]                exports with a vocabulary shortlist: sorted token
+                                                            ids whose logits alone are computed; empty = all V
          memory_pad_mask  bool  [sources, src_len]
          Lk.cross.<name>  f32   [sources, ...]              one row per source: rows = sources × G, G rows each
          Lk.self.<name>   f32   [cells·a, b]                growing caches [batch, a..., steps, b...]: the
                                                             host's store, a rows per (position, slot) cell
                         or f32  [batch, ...]                running sums (no position axis, MLK): row i's state
-    out  logits           f32   [batch, vocab]
-         log_probs        f32   [batch, vocab]              log_softmax(logits)
+    out  logits           f32   [batch, vocab]              [batch, candidates] with a shortlist
+         log_probs        f32   [batch, vocab]              log_softmax(logits), over the shortlist with one
          top_log_probs    f32   [batch, k]                  the k largest log-probs per row, descending
-         top_tokens       int64 [batch, k]                  their token ids (ties: lower id first)
+         top_tokens       int64 [batch, k]                  their token ids (ties: lower id first); with a
+                                                            shortlist their positions in vocab_rows
          next.Lk.self.<name> f32 [batch, ...]               what the step adds: the new position (size 1 on
                                                             "steps") of a growing cache, the new running sums
 
@@ -56,6 +59,7 @@ dropped by the exporter; the manifest lists each graph's actual I/O.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -69,11 +73,13 @@ from zoo.model import Transformer
 ENCODER_INPUTS = ("src_tokens",)
 ENCODER_FIXED_OUTPUTS = ("memory", "memory_pad_mask")
 DECODER_FIXED_INPUTS = ("tokens", "step", "history", "topk", "memory_pad_mask")
+SHORTLIST_INPUT = "vocab_rows"  # after topk, in the decoder of an export with a vocabulary shortlist
 DECODER_FIXED_OUTPUTS = ("logits", "log_probs", "top_log_probs", "top_tokens")
 
 NEXT = "next."  # prefix of the self-attention state outputs (ONNX names must be unique)
 BATCH, SRC_LEN, STEPS = "batch", "src_len", "steps"
 CELLS = "cells"  # axis 0 of a growing self cache's store: `cells_x<a>`, a rows per (position, slot) cell
+CANDIDATES = "candidates"  # vocab_rows' axis: the token ids of a vocabulary shortlist
 SOURCES = "sources"  # the cross caches' batch axis: one row per source sentence, shared by its beams
 
 
@@ -219,6 +225,19 @@ class DecoderStepGraph(nn.Module):
     def forward(
         self, tokens: Tensor, step: Tensor, history: Tensor, topk: Tensor, memory_pad_mask: Tensor, *caches: Tensor
     ) -> tuple[Tensor, ...]:
+        return self.step(tokens, step, history, topk, None, memory_pad_mask, caches)
+
+    def step(
+        self,
+        tokens: Tensor,
+        step: Tensor,
+        history: Tensor,
+        topk: Tensor,
+        vocab_rows: Tensor | None,
+        memory_pad_mask: Tensor,
+        caches: tuple[Tensor, ...],
+    ) -> tuple[Tensor, ...]:
+        """The step's outputs; with `vocab_rows` (a shortlist graph) its logits come from an If (see below)."""
         m = self.model
         cross, prev = caches[: len(self.cross)], caches[len(self.cross) :]
         state: list[dict[str, dict[str, Tensor]]] = [{"self": {}, "cross": {}} for _ in m.decoder.layers]
@@ -240,14 +259,58 @@ class DecoderStepGraph(nn.Module):
         # [N, 1, D] -> [N, D] before the projection: a Squeeze onnxruntime does without copying, where selecting
         # position 0 of the [N, 1, V] product was a Gather that copied all the logits (2.1 of 112 ms a beam-5 × 32
         # step of the 36.7M model, and a 6.4 MB buffer more)
-        logits = m.logits(x.squeeze(1))  # [N, V], with the final logits bias where the model has one
-        log_probs = torch.log_softmax(logits, dim=-1)
+        x = x.squeeze(1)  # [N, D]
+        if vocab_rows is None:
+            logits = m.logits(x)  # [N, V]
+        else:  # a shortlist (`vocab_rows` [C], sorted ids) restricts the output projection to its C tokens; none
+            # (C = 0) is the full projection. An ONNX If, only the branch taken runs — but even that costs a
+            # step 1–4% (results/runtime/README.md), so only exports with a shortlist have it
+            logits = torch.cond(vocab_rows.shape[0] == 0, _all_logits(m), _shortlist_logits(m), (x, vocab_rows))
+        log_probs = torch.log_softmax(logits, dim=-1)  # [N, V] or [N, C]: normalised over what was computed
         k = topk.item()  # a graph input: one graph serves greedy (k=4) and every beam size
         torch._check(k >= 1)
         torch._check(k <= log_probs.shape[1])
         top_log_probs, top_tokens = torch.topk(log_probs, k, dim=-1)  # [N, k] each
         added = [step_output(s, state[s.layer]["self"][s.key]) for s in self.self_specs]
         return (logits, log_probs, top_log_probs, top_tokens, *added)
+
+
+class ShortlistStepGraph(nn.Module):
+    """The decoder step of an export with a vocabulary shortlist: DecoderStepGraph's, plus the `vocab_rows` input."""
+
+    def __init__(self, model: Transformer, specs: list[CacheSpec]) -> None:
+        super().__init__()
+        self.inner = DecoderStepGraph(model, specs)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        step: Tensor,
+        history: Tensor,
+        topk: Tensor,
+        vocab_rows: Tensor,
+        memory_pad_mask: Tensor,
+        *caches: Tensor,
+    ) -> tuple[Tensor, ...]:
+        return self.inner.step(tokens, step, history, topk, vocab_rows, memory_pad_mask, caches)
+
+
+def _all_logits(model: Transformer) -> Callable[[Tensor, Tensor], Tensor]:
+    """The If's full branch: states [N, D] → logits [N, V] (the shortlist input is empty)."""
+
+    def branch(x: Tensor, rows: Tensor) -> Tensor:
+        return model.logits(x)
+
+    return branch
+
+
+def _shortlist_logits(model: Transformer) -> Callable[[Tensor, Tensor], Tensor]:
+    """The If's shortlist branch: states [N, D], token ids [C] → their logits [N, C]."""
+
+    def branch(x: Tensor, rows: Tensor) -> Tensor:
+        return model.shortlist_logits(x, rows)
+
+    return branch
 
 
 def cell_split(spec: CacheSpec) -> tuple[int, int]:
@@ -289,10 +352,13 @@ def step_output(spec: CacheSpec, state: Tensor) -> Tensor:
     return state[(slice(None),) * axis + (slice(-1, None),)]  # [N, ..., 1, ...]
 
 
-def decoder_io_names(specs: list[CacheSpec]) -> tuple[list[str], list[str]]:
+def decoder_io_names(specs: list[CacheSpec], shortlist: bool = False) -> tuple[list[str], list[str]]:
     cross = [s.name for s in specs if s.kind == "cross"]
     selfs = [s.name for s in specs if s.kind == "self"]
-    return [*DECODER_FIXED_INPUTS, *cross, *selfs], [*DECODER_FIXED_OUTPUTS, *[NEXT + n for n in selfs]]
+    fixed = list(DECODER_FIXED_INPUTS)
+    if shortlist:
+        fixed.insert(fixed.index("topk") + 1, SHORTLIST_INPUT)
+    return [*fixed, *cross, *selfs], [*DECODER_FIXED_OUTPUTS, *[NEXT + n for n in selfs]]
 
 
 def encoder_io_names(specs: list[CacheSpec]) -> tuple[list[str], list[str]]:

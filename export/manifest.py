@@ -28,6 +28,7 @@ from export.graph import NEXT, CacheSpec
 from export.runtime import (
     MANIFEST,
     MANIFEST_KEYS,
+    OLDEST_RUNTIME_FORMAT,
     RUNTIME_FORMAT,
     CheckpointRef,
     GenerationDefaults,
@@ -41,6 +42,7 @@ from export.runtime import (
     Vocab,
     sha256_file,
 )
+from export.runtime.shortlist import SHORTLIST_FILE
 from zoo.data import TextTokenizer
 from zoo.model import Transformer
 
@@ -89,8 +91,11 @@ def size_info(before: dict[str, Any], after: dict[str, Any]) -> SizeInfo:
 
 
 def checksums(directory: Path, graphs: Graphs) -> dict[str, str]:
-    """sha256 of every file of the export but the manifest: the graphs, the tokenizer, the held-out sample."""
+    """sha256 of every file of the export but the manifest: the graphs, the tokenizer, the held-out sample, the
+    vocabulary shortlist where there is one."""
     names = (graphs["encoder"]["file"], graphs["decoder"]["file"], TOKENIZER_FILE, HELDOUT_FILE)
+    if (directory / SHORTLIST_FILE).exists():
+        names += (SHORTLIST_FILE,)
     return {name: sha256_file(directory / name) for name in names}
 
 
@@ -150,7 +155,8 @@ def build_manifest(
     mcfg = model.cfg
     return Manifest(
         format_version=MANIFEST_FORMAT,
-        runtime_format=RUNTIME_FORMAT,
+        # the oldest runtime that reads it: a decoder with a shortlist input needs format 3
+        runtime_format=RUNTIME_FORMAT if "vocab_rows" in graphs["decoder"]["inputs"] else OLDEST_RUNTIME_FORMAT,
         name=name,
         entry=str(payload.get("entry")),
         data=(payload.get("data_config") or {}).get("name"),

@@ -28,6 +28,7 @@ from torch.export import Dim
 
 from export.graph import (
     BATCH,
+    CANDIDATES,
     CELLS,
     SOURCES,
     SRC_LEN,
@@ -36,6 +37,7 @@ from export.graph import (
     DecoderStepGraph,
     EncoderGraph,
     ExportError,
+    ShortlistStepGraph,
     cell_split,
     concrete_shape,
     decoder_io_names,
@@ -47,8 +49,10 @@ from export.rewrites import (
     drop_multiplications_by_one,
     drop_unread,
     layout_preserving_transposes_to_reshapes,
+    nested_nodes,
     new_positions_from_concat,
     outputs_from_their_producers,
+    reads,
 )
 from export.runtime import GraphInfo, Graphs
 from zoo.model import Transformer
@@ -146,7 +150,7 @@ def _dynamic(spec: CacheSpec, dims: dict[str, Any]) -> dict[int, Any]:
 def _rename(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
     for init in graph.initializer:
         init.name = mapping.get(init.name, init.name)
-    for node in graph.node:
+    for node in nested_nodes(graph):
         node.input[:] = [mapping.get(n, n) for n in node.input]
         node.output[:] = [mapping.get(n, n) for n in node.output]
     for vi in graph.value_info:
@@ -163,7 +167,7 @@ def _name_weights(model: onnx.ModelProto) -> None:
     inits = {i.name for i in graph.initializer}
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
-        for name in node.input:
+        for name in reads(node):
             consumers.setdefault(name, []).append(node)
     mapping = {n: n[len("model.") :] for n in inits if n.startswith("model.")}
     taken = (inits - set(mapping)) | set(mapping.values())
@@ -211,10 +215,16 @@ def _finish_graph(path: Path, metadata: dict[str, str]) -> GraphInfo:
 
 
 def export_graphs(
-    model: Transformer, specs: list[CacheSpec], directory: Path, opset: int | None, metadata: dict[str, str]
+    model: Transformer,
+    specs: list[CacheSpec],
+    directory: Path,
+    opset: int | None,
+    metadata: dict[str, str],
+    shortlist: bool = False,
 ) -> Graphs:
-    """Write encoder.onnx and decoder.onnx for `model` (eval) with every batch/length axis dynamic; returns
-    their manifest entries (file, IR version, opset, actual inputs and outputs)."""
+    """Write encoder.onnx and decoder.onnx for `model` (eval) with every batch/length axis dynamic — with
+    `shortlist`, a decoder that takes a vocabulary shortlist (export/graph.py) — and return their manifest entries
+    (file, IR version, opset, actual inputs and outputs)."""
     cfg = model.cfg
     # lengths are bounded by the positions table (Transformer._embed checks it: a guard torch.export must
     # see declared, or it reports a constraint violation)
@@ -231,9 +241,10 @@ def export_graphs(
     src[0, -2:] = cfg.pad_id
     cross_specs = [c for c in specs if c.kind == "cross"]
     self_specs = [c for c in specs if c.kind == "self"]
-    encoder, decoder = EncoderGraph(model, specs).eval(), DecoderStepGraph(model, specs).eval()
+    encoder = EncoderGraph(model, specs).eval()
+    decoder = (ShortlistStepGraph if shortlist else DecoderStepGraph)(model, specs).eval()
     enc_in, enc_out = encoder_io_names(specs)
-    dec_in, dec_out = decoder_io_names(specs)
+    dec_in, dec_out = decoder_io_names(specs, shortlist)
     kwargs = {
         "dynamo": True,
         "external_data": False,
@@ -270,6 +281,7 @@ def export_graphs(
             torch.tensor([steps]),
             history,
             torch.tensor([min(3, cfg.vocab_size)]),
+            *([torch.arange(min(4, cfg.vocab_size))] if shortlist else []),  # C token ids; the graph takes C = 0 too
             outputs[1],
             *outputs[2:],
             *stores,
@@ -279,6 +291,7 @@ def export_graphs(
             None,
             {0: dims[BATCH], 1: dims[STEPS]},
             None,
+            *([{0: Dim(CANDIDATES, min=0, max=cfg.vocab_size)}] if shortlist else []),
             {0: dims[SOURCES], 1: dims[SRC_LEN]},
             (*[_dynamic(c, dims) for c in cross_specs], *[_dynamic(c, dims) for c in self_specs]),
         )
@@ -316,6 +329,41 @@ def _fold_weight_transposes(model: onnx.ModelProto) -> None:
     graph.node.extend(keep)
 
 
+def _gemms_as_matmuls(model: onnx.ModelProto) -> None:
+    """Gemm(x, W, transB=1) → MatMul(x, Wᵀ) with Wᵀ a transposed copy of the initializer (in a control-flow
+    branch too: the tied output projection sits in the decoder's shortlist If). quantize_dynamic quantises MatMul
+    weights, and its own Gemm rewrite transposes W in place, which breaks the embedding Gather that shares it."""
+    inits = {i.name: i for i in model.graph.initializer}
+    for graph in _graph_and_branches(model.graph):
+        for node in list(graph.node):
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            plain = attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0 and not attrs.get("transA", 0)
+            if node.op_type != "Gemm" or node.input[1] not in inits or not attrs.get("transB", 0) or not plain:
+                continue
+            name = f"{node.input[1]}_t"
+            if name not in inits:
+                inits[name] = numpy_helper.from_array(numpy_helper.to_array(inits[node.input[1]]).T.copy(), name)
+                model.graph.initializer.append(inits[name])
+            bias = node.input[2] if len(node.input) > 2 else ""
+            product = f"{node.output[0]}_matmul" if bias else node.output[0]
+            new = [onnx.helper.make_node("MatMul", [node.input[0], name], [product], name=f"{node.name}_matmul")]
+            if bias:
+                new.append(onnx.helper.make_node("Add", [product, bias], [node.output[0]], name=f"{node.name}_bias"))
+            position = list(graph.node).index(node)
+            graph.node.remove(node)
+            for offset, replacement in enumerate(new):
+                graph.node.insert(position + offset, replacement)
+
+
+def _graph_and_branches(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """`graph` and every control-flow branch inside it."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _graph_and_branches(attribute.g)
+
+
 def quantize_graphs(directory: Path) -> None:
     """Dynamic INT8 quantisation in place of MatMul weights (activations stay fp32, quantised per call) and of the
     embedding and positions tables read by Gather (rows dequantised as they are read): the fp32 tables were a
@@ -326,10 +374,15 @@ def quantize_graphs(directory: Path) -> None:
         path = directory / name
         model = onnx.load(str(path))
         _fold_weight_transposes(model)
+        _gemms_as_matmuls(model)
         onnx.save(model, str(path))
         tmp = directory / f"{name}.int8"
         with _quiet_exporter():
             quantize_dynamic(
-                str(path), str(tmp), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gather"]
+                str(path),
+                str(tmp),
+                weight_type=QuantType.QInt8,
+                op_types_to_quantize=["MatMul", "Gather"],
+                extra_options={"EnableSubgraph": True},
             )
         os.replace(tmp, path)

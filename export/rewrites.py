@@ -8,11 +8,36 @@ decoder step is a few hundred small kernels and each one costs its launch overhe
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from export.graph import NEXT
+
+
+def nested_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of `graph`, and of the branches of its control-flow nodes (the decoder's shortlist If), which
+    read the outer graph's values by name: a rewrite that renames or removes a value must see those readers."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from nested_nodes(attribute.g)
+
+
+def reads(node: onnx.NodeProto) -> list[str]:
+    """The names a node reads: its inputs, and for a control-flow node every name its branches read (a superset
+    of what they read from outside; their own values have names of their own)."""
+    inner = [
+        name
+        for attribute in node.attribute
+        if attribute.type == onnx.AttributeProto.GRAPH
+        for sub in nested_nodes(attribute.g)
+        for name in sub.input
+    ]
+    return [*node.input, *inner]
 
 
 def constant_array(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
@@ -138,7 +163,7 @@ def outputs_from_their_producers(model: onnx.ModelProto) -> None:
             continue  # an input or another output: the Identity is the only way to return it under this name
         origin = producer[source]
         origin.output[:] = [name if o == source else o for o in origin.output]
-        for reader in graph.node:
+        for reader in nested_nodes(graph):
             reader.input[:] = [name if i == source else i for i in reader.input]
         graph.node.remove(node)
         producer[name] = origin
@@ -151,13 +176,13 @@ def drop_unread(model: onnx.ModelProto) -> None:
     pure = ("Concat", "Constant", "Slice", "Identity", "Unsqueeze", "Reshape")
     outputs = {o.name for o in graph.output}
     while True:
-        used = {name for node in graph.node for name in node.input} | outputs
+        used = {name for node in graph.node for name in reads(node)} | outputs
         dead = [n for n in graph.node if not set(n.output) & used and n.op_type in pure]
         if not dead:
             break
         for node in dead:
             graph.node.remove(node)
-    used = {name for node in graph.node for name in node.input}
+    used = {name for node in graph.node for name in reads(node)}
     for init in [i for i in graph.initializer if i.name not in used and i.name not in outputs]:
         graph.initializer.remove(init)
 
@@ -229,7 +254,7 @@ def consecutive_reshapes_merged(model: onnx.ModelProto) -> None:
     producer = {out: node for node in graph.node for out in node.output}
     readers: dict[str, int] = {}
     for node in graph.node:
-        for name in node.input:
+        for name in reads(node):
             readers[name] = readers.get(name, 0) + 1
     outputs = {o.name for o in graph.output}
 

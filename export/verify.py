@@ -98,6 +98,25 @@ def graph_parity(
     return diffs
 
 
+@torch.no_grad()
+def shortlist_parity(runtime: ExportedModel, model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor) -> float:
+    """ORT's shortlist branch vs torch: teacher-forced decoder steps over every third token id (eos included),
+    max |logit difference| against the same ids' logits of the full torch step."""
+    cfg = model.cfg
+    rows = np.union1d(np.arange(0, cfg.vocab_size, 3), [cfg.eos_id]).astype(np.int64)  # [C] sorted
+    memory, pad = model.encode(src)
+    state = model.init_state()
+    step = runtime.stepper(runtime.encode(src.numpy()), full=True, steps=2, vocab_rows=rows)
+    worst = 0.0
+    for t in range(tgt_in.shape[1]):
+        tokens = tgt_in[:, t : t + 1]  # [N, 1]
+        ref = model.decode(tokens, memory, pad, state, t)[:, -1, torch.from_numpy(rows)]  # [N, C]
+        step(tokens[:, 0].numpy(), t, 1)
+        assert step.logits is not None
+        worst = max(worst, _max_diff(step.logits, ref))
+    return worst
+
+
 def _shapes(src_ids: list[list[int]]) -> list[list[int]]:
     """Row subsets giving different batch sizes and padded lengths: all, a middle third, one short row."""
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
@@ -138,6 +157,8 @@ def verify_export(
         report["shapes"].append({"batch": src.shape[0], "src_len": src.shape[1], "steps": tgt.shape[1]})
         worst = {k: max(worst[k], diffs[k]) for k in worst}
     report.update({f"max_abs_{k}_diff": v for k, v in worst.items()})
+    if "vocab_rows" in runtime.backend.decoder_inputs:  # the decoder's shortlist branch (exports since format 3)
+        report["max_abs_shortlist_logits_diff"] = shortlist_parity(runtime, pruned, src_all, tgt_all)
 
     for label, s in (("beam", search), ("greedy", replace(search, beam_size=1))):
         ref = generate(gated, src_all, s)
@@ -157,6 +178,8 @@ def verify_export(
             f"ORT vs torch: max |Δlogits| {worst['logits']:.3g}, max |Δencoder states| "
             f"{worst['encoder']:.3g}, max relative |Δcross caches| {worst['cross_cache_rel']:.3g}"
         )
+    if report.get("max_abs_shortlist_logits_diff", 0.0) > tolerance:
+        problems.append(f"ORT's shortlist branch vs torch: max |Δlogits| {report['max_abs_shortlist_logits_diff']:.3g}")
     for label in ("beam", "greedy"):
         if report[label]["identical"] != report[label]["total"]:
             problems.append(

@@ -32,7 +32,7 @@ from zoo.errors import one_line_errors
 INPUT, OUTPUT, TRUNCATED = "TEXT", "OUTPUT", "TRUNCATED"
 TARGET, SCORES, TOKEN_SCORES = "TARGET", "SCORES", "TOKEN_SCORES"
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
-SEARCH_PARAMETERS = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len")
+SEARCH_PARAMETERS = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len", "shortlist")
 
 
 class Hypothesis(NamedTuple):
@@ -170,7 +170,7 @@ class Client:
 
     def translate(self, texts: Sequence[str | bytes], **search: Any) -> list[str]:
         """Any number of texts → outputs in order; `search`: beam_size, len_penalty, max_len_a, max_len_b,
-        min_len (None = the model's default)."""
+        min_len, shortlist (None = the model's default)."""
         parameters = self._search_parameters(search)
         out: list[str] = []
         for start in range(0, len(texts), self.max_batch_size):
@@ -295,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-len-b", type=int)
     parser.add_argument("--min-len", type=int)
     parser.add_argument(
+        "--shortlist", type=int, choices=(0, 1), help="1: decode over the export's vocabulary shortlist (if it has one)"
+    )
+    parser.add_argument(
         "--num-hypotheses", type=int, help="n-best: print `i ||| text ||| score` lines, n per source (≤ beam size)"
     )
     parser.add_argument("--scores", action="store_true", help="print the search scores (`i ||| text ||| score`)")
@@ -314,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_len_a": args.max_len_a,
         "max_len_b": args.max_len_b,
         "min_len": args.min_len,
+        "shortlist": args.shortlist,
     }
     with one_line_errors(ServeError):
         try:

@@ -108,7 +108,11 @@ def write_ngc_model(
         stage = stack.enter_context(staged_model_dir(repo, name, overwrite))
         staged.append(stage)
         (stage.path / v).mkdir()
-        held = (export_runtime.MANIFEST, manifest["tokenizer"])
+        held = (
+            export_runtime.MANIFEST,
+            manifest["tokenizer"],
+            *([manifest["shortlist"]["file"]] if "shortlist" in manifest else []),
+        )
         copy_export_files(export_dir, manifest, stage.path / v, {f: f for f in held})
         copy_model_code(stage.path / v, "bls_model.py")
         extra = {

@@ -275,7 +275,7 @@ def test_manifest_follows_the_schema(exported, overrides) -> None:
     exporter returns the same document (+ out)."""
     out, manifest = exported("transformer", *overrides)
     written = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
-    optional = {"verification_int8", "int8_quality"} if not overrides else set()
+    optional = ({"verification_int8", "int8_quality"} if not overrides else set()) | {"shortlist"}
     assert list(written) == [k for k in rt.MANIFEST_KEYS if k not in optional]
     assert _conforms(written, rt.Manifest)
     assert manifest == {**written, "out": str(out)}

@@ -74,6 +74,7 @@ def test_runtime_imports_no_torch_and_stays_self_contained(exported) -> None:
         "base64",  # a shared-vocabulary tokenizer document holds its two sentencepiece models (tokenizer.py)
         "concurrent",  # throughput mode's worker threads (replicas.py)
         "queue",  # and its free copies
+        "zipfile",  # a shortlist file is an .npz (a zip of .npy arrays); a damaged one raises BadZipFile
     }, imported
 
 
@@ -119,7 +120,8 @@ def test_decoder_gathers_the_past_and_returns_only_new_positions(exported, tmp_p
     out, manifest = exported("transformer")
     graph = onnx.load(str(out / manifest["graphs"]["decoder"]["file"])).graph
     inputs = {i.name for i in graph.input}
-    assert "history" in inputs and "beam_order" not in inputs and manifest["runtime_format"] == rt.RUNTIME_FORMAT
+    assert "history" in inputs and "beam_order" not in inputs and "vocab_rows" not in inputs
+    assert manifest["runtime_format"] == rt.OLDEST_RUNTIME_FORMAT  # format 3 only for a decoder with a shortlist
     producer = {o: n for n in graph.node for o in n.output}
     for spec in (c for c in manifest["caches"] if c["kind"] == "self"):
         node = producer[rt.NEXT_PREFIX + spec["name"]]  # the new position as computed, never cut off a grown cache
@@ -302,6 +304,8 @@ def _add_file(name: str):
         (lambda m: m.update(tokenizer="../tokenizer.model"), "not a plain file name"),
         (lambda m: m["graphs"]["decoder"].update(file="/tmp/other.onnx"), "graphs.decoder.file"),
         (lambda m: m["files"].pop("decoder.onnx"), "not listed"),
+        (lambda m: m.update(shortlist={"file": "other.npz"}), "the export format names this file 'shortlist.npz'"),
+        (lambda m: m.update(shortlist={"file": "shortlist.npz"}), "not listed"),
         (lambda m: m.pop("vocab"), "missing key 'vocab.pad_id'"),
         (lambda m: m.update(max_positions="512"), "'max_positions' has the wrong type"),
         (lambda m: m.update(caches=[{"name": "x"}]), r"caches\[0\]"),

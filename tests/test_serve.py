@@ -50,11 +50,11 @@ PROTOCOLS = ("http", "grpc")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def _export(run_dir: Path, out: Path) -> Path:
+def _export(run_dir: Path, out: Path, *extra: str) -> Path:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(
             config_name="export",
-            overrides=[f"checkpoint={run_dir}", f"out={out}", "runtime.threads=1", "verify.sentences=16"],
+            overrides=[f"checkpoint={run_dir}", f"out={out}", "runtime.threads=1", "verify.sentences=16", *extra],
         )
     export_checkpoint(cfg)
     return out
@@ -74,7 +74,10 @@ def _cli(module: str, *args: str, timeout: float = 120, **kwargs) -> subprocess.
 
 @pytest.fixture(scope="module")
 def translator_export(smoke_run, tmp_path_factory) -> Path:
-    return _export(smoke_run("transformer"), tmp_path_factory.mktemp("exp") / "transformer-smoke")
+    # with a vocabulary shortlist: served requests may ask for it (shortlist=1)
+    return _export(
+        smoke_run("transformer"), tmp_path_factory.mktemp("exp") / "transformer-smoke", "shortlist.build=true"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -375,6 +378,11 @@ def test_served_equals_in_process_runtime(server, local, translator_export, summ
             assert client.translate(texts[:3], beam_size=1, max_len_b=5) == local[name].translate(
                 texts[:3], beam_size=1, max_len_b=5
             )
+            if name == "transformer-smoke":  # the export with a vocabulary shortlist
+                assert client.translate(texts[:5], shortlist=1) == local[name].translate(texts[:5], shortlist=1)
+            else:  # one without: refused per request, naming the fix
+                with pytest.raises(ClientError, match=r"without a vocabulary shortlist.*shortlist\.build=true"):
+                    client.translate(texts[:1], shortlist=1)
         outputs = local[name].translate(texts)
         assert len(set(outputs)) > 1 and any(outputs), f"{name}: degenerate smoke model {outputs}"
 
@@ -838,6 +846,7 @@ def test_ngc_variant_configs_and_bls_against_standins(translator_export, local, 
         for text in texts:
             assert client.translate([text]) == local["transformer-smoke"].translate([text])
         assert client.translate(texts, beam_size=1) == local["transformer-smoke"].translate(texts, beam_size=1)
+        assert client.translate(texts, shortlist=1) == local["transformer-smoke"].translate(texts, shortlist=1)
         assert client.infer(["", "Hallo."], {"beam_size": 2})[0][0] == ""
 
 

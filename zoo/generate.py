@@ -53,11 +53,16 @@ __all__ = [
 
 
 class _Stepper:
-    """Produces next-token log-probs for the live hypotheses, cached or by full recompute."""
+    """Produces next-token log-probs for the live hypotheses, cached or by full recompute; with a vocabulary
+    shortlist (`outside` [V]: True for the tokens it leaves out) those tokens get -inf before the softmax, so the
+    others are normalised among themselves — what the runtime's shortlist computes by gathering their rows."""
 
-    def __init__(self, model: Transformer, memory: Tensor, pad_mask: Tensor, use_cache: bool) -> None:
+    def __init__(
+        self, model: Transformer, memory: Tensor, pad_mask: Tensor, use_cache: bool, outside: Tensor | None = None
+    ) -> None:
         self.model, self.memory, self.pad_mask = model, memory, pad_mask
         self.state = model.init_state() if use_cache else None
+        self.outside = outside
 
     def __call__(self, tokens: Tensor) -> Tensor:
         # tokens [N, t] (bos + generated so far) -> log-probs [N, V] for position t
@@ -65,7 +70,10 @@ class _Stepper:
             logits = self.model.decode(tokens[:, -1:], self.memory, self.pad_mask, self.state, tokens.shape[1] - 1)
         else:
             logits = self.model.decode(tokens, self.memory, self.pad_mask)
-        return torch.log_softmax(logits[:, -1].float(), dim=-1)
+        logits = logits[:, -1].float()  # [N, V]
+        if self.outside is not None:
+            logits = logits.masked_fill(self.outside, -torch.inf)
+        return torch.log_softmax(logits, dim=-1)
 
     def select(self, order: Tensor) -> None:
         """Keep rows `order` of the memory and of the cache (beam reordering / dropping finished)."""
@@ -75,23 +83,45 @@ class _Stepper:
             self.model.reorder_state(self.state, order)
 
 
+def _outside(model: Transformer, cfg: Search, vocab_rows: Tensor | None, device: torch.device) -> Tensor | None:
+    """[V] True at the tokens a shortlisted search (`cfg.shortlist`) may not produce: all but `vocab_rows` and
+    eos; None without a shortlist. SearchError when shortlist=1 comes without the token ids."""
+    if not cfg.shortlist:
+        return None
+    if vocab_rows is None:
+        raise SearchError("shortlist=1: give the shortlist's token ids (vocab_rows) to the torch search")
+    outside = torch.ones(model.cfg.vocab_size, dtype=torch.bool, device=device)
+    outside[vocab_rows.to(device)] = False
+    outside[model.cfg.eos_id] = False
+    return outside
+
+
 def _max_lengths(src: Tensor, pad_id: int, cfg: Search, limit: int) -> Tensor:
     """Per-sentence output limits [B] of src [B, S]: the runtime's `max_lengths`, on src's device."""
     lengths = src.ne(pad_id).sum(1).cpu().numpy()  # [B]
     return torch.from_numpy(max_lengths(lengths, cfg, limit)).to(src.device)
 
 
-def greedy_search(model: Transformer, src: Tensor, cfg: Search = Search(), use_cache: bool = True) -> list[list[int]]:
-    """Argmax decoding; returns token ids per source sentence (no bos/eos)."""
-    return [h.tokens for h in _greedy(model, src, cfg, use_cache)]
+def greedy_search(
+    model: Transformer,
+    src: Tensor,
+    cfg: Search = Search(),
+    use_cache: bool = True,
+    vocab_rows: Tensor | None = None,
+) -> list[list[int]]:
+    """Argmax decoding; returns token ids per source sentence (no bos/eos). `vocab_rows`: with cfg.shortlist, the
+    token ids [C] the search may produce (eos always)."""
+    return [h.tokens for h in _greedy(model, src, cfg, use_cache, vocab_rows)]
 
 
 @torch.inference_mode()
-def _greedy(model: Transformer, src: Tensor, cfg: Search, use_cache: bool) -> list[Hypothesis]:
+def _greedy(
+    model: Transformer, src: Tensor, cfg: Search, use_cache: bool, vocab_rows: Tensor | None = None
+) -> list[Hypothesis]:
     """Argmax decoding of src [B, S]: one hypothesis per sentence, scored as beam search scores."""
     mcfg = model.cfg
     memory, pad_mask = model.encode(src)
-    step = _Stepper(model, memory, pad_mask, use_cache)
+    step = _Stepper(model, memory, pad_mask, use_cache, _outside(model, cfg, vocab_rows, src.device))
     b = src.shape[0]
     max_len = _max_lengths(src, mcfg.pad_id, cfg, mcfg.max_positions)  # [B]
     tokens = torch.full((b, 1), mcfg.bos_id, dtype=torch.long, device=src.device)
@@ -114,13 +144,21 @@ def _greedy(model: Transformer, src: Tensor, cfg: Search, use_cache: bool) -> li
     return greedy_hypotheses(tokens.tolist(), total.tolist(), cfg.len_penalty, mcfg.eos_id, mcfg.pad_id)
 
 
-def beam_search(model: Transformer, src: Tensor, cfg: Search = Search(), use_cache: bool = True) -> list[list[int]]:
+def beam_search(
+    model: Transformer,
+    src: Tensor,
+    cfg: Search = Search(),
+    use_cache: bool = True,
+    vocab_rows: Tensor | None = None,
+) -> list[list[int]]:
     """Batched beam search; the best hypothesis' token ids per source sentence (no bos/eos)."""
-    return [hyps[0].tokens if hyps else [] for hyps in _beam(model, src, cfg, use_cache)]
+    return [hyps[0].tokens if hyps else [] for hyps in _beam(model, src, cfg, use_cache, vocab_rows)]
 
 
 @torch.inference_mode()
-def _beam(model: Transformer, src: Tensor, cfg: Search, use_cache: bool) -> list[list[Hypothesis]]:
+def _beam(
+    model: Transformer, src: Tensor, cfg: Search, use_cache: bool, vocab_rows: Tensor | None = None
+) -> list[list[Hypothesis]]:
     """Batched beam search of src [B, S] with length-normalised scores (score / length**len_penalty, length
     counting eos, as fairseq). A sentence stops when `beam_size` hypotheses have finished; finished
     sentences leave the batch, so their cache rows stop costing time. Returns every finished hypothesis
@@ -132,7 +170,8 @@ def _beam(model: Transformer, src: Tensor, cfg: Search, use_cache: bool) -> list
     b = src.shape[0]
     memory, pad_mask = model.encode(src)
     expand = torch.arange(b, device=device).repeat_interleave(k)  # [B*K]
-    step = _Stepper(model, memory.index_select(0, expand), pad_mask.index_select(0, expand), use_cache)
+    outside = _outside(model, cfg, vocab_rows, device)
+    step = _Stepper(model, memory.index_select(0, expand), pad_mask.index_select(0, expand), use_cache, outside)
     max_len = _max_lengths(src, mcfg.pad_id, cfg, mcfg.max_positions)  # [B]
 
     active = torch.arange(b, device=device)  # original sentence ids still searching
@@ -189,11 +228,17 @@ def _beam(model: Transformer, src: Tensor, cfg: Search, use_cache: bool) -> list
     return [sorted(bucket, key=lambda h: -h.score) for bucket in finals]  # stable: first finished wins ties
 
 
-def generate(model: Transformer, src: Tensor, cfg: Search = Search(), use_cache: bool = True) -> list[list[int]]:
-    """Greedy when beam_size == 1, else beam search."""
+def generate(
+    model: Transformer,
+    src: Tensor,
+    cfg: Search = Search(),
+    use_cache: bool = True,
+    vocab_rows: Tensor | None = None,
+) -> list[list[int]]:
+    """Greedy when beam_size == 1, else beam search (`vocab_rows`: a shortlist's token ids, with cfg.shortlist)."""
     if cfg.beam_size <= 1:
-        return greedy_search(model, src, cfg, use_cache)
-    return beam_search(model, src, cfg, use_cache)
+        return greedy_search(model, src, cfg, use_cache, vocab_rows)
+    return beam_search(model, src, cfg, use_cache, vocab_rows)
 
 
 def generate_nbest(
@@ -202,6 +247,7 @@ def generate_nbest(
     cfg: Search = Search(),
     num_hypotheses: int = 1,
     use_cache: bool = True,
+    vocab_rows: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """The `num_hypotheses` best hypotheses per source of src [B, S] with their scores, best first (greedy when
     beam_size == 1: its one hypothesis). The first is always `generate`'s output. Fewer than asked only when
@@ -209,8 +255,8 @@ def generate_nbest(
     num_hypotheses is an integer 1 … beam_size."""
     n = check_num_hypotheses(num_hypotheses, max(1, cfg.beam_size))
     if cfg.beam_size <= 1:
-        return [[h] for h in _greedy(model, src, cfg, use_cache)]
-    return [hyps[:n] for hyps in _beam(model, src, cfg, use_cache)]
+        return [[h] for h in _greedy(model, src, cfg, use_cache, vocab_rows)]
+    return [hyps[:n] for hyps in _beam(model, src, cfg, use_cache, vocab_rows)]
 
 
 @torch.inference_mode()

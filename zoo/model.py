@@ -272,8 +272,17 @@ class Transformer(nn.Module):
     def logits(self, x: Tensor) -> Tensor:
         """Decoder states [..., D] -> logits [..., V]: the output projection (tied or not) and the final bias."""
         weight = self.output_proj.weight if self.output_proj is not None else self.tgt_embed.weight  # [V, D]
-        logits = x @ weight.t()
+        logits = F.linear(x, weight)  # [..., V]
         return logits if self.final_logits_bias is None else logits + self.final_logits_bias
+
+    def shortlist_logits(self, x: Tensor, rows: Tensor) -> Tensor:
+        """Decoder states [..., D] -> the logits [..., C] of target tokens `rows` [C] alone: the output projection's
+        rows gathered (a vocabulary shortlist computes C of V dot products per state), the final bias likewise."""
+        weight = self.output_proj.weight if self.output_proj is not None else self.tgt_embed.weight  # [V, D]
+        logits = x @ weight.index_select(0, rows).t()  # [..., C]
+        if self.final_logits_bias is None:
+            return logits
+        return logits + self.final_logits_bias.index_select(0, rows)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         memory, pad_mask = self.encode(src)

@@ -35,7 +35,9 @@ from .manifest_checks import (
     sha256_digest,
 )
 
-RUNTIME_FORMAT = 2  # 2: the host stores the growing self caches; the graph gathers rows by `history`
+RUNTIME_FORMAT = 3  # 2: the host stores the growing self caches; the graph gathers rows by `history`
+# 3: the decoder graph of an export with a vocabulary shortlist takes `vocab_rows`; exports without one are format 2
+OLDEST_RUNTIME_FORMAT = 2
 NEXT_PREFIX = "next."  # decoder output name prefix of what a step adds to a self-attention state
 
 
@@ -101,6 +103,7 @@ class GenerationDefaults(TypedDict):
     max_len_a: float
     max_len_b: int
     min_len: int
+    shortlist: int  # 0: the whole vocabulary (exports before it lack the key: 0)
     max_tokens: int
     max_sentences: int
 
@@ -120,6 +123,16 @@ class Int8Quality(TypedDict):
     p_value: float
     significant: bool
     identical_outputs: int
+
+
+class ShortlistInfo(TypedDict):
+    file: str  # shortlist.npz (shortlist.py), listed and checksummed in `files`
+    built_from: str  # the corpus split it was counted on
+    pairs: int  # sentence pairs counted
+    per_source_token: int  # the most target tokens listed per source token
+    frequent: int  # the most frequent target tokens every batch may produce
+    min_pairs: int  # a (source, target) token pair seen in fewer sentence pairs is not listed
+    entries: int  # (source, target) entries stored
 
 
 class SharedWeight(TypedDict):
@@ -171,6 +184,7 @@ class Manifest(_ManifestKeys, total=False):
     int8_quality: Int8Quality  # quantize=true
     timings_s: dict[str, float]
     shared_weights: list[SharedWeight]  # read once and given to both sessions (exports before it: each its own)
+    shortlist: ShortlistInfo  # shortlist.build=true
 
 
 MANIFEST_KEYS: tuple[str, ...] = tuple(Manifest.__annotations__)  # every key, in file order
@@ -193,6 +207,7 @@ _RUNTIME_FIELDS = {
         "graphs.decoder.file",
         "tokenizer",
         "heldout",
+        "shortlist.file",
         "vocab.pad_id",
         "vocab.unk_id",
         "vocab.bos_id",
@@ -235,11 +250,11 @@ def _load_json(directory: Path) -> dict[str, Any]:
         raise ExportedModelError(f"{path} is not a JSON object; re-export the model")
     if not isinstance(m.get("runtime_format", 0), int) or m.get("runtime_format", 0) > RUNTIME_FORMAT:
         raise ExportedModelError(f"{directory} needs a newer runtime (format {str(m.get('runtime_format'))[:20]!r})")
-    if m.get("runtime_format", 0) < RUNTIME_FORMAT:
+    if m.get("runtime_format", 0) < OLDEST_RUNTIME_FORMAT:
         raise ExportedModelError(
             f"{directory} was exported for runtime format {m.get('runtime_format')!r} (its decoder reorders and "
-            f"grows the self-attention cache itself); this runtime reads format {RUNTIME_FORMAT}: re-export it "
-            "with `python -m export checkpoint=<its checkpoint>`"
+            f"grows the self-attention cache itself); this runtime reads formats {OLDEST_RUNTIME_FORMAT} to "
+            f"{RUNTIME_FORMAT}: re-export it with `python -m export checkpoint=<its checkpoint>`"
         )
     return m
 
@@ -250,8 +265,9 @@ def read_manifest(
     """An export directory's manifest, checked before anything is opened (manifest_checks): the keys the runtime
     needs with their types and ranges, `files` listing only the export format's files, each referenced file
     under its fixed name and listed (so it is checksummed), and the files the directory holds present as regular
-    files (with `check_files`: with their sha256). `holds`: the keys naming the files this directory holds, e.g.
-    ("tokenizer",) for the BLS model's copy, whose graphs other models serve; None: all."""
+    files (with `check_files`: with their sha256). `holds`: the keys naming the files this directory holds where
+    the export has them, e.g. ("tokenizer", "shortlist.file") for the BLS model's copy, whose graphs other models
+    serve; None: all."""
     directory = Path(directory)
     m = _load_json(directory)
     files = field(m, "files", _RUNTIME_FIELDS["files"])
@@ -262,8 +278,9 @@ def read_manifest(
     referenced = {
         key: field(m, key, _RUNTIME_FIELDS[key]) for key in ("graphs.encoder.file", "graphs.decoder.file", "tokenizer")
     }
-    if "heldout" in m:  # optional for the runtime
-        referenced["heldout"] = field(m, "heldout", _RUNTIME_FIELDS["heldout"])
+    for optional in ("heldout", "shortlist.file"):  # files an export may hold
+        if optional.split(".")[0] in m:
+            referenced[optional] = field(m, optional, _RUNTIME_FIELDS[optional])
     for key, value in referenced.items():
         if plain_name(value, key) != EXPORT_FILES[key]:
             raise ExportedModelError(
@@ -279,7 +296,7 @@ def read_manifest(
     check_numbers(m)
     for i, cache in enumerate(field(m, "caches", _RUNTIME_FIELDS["caches"])):
         check_cache(cache, f"caches[{i}]")
-    held = set(files) if holds is None else {referenced[key] for key in holds}
+    held = set(files) if holds is None else {referenced[key] for key in holds if key in referenced}
     for name, digest in files.items():
         if name not in held:
             continue

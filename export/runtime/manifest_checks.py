@@ -33,6 +33,7 @@ EXPORT_FILES = {
     "graphs.decoder.file": "decoder.onnx",
     "tokenizer": "tokenizer.model",
     "heldout": "heldout.json",
+    "shortlist.file": "shortlist.npz",
 }
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few kB (head importances included); more is not a manifest
 MAX_NAME = 128  # a model name: ASCII letters, digits, '_', '.', '-', a letter or digit first (a directory name)

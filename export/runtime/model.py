@@ -42,8 +42,11 @@ from .search import (
     truncate_sources,
     truncate_targets,
 )
+from .shortlist import Shortlist
 from .stores import SelfCache, StorePool
 from .tokenizer import SentencePieceTokenizer, SharedVocabTokenizer, load_tokenizer
+
+EVERY_TOKEN = np.zeros(0, dtype=np.int64)  # vocab_rows of a step over the whole vocabulary (no shortlist)
 
 
 def cross_rows(sentence: np.ndarray, per_source: bool) -> np.ndarray:
@@ -75,13 +78,17 @@ class Stepper:
         full: bool = False,
         steps: int = 0,
         slots: int = 0,
+        vocab_rows: np.ndarray | None = None,
     ) -> None:
         self.m = model
         self._take_cross(encoded, rows)
         self.cache = SelfCache(model.self_specs, len(rows), steps, slots, model.store_pool)
         self.full = full
-        self.logits: np.ndarray | None = None  # [N, V] of the last step when `full`
+        self.logits: np.ndarray | None = None  # [N, V] (or [N, C] over a shortlist) of the last step when `full`
         self.log_probs: np.ndarray | None = None
+        # a shortlist's sorted token ids [C]: the graph computes their logits alone and returns positions in it
+        self.vocab_rows = vocab_rows
+        self.width = model.vocab_size if vocab_rows is None else len(vocab_rows)  # tokens a step scores
 
     def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """last [N] int64 tokens at position t → the k best (log-prob [N, k] f32, token [N, k] int64)
@@ -91,6 +98,8 @@ class Stepper:
         if self.full:
             self.logits, self.log_probs = out[0], out[1]
             out = out[2:]
+        if self.vocab_rows is not None:
+            return out[0], self.vocab_rows[out[1]]  # positions in the shortlist → token ids
         return out[0], out[1]
 
     def distribution(self, last: np.ndarray, t: int) -> np.ndarray:
@@ -103,7 +112,8 @@ class Stepper:
         feeds = {
             "tokens": np.ascontiguousarray(last, dtype=np.int64).reshape(-1, 1),
             "step": np.array([t], dtype=np.int64),
-            "topk": np.array([min(k, self.m.vocab_size)], dtype=np.int64),
+            "topk": np.array([min(k, self.width)], dtype=np.int64),
+            "vocab_rows": EVERY_TOKEN if self.vocab_rows is None else self.vocab_rows,
             **self.cross,
             **self.cache.feeds(),
         }
@@ -177,8 +187,13 @@ class ExportedModel:
             self.tokenizer: SentencePieceTokenizer | SharedVocabTokenizer = load_tokenizer(fh.read())
         self._vocab = SearchVocab(self.vocab_size, self.pad_id, self.bos_id, self.eos_id)
         self.store_pool = StorePool()  # self-attention store memory reused from search to search
+        shortlist = m.get("shortlist")
+        self.shortlist = (
+            None if shortlist is None else Shortlist.load(self.directory / shortlist["file"], self.vocab_size)
+        )
         self.replicas: Replicas[ExportedModel] = Replicas([self])  # throughput mode adds copies (`load`)
-        missing = sorted({*self.self_names, "tokens", "step", "topk"} - backend.decoder_inputs)
+        required = {*self.self_names, "tokens", "step", "topk"} | ({"vocab_rows"} if self.shortlist else set())
+        missing = sorted(required - backend.decoder_inputs)
         if missing:
             raise ExportedModelError(f"{m['graphs']['decoder']['file']} lacks inputs {missing}; re-export the model")
 
@@ -196,14 +211,32 @@ class ExportedModel:
         full: bool = False,
         steps: int = 0,
         slots: int = 0,
+        vocab_rows: np.ndarray | None = None,
     ) -> Stepper:
         """A decoding state over source rows `rows` (default: every row once); `full` also fetches
         the [N, V] logits and log-probs of every step (verification); `steps`: the most steps expected and
         `slots` the most rows a step will have (the self-attention store is sized for them and grows if a caller
-        goes beyond)."""
+        goes beyond); `vocab_rows`: the sorted token ids [C] of a shortlist to decode over (`candidates`)."""
         if rows is None:
             rows = np.arange(len(encoded["memory_pad_mask"]), dtype=np.int64)
-        return Stepper(self, encoded, np.asarray(rows, dtype=np.int64), full, steps, slots)
+        return Stepper(self, encoded, np.asarray(rows, dtype=np.int64), full, steps, slots, vocab_rows)
+
+    def candidates(self, src: np.ndarray, search: Search) -> np.ndarray | None:
+        """The token ids [C] a batch src [B, S] decodes over when `search.shortlist` is on (None: all of them);
+        SearchError when the export has no shortlist or its decoder graph cannot take one."""
+        if not self._shortlisted(search):
+            return None
+        assert self.shortlist is not None
+        return self.shortlist.candidates(src, required=(self.eos_id,))
+
+    def _shortlisted(self, search: Search) -> bool:
+        """Whether `search` decodes over the shortlist; SearchError if it asks for one this export lacks."""
+        if search.shortlist and self.shortlist is None:
+            raise SearchError(
+                f"shortlist=1, but {self.name} was exported without a vocabulary shortlist; re-export it with "
+                "`python -m export … shortlist.build=true`, or search with shortlist=0"
+            )
+        return bool(search.shortlist)
 
     # ------------------------------------------------------------------ search
     def greedy_search(
@@ -223,7 +256,7 @@ class ExportedModel:
     def _greedy(self, src: np.ndarray, search: Search, limits: RowLimits | None = None) -> list[Hypothesis]:
         """Argmax decoding of src [B, S]: one hypothesis per sentence, scored as beam search scores."""
         limits = self._limits(src, search, limits)
-        step = self.stepper(self.encode(src), steps=int(limits.max_len.max()))
+        step = self.stepper(self.encode(src), steps=int(limits.max_len.max()), vocab_rows=self.candidates(src, search))
         return greedy(step, limits, search, self._vocab)
 
     def beam_search(
@@ -236,9 +269,13 @@ class ExportedModel:
         """Beam search of src [B, S]: every finished hypothesis per sentence, best first (search.beam)."""
         b = src.shape[0]
         limits = self._limits(src, search, limits)
-        g = beam_first_rows(search.beam_size, self.vocab_size)  # rows per sentence of the first step
+        vocab_rows = self.candidates(src, search)
+        width = self.vocab_size if vocab_rows is None else len(vocab_rows)  # tokens a step scores
+        g = beam_first_rows(search.beam_size, width)  # rows per sentence of the first step
         rows = np.repeat(np.arange(b, dtype=np.int64), g)  # [B*g]
-        step = self.stepper(self.encode(src), rows, steps=int(limits.max_len.max()), slots=b * search.beam_size)
+        step = self.stepper(
+            self.encode(src), rows, steps=int(limits.max_len.max()), slots=b * search.beam_size, vocab_rows=vocab_rows
+        )
         return beam(step, g, limits, search, self._vocab)
 
     def generate(
@@ -284,8 +321,11 @@ class ExportedModel:
         return src
 
     def search_settings(self, **given: Any) -> Search:
-        """The manifest's search defaults with the given (non-None) settings, validated (SearchError)."""
-        return replace(self.search, **{k: v for k, v in given.items() if v is not None})
+        """The manifest's search defaults with the given (non-None) settings, validated (SearchError; also for
+        shortlist=1 on an export without a shortlist)."""
+        search = replace(self.search, **{k: v for k, v in given.items() if v is not None})
+        self._shortlisted(search)
+        return search
 
     def request_cost(self, lengths: Sequence[int], search: Search) -> int:
         """rows × beam × maximum output tokens of a batch of sources with these token lengths: the bound on
@@ -349,6 +389,7 @@ class ExportedModel:
         max_sentences: int | None = None,
         num_hypotheses: int | None = None,
         return_scores: bool = False,
+        shortlist: int | None = None,
     ) -> list[str] | list[list[Translation]]:
         """Source strings → output strings in input order (unset options: the manifest's defaults; a setting
         outside SEARCH_LIMITS raises SearchError naming the allowed range).
@@ -356,11 +397,17 @@ class ExportedModel:
         With `num_hypotheses` (an integer 1 … beam_size, else SearchError naming them) or `return_scores`, per
         source a list of `Translation(text, score, tokens)` instead: the num_hypotheses (default 1) best
         hypotheses, best first, scored as the search ranks them. The first text is always what the plain call
-        returns."""
+        returns. `shortlist=1` decodes over the export's vocabulary shortlist (shortlist.py; SearchError if it has
+        none), 0 over the whole vocabulary."""
         if isinstance(texts, str):
             texts = [texts]
         search = self.search_settings(
-            beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len
+            beam_size=beam_size,
+            len_penalty=len_penalty,
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
+            min_len=min_len,
+            shortlist=shortlist,
         )
         if num_hypotheses is None and not return_scores:
             return self.translate_encoded(self.encode_texts(texts), search, max_tokens, max_sentences)

@@ -34,8 +34,9 @@ SEARCH_LIMITS: dict[str, tuple[int | float, int | float]] = {
     "max_len_a": (0.0, 10.0),
     "max_len_b": (0, 4096),
     "min_len": (0, 4096),
+    "shortlist": (0, 1),  # 1: decode over the export's vocabulary shortlist (shortlist.py), 0: the whole vocabulary
 }
-_INTEGER_SETTINGS = frozenset({"beam_size", "max_len_b", "min_len"})
+_INTEGER_SETTINGS = frozenset({"beam_size", "max_len_b", "min_len", "shortlist"})
 # what the error says when a setting sent as text is not written as `_integer_text` / `_decimal_text` read it
 WRITTEN = {
     True: "written in ASCII digits (e.g. '10'; no '_', exponent, '+' or other scripts)",
@@ -136,6 +137,7 @@ class Search:
     max_len_a: float = 1.2
     max_len_b: int = 10
     min_len: int = 1
+    shortlist: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):

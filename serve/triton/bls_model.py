@@ -58,7 +58,9 @@ _own("model_metrics")
 _own("model_lanes")
 TextModel = _own("model_common").TextModel
 
-HELD = ("tokenizer",)  # what this model's directory holds of the export: the graphs live in the composing models
+# what this model's directory holds of the export (the shortlist where it has one): the graphs live in the composing
+# models
+HELD = ("tokenizer", "shortlist.file")
 
 
 def _cpu() -> Any:

@@ -3,20 +3,21 @@
 Why this file looks the way it does:
 - It needs only numpy and the backend's utilities: the model object (export runtime or BLS) is built by the
   subclass in model.py, so both variants answer requests in exactly the same way.
-- All requests of one `execute` call (what the dynamic batcher gathered) with the same beam_size, len_penalty and
-  output options are generated (or scored) together in one runtime call — that is where batching pays off on
-  CPU; their length settings (min_len, max_len_a, max_len_b) may differ, as each row keeps its own bounds.
+- All requests of one `execute` call (what the dynamic batcher gathered) with the same beam_size, len_penalty,
+  shortlist and output options are generated (or scored) together in one runtime call — that is where batching pays
+  off on CPU; their length settings (min_len, max_len_a, max_len_b) may differ, as each row keeps its own bounds.
 - Every failure is answered per request (`InferenceResponse(error=…)`): one bad request never fails the others
   of its batch, and no request goes unanswered.
 
 Translation request: input `TEXT` (TYPE_STRING, [batch, 1], UTF-8). Optional request parameters: beam_size,
-len_penalty, max_len_a, max_len_b, min_len (the export runtime's search settings, bounded by its SEARCH_LIMITS;
-unset = the manifest's defaults), `num_hypotheses` (an integer 1 … beam_size, default 1) and `return_scores`
-(a boolean, default false); any other parameter is refused with an error naming the allowed ones. Response:
-`OUTPUT` (TYPE_STRING, [batch, num_hypotheses], best first) and `TRUNCATED` (TYPE_BOOL, [batch, 1]: the source was
-longer than the model's limit and was cut, as the export runtime does); with return_scores also `SCORES`
-(TYPE_FP32, [batch, num_hypotheses]: summed token log-probs, eos included, / length ** len_penalty — what the
-search ranks by). Without the new parameters the response is what it always was. Defined results: an empty or
+len_penalty, max_len_a, max_len_b, min_len, shortlist (the export runtime's search settings, bounded by its
+SEARCH_LIMITS; unset = the manifest's defaults; shortlist=1 needs an export built with a shortlist),
+`num_hypotheses` (an integer 1 … beam_size, default 1) and `return_scores` (a boolean, default false); any other
+parameter is refused with an error naming the allowed ones. Response: `OUTPUT` (TYPE_STRING, [batch,
+num_hypotheses], best first) and `TRUNCATED` (TYPE_BOOL, [batch, 1]: the source was longer than the model's limit
+and was cut, as the export runtime does); with return_scores also `SCORES` (TYPE_FP32, [batch, num_hypotheses]:
+summed token log-probs, eos included, / length ** len_penalty — what the search ranks by). Without the new
+parameters the response is what it always was. Defined results: an empty or
 whitespace-only source gives "" without running the model (score NaN).
 
 Scoring request (forced decoding): inputs `TEXT` and `TARGET` (TYPE_STRING, [batch, 1], one target per source);
@@ -252,7 +253,7 @@ class TextModel:
                 "(rows × beam_size × maximum output tokens); send fewer rows per request, a smaller beam_size or "
                 "smaller max_len_a/max_len_b",
             )
-        key = ("translate", search.beam_size, search.len_penalty, n, scores)  # length settings may differ
+        key = ("translate", search.beam_size, search.len_penalty, search.shortlist, n, scores)  # lengths may differ
         return _Request(index, encoded, truncated, cost, key, search=search)
 
     def _price_scoring(self, index: int, texts: list[str], targets: list[str], given: dict[str, Any]) -> _Request:
@@ -320,7 +321,7 @@ class TextModel:
     def _answer(self, key: tuple[Any, ...], tickets: list[Ticket]) -> list[Any]:
         """The responses of one group of a batch (same key), counted in the metrics."""
         items = [t.request for t in tickets]
-        answers = self._score(items, key[1]) if key[0] == "score" else self._translate(items, *key[3:])
+        answers = self._score(items, key[1]) if key[0] == "score" else self._translate(items, *key[-2:])
         responses = []
         for ticket, (tensors, _) in zip(tickets, answers, strict=True):
             truncated = np.array(ticket.request.truncated, dtype=bool).reshape(-1, 1)
@@ -360,7 +361,7 @@ class TextModel:
                     for req in items
                 ]
             )  # rows in `flat` order: request by request, non-empty sources in order
-            search = items[0].search  # beam_size and len_penalty: the group's (its key)
+            search = items[0].search  # beam_size, len_penalty and shortlist: the group's (its key)
             nbest = self.model.translate_encoded_nbest([ids for _, _, ids in flat], search, n, limits=bounds)
             for (k, j, _), hyps in zip(flat, nbest, strict=True):
                 for h, hyp in enumerate(hyps):  # fewer than n only if the search finished fewer
