@@ -4,7 +4,7 @@ the runtime — on the same export.
     python -m export.bench --checkpoint runs/transformer-deen/<ts> --export exports/transformer-deen \
         [--pruned-export exports/transformer-deen-pruned] [--int8-export exports/transformer-deen-int8] \
         [--baseline-runtime /tmp/old/export/runtime [--baseline-export …] [--baseline-int8-export …]] \
-        [--no-torch] \
+        [--no-torch] [--roofline] \
         [--threads 1] [--repeats 5] [--batches 1,32,256] [--searches greedy,beam5] [--fixed-len 30] \
         [--json bench.json]
 
@@ -34,8 +34,8 @@ only mode where analytic FLOPs describe the work exactly), plus the GHT paper's 
 5, batch 256, at most 10 output tokens). The headline is fixed-length beam 5 × batch 32 (30 tokens
 by default), always measured with at least 3 interleaved rounds and summarised last. With
 `--pruned-export`, pruned vs unpruned speed (torch and ORT) next to the analytic FLOP ratio of the
-same work. Achieved GFLOP/s are set against a measured fp32 matmul roofline (torch.mm at the same
-thread count) and against the step's own one (export/roofline.py: torch.mm on exactly the matmul shapes a
+same work. With `--roofline`, achieved GFLOP/s are set against a measured fp32 matmul roofline (torch.mm at
+the same thread count) and against the step's own one (export/roofline.py: torch.mm on exactly the matmul shapes a
 decoder step runs at that point's rows), and at batch 1 the weight bytes a step reads against the measured
 memory read bandwidth. Peak memory in-process is the rise of the process's peak RSS (VmHWM, reset through
 /proc/self/clear_refs) over its RSS before one run of the point; what a torch-free server pays is
@@ -583,8 +583,8 @@ def _load_inputs(args: argparse.Namespace) -> _Inputs:
     int8 = load(args.int8_export, threads=args.threads, spinning=args.ort_spinning) if args.int8_export else None
     sizes = (args.paper_batch, args.batch1_sentences, HEADLINE_SENTENCES, 64, *args.batches)
     texts, refs = load_sentences(payload, args.src, max(sizes), runtime)
-    roofline = matmul_roofline(args.threads) if model is not None else None
-    limits = StepLimits.measure(args.threads) if model is not None else None
+    roofline = matmul_roofline(args.threads) if args.roofline else None
+    limits = StepLimits.measure(args.threads) if args.roofline else None
     return _Inputs(payload, runtime, int8, model, texts, refs, roofline, limits)
 
 
@@ -855,8 +855,16 @@ def main(argv: list[str] | None = None) -> None:
         help="batch of the paper's speed setting (beam 5, len 10); 0 leaves it out",
     )
     ap.add_argument("--bleu-sentences", type=int, default=None, help="test sentences for the int8 BLEU check")
+    ap.add_argument(
+        "--roofline",
+        action="store_true",
+        help="set each fixed-length fp32 point against this machine's limits, measured in the same run (the step's "
+        "matmul roofline; at batch 1 the read bandwidth); needs --checkpoint (the step's shapes)",
+    )
     ap.add_argument("--json", help="write the full report here")
     args = ap.parse_args(argv)
+    if args.roofline and not args.checkpoint:
+        ap.error("--roofline needs --checkpoint: the step's matmul shapes come from the torch model")
     if not args.checkpoint and not args.no_torch:
         ap.error("--checkpoint is required unless --no-torch is given")
     if args.pruned_export and not args.checkpoint:

@@ -225,64 +225,14 @@ class DecoderStepGraph(nn.Module):
     def forward(
         self, tokens: Tensor, step: Tensor, history: Tensor, topk: Tensor, memory_pad_mask: Tensor, *caches: Tensor
     ) -> tuple[Tensor, ...]:
-        return self.step(tokens, step, history, topk, None, memory_pad_mask, caches)
-
-    def step(
-        self,
-        tokens: Tensor,
-        step: Tensor,
-        history: Tensor,
-        topk: Tensor,
-        vocab_rows: Tensor | None,
-        memory_pad_mask: Tensor,
-        caches: tuple[Tensor, ...],
-    ) -> tuple[Tensor, ...]:
-        """The step's outputs; with `vocab_rows` (a shortlist graph) its logits come from an If (see below)."""
-        m = self.model
-        cross, prev = caches[: len(self.cross)], caches[len(self.cross) :]
-        state: list[dict[str, dict[str, Tensor]]] = [{"self": {}, "cross": {}} for _ in m.decoder.layers]
-        for spec, value in zip(self.cross, cross, strict=True):
-            state[spec.layer]["cross"][spec.key] = value  # [N, ...]
-        # Transformer.decode with a tensor offset: positions table indexed by `step` [1]
-        x = m.tgt_embed(tokens) * m.embed_scale + m.positions.index_select(0, step)  # [N, 1, D]
-        unused_memory = memory_pad_mask  # cross-attention reads its cache, never the memory itself
-        for i, layer in enumerate(m.decoder.layers):
-            # a store [cells, ...] -> every row's past [N, ..., t, ...], gathered right before its layer runs (the
-            # graph's node order is onnxruntime's run order: gathered up front, every layer's past would be alive
-            # at once); running sums are in row order already
-            for spec, value in zip(self.self_specs, prev, strict=True):
-                if spec.layer == i:
-                    gathered = value if spec.position_axis is None else past(spec, value, history)
-                    state[i]["self"][spec.key] = gathered
-            x = layer(x, unused_memory, memory_pad_mask, state[i])
-        x = m.decoder.final_norm(x)
-        # [N, 1, D] -> [N, D] before the projection: a Squeeze onnxruntime does without copying, where selecting
-        # position 0 of the [N, 1, V] product was a Gather that copied all the logits (2.1 of 112 ms a beam-5 × 32
-        # step of the 36.7M model, and a 6.4 MB buffer more)
-        x = x.squeeze(1)  # [N, D]
-        if vocab_rows is None:
-            logits = m.logits(x)  # [N, V]
-        else:  # a shortlist (`vocab_rows` [C], sorted ids) restricts the output projection to its C tokens; none
-            # (C = 0) is the full projection. An ONNX If, only the branch taken runs — but even that costs a
-            # step 1–4% (results/runtime/README.md), so only exports with a shortlist have it
-            logits = torch.cond(vocab_rows.shape[0] == 0, _all_logits(m), _shortlist_logits(m), (x, vocab_rows))
-        log_probs = torch.log_softmax(logits, dim=-1)  # [N, V] or [N, C]: normalised over what was computed
-        k = topk.item()  # a graph input: one graph serves greedy (k=4) and every beam size
-        torch._check(k >= 1)
-        torch._check(k <= log_probs.shape[1])
-        top_log_probs, top_tokens = torch.topk(log_probs, k, dim=-1)  # [N, k] each
-        added = [step_output(s, state[s.layer]["self"][s.key]) for s in self.self_specs]
-        return (logits, log_probs, top_log_probs, top_tokens, *added)
+        return decoder_step(self, tokens, step, history, topk, None, memory_pad_mask, caches)
 
 
-class ShortlistStepGraph(nn.Module):
-    """The decoder step of an export with a vocabulary shortlist: DecoderStepGraph's, plus the `vocab_rows` input."""
+class ShortlistStepGraph(DecoderStepGraph):
+    """The decoder step of an export with a vocabulary shortlist: DecoderStepGraph's, plus the `vocab_rows` input
+    (a subclass only for forward's other signature, so the weights keep their names in the graph)."""
 
-    def __init__(self, model: Transformer, specs: list[CacheSpec]) -> None:
-        super().__init__()
-        self.inner = DecoderStepGraph(model, specs)
-
-    def forward(
+    def forward(  # type: ignore[override]
         self,
         tokens: Tensor,
         step: Tensor,
@@ -292,7 +242,56 @@ class ShortlistStepGraph(nn.Module):
         memory_pad_mask: Tensor,
         *caches: Tensor,
     ) -> tuple[Tensor, ...]:
-        return self.inner.step(tokens, step, history, topk, vocab_rows, memory_pad_mask, caches)
+        return decoder_step(self, tokens, step, history, topk, vocab_rows, memory_pad_mask, caches)
+
+
+def decoder_step(
+    graph: DecoderStepGraph | ShortlistStepGraph,
+    tokens: Tensor,
+    step: Tensor,
+    history: Tensor,
+    topk: Tensor,
+    vocab_rows: Tensor | None,
+    memory_pad_mask: Tensor,
+    caches: tuple[Tensor, ...],
+) -> tuple[Tensor, ...]:
+    """A step graph's outputs (the module docstring); with `vocab_rows` (a shortlist graph) its logits come from an
+    If (below)."""
+    m, cross_specs, self_specs = graph.model, graph.cross, graph.self_specs
+    cross, prev = caches[: len(cross_specs)], caches[len(cross_specs) :]
+    state: list[dict[str, dict[str, Tensor]]] = [{"self": {}, "cross": {}} for _ in m.decoder.layers]
+    for spec, value in zip(cross_specs, cross, strict=True):
+        state[spec.layer]["cross"][spec.key] = value  # [N, ...]
+    # Transformer.decode with a tensor offset: positions table indexed by `step` [1]
+    x = m.tgt_embed(tokens) * m.embed_scale + m.positions.index_select(0, step)  # [N, 1, D]
+    unused_memory = memory_pad_mask  # cross-attention reads its cache, never the memory itself
+    for i, layer in enumerate(m.decoder.layers):
+        # a store [cells, ...] -> every row's past [N, ..., t, ...], gathered right before its layer runs (the
+        # graph's node order is onnxruntime's run order: gathered up front, every layer's past would be alive
+        # at once); running sums are in row order already
+        for spec, value in zip(self_specs, prev, strict=True):
+            if spec.layer == i:
+                gathered = value if spec.position_axis is None else past(spec, value, history)
+                state[i]["self"][spec.key] = gathered
+        x = layer(x, unused_memory, memory_pad_mask, state[i])
+    x = m.decoder.final_norm(x)
+    # [N, 1, D] -> [N, D] before the projection: a Squeeze onnxruntime does without copying, where selecting
+    # position 0 of the [N, 1, V] product was a Gather that copied all the logits (2.1 of 112 ms a beam-5 × 32
+    # step of the 36.7M model, and a 6.4 MB buffer more)
+    x = x.squeeze(1)  # [N, D]
+    if vocab_rows is None:
+        logits = m.logits(x)  # [N, V]
+    else:  # a shortlist (`vocab_rows` [C], sorted ids) restricts the output projection to its C tokens; none
+        # (C = 0) is the full projection. An ONNX If, only the branch taken runs — at a cost to the full step
+        # (results/runtime/README.md), so only exports with a shortlist have it
+        logits = torch.cond(vocab_rows.shape[0] == 0, _all_logits(m), _shortlist_logits(m), (x, vocab_rows))
+    log_probs = torch.log_softmax(logits, dim=-1)  # [N, V] or [N, C]: normalised over what was computed
+    k = topk.item()  # a graph input: one graph serves greedy (k=4) and every beam size
+    torch._check(k >= 1)
+    torch._check(k <= log_probs.shape[1])
+    top_log_probs, top_tokens = torch.topk(log_probs, k, dim=-1)  # [N, k] each
+    added = [step_output(s, state[s.layer]["self"][s.key]) for s in self_specs]
+    return (logits, log_probs, top_log_probs, top_tokens, *added)
 
 
 def _all_logits(model: Transformer) -> Callable[[Tensor, Tensor], Tensor]:

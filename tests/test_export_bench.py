@@ -26,6 +26,7 @@ def test_bench_runs_side_by_side(ght_ps_unpruned, exported, smoke_run, tmp_path,
     report_path = tmp_path / "bench.json"
     bench.main(
         [
+            "--roofline",
             "--checkpoint",
             str(smoke_run("ght_ps")),
             "--export",

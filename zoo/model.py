@@ -272,7 +272,7 @@ class Transformer(nn.Module):
     def logits(self, x: Tensor) -> Tensor:
         """Decoder states [..., D] -> logits [..., V]: the output projection (tied or not) and the final bias."""
         weight = self.output_proj.weight if self.output_proj is not None else self.tgt_embed.weight  # [V, D]
-        logits = F.linear(x, weight)  # [..., V]
+        logits = x @ weight.t()  # [..., V]
         return logits if self.final_logits_bias is None else logits + self.final_logits_bias
 
     def shortlist_logits(self, x: Tensor, rows: Tensor) -> Tensor:
