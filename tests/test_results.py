@@ -15,7 +15,7 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
-from export import bench_table, bench_threads
+from export import bench_shortlist, bench_table, bench_threads
 from tests.zoo_testing import REPO
 from zoo.report.publish import Published, publish
 from zoo.report.readme import read_block, readme_suites, replace_block
@@ -127,3 +127,16 @@ def test_paired_ratio_is_the_median_of_each_rounds_ratio_and_the_table_shows_it(
     }
     row = bench_table.render(report, "report.json").splitlines()[-1]
     assert row.startswith("| **fixed beam5 batch 32 × 30 tokens**") and "1.10× (paired 2.00×; 4/4 same) | — |" in row
+
+
+def test_runtime_shortlist_table_is_the_render_of_its_reports() -> None:
+    """results/runtime/README.md's shortlist tables are `python -m export.bench_shortlist --render <reports>`'s output
+    for the stored reports they name."""
+    block = bench_table.read_block(RUNTIME_README.read_text(encoding="utf-8"), bench_shortlist.BLOCK)
+    sources = re.findall(r"`python -m export\.bench_shortlist --render (\S+)`", block)
+    assert sources, "the bench:shortlist block must name the reports it renders"
+    reports = [(json.loads((REPO / s).read_text(encoding="utf-8")), s) for s in sources]
+    assert block == bench_shortlist.render(reports), (
+        "results/runtime/README.md's bench:shortlist block differs from its reports: run `python -m "
+        f"export.bench_shortlist --render {' '.join(sources)}`"
+    )
