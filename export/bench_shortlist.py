@@ -242,9 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.render:
         reports = [(json.loads(Path(r).read_text(encoding="utf-8")), r) for r in args.render]
-        text = bench_table.README.read_text(encoding="utf-8")
-        bench_table.README.write_text(bench_table.replace_block(text, render(reports), BLOCK), encoding="utf-8")
-        print(f"{bench_table.README}: {BLOCK} block rendered from {', '.join(args.render)}")
+        bench_table.write_block(render(reports), BLOCK, ", ".join(args.render))
         return 0
     if not (args.export and args.src and args.ref):
         parser.error("--export, --src and --ref are needed to measure (or give --render REPORT …)")

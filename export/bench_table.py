@@ -113,6 +113,13 @@ def render(report: dict[str, Any], source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_block(block: str, name: str, sources: str) -> None:
+    """Put a rendered `block` between README's `name` markers, and say so."""
+    text = README.read_text(encoding="utf-8")
+    README.write_text(replace_block(text, block, name), encoding="utf-8")
+    print(f"{README}: {name} block rendered from {sources}")
+
+
 def _pattern(name: str) -> re.Pattern[str]:
     name = re.escape(name)
     return re.compile(rf"(^<!-- {name} -->\n)(.*?)(^<!-- /{name} -->$)", re.DOTALL | re.MULTILINE)

@@ -164,10 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args)), flush=True)
         return 0
     if args.render:
-        text = bench_table.README.read_text(encoding="utf-8")
         block = render(json.loads(Path(args.render).read_text(encoding="utf-8")), args.render)
-        bench_table.README.write_text(bench_table.replace_block(text, block, BLOCK), encoding="utf-8")
-        print(f"{bench_table.README}: {BLOCK} block rendered from {args.render}")
+        bench_table.write_block(block, BLOCK, args.render)
         return 0
     if not args.export or not args.src:
         parser.error("--export and --src are needed to measure (or give --render REPORT)")
