@@ -48,6 +48,7 @@ from export.rewrites import (
     consecutive_reshapes_merged,
     drop_multiplications_by_one,
     drop_unread,
+    graph_and_branches,
     layout_preserving_transposes_to_reshapes,
     nested_nodes,
     new_positions_from_concat,
@@ -318,7 +319,7 @@ def _fold_weight_transposes(model: onnx.ModelProto) -> None:
     (a shortlist decoder's If holds the projection): the transposed copy becomes an initializer of the graph, which
     the branch reads by name."""
     inits = {i.name: i for i in model.graph.initializer}
-    for graph in reversed(_graph_and_branches(model.graph)):  # innermost first: no branch is moved while held
+    for graph in reversed(graph_and_branches(model.graph)):  # innermost first: no branch is moved while held
         for node in [n for n in graph.node if n.op_type == "Transpose" and n.input[0] in inits]:
             perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
             data = numpy_helper.to_array(inits[node.input[0]]).transpose(perm)
@@ -327,16 +328,6 @@ def _fold_weight_transposes(model: onnx.ModelProto) -> None:
             # a value a branch still describes as its own is not a weight to quantize_dynamic
             for info in [v for v in graph.value_info if v.name == node.output[0]]:
                 graph.value_info.remove(info)
-
-
-def _graph_and_branches(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
-    """`graph` and every control-flow branch inside it, outermost first."""
-    found = [graph]
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                found += _graph_and_branches(attribute.g)
-    return found
 
 
 def quantize_graphs(directory: Path) -> None:

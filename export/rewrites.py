@@ -17,14 +17,21 @@ from onnx import numpy_helper
 from export.graph import NEXT
 
 
-def nested_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    """Every node of `graph`, and of the branches of its control-flow nodes (the decoder's shortlist If), which
-    read the outer graph's values by name: a rewrite that renames or removes a value must see those readers."""
+def graph_and_branches(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """`graph` and every control-flow branch inside it (the decoder's shortlist If), outermost first."""
+    found = [graph]
     for node in graph.node:
-        yield node
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from nested_nodes(attribute.g)
+                found += graph_and_branches(attribute.g)
+    return found
+
+
+def nested_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of `graph` and of its branches, which read the outer graph's values by name: a rewrite that
+    renames or removes a value must see those readers."""
+    for part in graph_and_branches(graph):
+        yield from part.node
 
 
 def reads(node: onnx.NodeProto) -> list[str]:
