@@ -34,10 +34,12 @@ only mode where analytic FLOPs describe the work exactly), plus the GHT paper's 
 5, batch 256, at most 10 output tokens). The headline is fixed-length beam 5 × batch 32 (30 tokens
 by default), always measured with at least 3 interleaved rounds and summarised last. With
 `--pruned-export`, pruned vs unpruned speed (torch and ORT) next to the analytic FLOP ratio of the
-same work. With `--roofline`, achieved GFLOP/s are set against a measured fp32 matmul roofline (torch.mm at
-the same thread count) and against the step's own one (export/roofline.py: torch.mm on exactly the matmul shapes a
-decoder step runs at that point's rows), and at batch 1 the weight bytes a step reads against the measured
-memory read bandwidth. Peak memory in-process is the rise of the process's peak RSS (VmHWM, reset through
+same work. With `--roofline`, each fixed-length point is set against this machine's limits, measured in the
+same run (export/roofline.py): the time its own matmuls — the encoder's, then every step's at its rows — take
+at the faster of torch.mm and onnxruntime's MatMul on each shape, over the measured time (fp32 engines), and
+at batch 1 the weight bytes the steps read over the measured memory read bandwidth (INT8: one byte per weight);
+`python -m export.bench_table REPORT --limits` renders that table. With `--int8-export` the INT8 export is
+timed beside fp32 (pair int8/ort). Peak memory in-process is the rise of the process's peak RSS (VmHWM, reset through
 /proc/self/clear_refs) over its RSS before one run of the point; what a torch-free server pays is
 measured in a fresh process per runtime and export (export/rss_probe.py: VmHWM after loading and
 after the headline work) next to the export's weight bytes. With `--int8-export`, BLEU of fp32 vs
@@ -83,7 +85,7 @@ from export import runtime as runtime_package
 from export.bench_table import machine, paired_ratio
 from export.graph import ExportError
 from export.pruning import prune
-from export.roofline import StepLimits, step_weight_bytes
+from export.roofline import MachineLimits, decoder_steps, matmul_flops, search_matmuls, step_weight_bytes
 from export.runtime import ExportedModel, ExportRuntimeError, Search, load
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import build_splits
@@ -97,6 +99,7 @@ TARGETS = {("greedy", 1): 1.5, ("beam5", 32): 1.2}  # ORT / torch sentences-per-
 HEADLINE_BEAM, HEADLINE_BATCH, HEADLINE_SENTENCES = 5, 32, 64  # the fixed-length point every run measures
 HEADLINE_MIN_ROUNDS = 3
 BASELINE_MODULE = "export_bench_baseline_runtime"  # the module name another runtime is imported under
+SQUARE = (1024, 1024, 1024)  # the matmul of the header's roofline: what a kernel reaches at its best
 RUNTIME_FILE = Path(runtime_package.__file__).parent.resolve()  # the runtime engine `ort` runs (export.runtime)
 
 
@@ -306,19 +309,6 @@ def work_flops(model: Transformer, batches: list[np.ndarray], out_len: int, beam
     return total
 
 
-def matmul_roofline(threads: int, size: int = 1024, repeats: int = 5) -> float:
-    """Measured fp32 GFLOP/s of torch.mm on [size, size] @ [size, size] at `threads` threads."""
-    torch.set_num_threads(threads)
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        times.append(time.perf_counter() - start)
-    return 2 * size**3 / min(times) / 1e9
-
-
 # ---------------------------------------------------------------------------------------------- timing
 def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
     """Run every fn `repeats` times, alternating the order each round; wall seconds per call."""
@@ -351,7 +341,7 @@ def bench_point(
     out_len: int | None = None,
     pad: int = 0,
     pairs: Sequence[tuple[str, str]] = (),
-    limits: StepLimits | None = None,
+    limits: MachineLimits | None = None,
 ) -> dict[str, Any]:
     """Time engines {name: ("torch", model) | ("ort", runtime)} on the same batches and search; `pairs`
     [(engine, its baseline), …] get a speed ratio and a hypothesis agreement each (default: the second
@@ -400,8 +390,9 @@ def bench_point(
         if flops_models and out_len and name in flops_models:
             flops = work_flops(flops_models[name], batches, out_len, search.beam_size, pad)
             entry.update(gflops=flops / 1e9, gflops_per_s=flops / med / 1e9)
-            if limits is not None and not name.startswith("int8"):  # INT8 MatMuls have no fp32 roofline
-                entry.update(_against_limits(flops_models[name], limits, batches, search, out_len, med, entry))
+            if limits is not None:
+                width = 1.0 if name.startswith("int8") else 4.0  # bytes per MatMul weight
+                entry.update(_against_limits(flops_models[name], limits, batches, search, out_len, med, width))
         point["engines"][name] = entry
     names = list(engines)
     if not pairs and len(names) >= 2:
@@ -423,21 +414,32 @@ def bench_point(
 
 def _against_limits(
     model: Transformer,
-    limits: StepLimits,
+    limits: MachineLimits,
     batches: list[np.ndarray],
     search: Search,
     out_len: int,
     seconds: float,
-    entry: dict[str, Any],
+    bytes_per_weight: float,
 ) -> dict[str, Any]:
-    """A fixed-length point's achieved rate over the machine's limits: the step's matmul roofline at its rows
-    (beam × batch), and at batch 1 the weight bytes every step reads over the read bandwidth. The encoder's time
-    is in `seconds` too, so both are lower bounds of the decoder's own efficiency."""
-    roof = limits.roofline(model, search.beam_size * len(batches[0]))
-    out: dict[str, Any] = {"step_roofline_gflops": roof, "step_efficiency": entry["gflops_per_s"] / roof}
+    """A fixed-length point against the machine's limits (roofline.py). Arithmetic, for fp32 engines: the time the
+    search's own matmuls (encoder, then every step at its rows) take at the best kernel's speed on their shapes, over
+    the measured time — the same work on both sides, so everything else the search does counts against it. Memory,
+    at batch 1: the weight bytes every step reads over the measured read bandwidth; the encoder's time is in
+    `seconds` too, so that share is a lower bound of the decoder's own."""
+    out: dict[str, Any] = {}
+    if bytes_per_weight == 4:  # INT8 MatMuls have no fp32 roofline
+        shapes = search_matmuls(model, batches, out_len, search.beam_size)
+        flops, ideal = matmul_flops(shapes), limits.matmul_seconds(shapes)
+        out.update(
+            matmul_gflop=flops / 1e9,
+            matmul_gflops_per_s=flops / seconds / 1e9,
+            roofline_gflops=flops / ideal / 1e9,
+            roofline_seconds=ideal,
+            efficiency=ideal / seconds,
+        )
     if len(batches[0]) == 1:
-        steps = sum(len(b) for b in batches) * (out_len + 1)  # every token and the eos
-        weights = step_weight_bytes(model)
+        steps = decoder_steps(batches, out_len)
+        weights = step_weight_bytes(model, bytes_per_weight)
         gbps = weights * steps / seconds / 1e9
         out.update(step_weight_bytes=weights, weight_gb_per_s=gbps, bandwidth_fraction=gbps / limits.bandwidth_gbps)
     return out
@@ -465,8 +467,9 @@ def _line(p: dict[str, Any], roofline: float | None) -> str:
         if "gflops_per_s" in e:
             s += f" ({e['gflops_per_s']:.2f} GFLOP/s"
             s += f" = {100 * e['gflops_per_s'] / roofline:.1f}% of mm" if roofline else ""
-            if "step_efficiency" in e:
-                s += f", {100 * e['step_efficiency']:.0f}% of the step's roofline {e['step_roofline_gflops']:.1f}"
+            if "efficiency" in e:
+                s += f"; matmuls {e['matmul_gflops_per_s']:.2f} GFLOP/s = {100 * e['efficiency']:.0f}% of their"
+                s += f" roofline {e['roofline_gflops']:.1f}"
             if "bandwidth_fraction" in e:
                 s += f"; weights {e['weight_gb_per_s']:.1f} GB/s = {100 * e['bandwidth_fraction']:.0f}% of memory"
             s += ")"
@@ -516,6 +519,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     if args.paper_batch > 0:  # 0: leave the paper's point out
         last_batches = _paper_point(args, inputs, sweep)
     report["memory"] = _memory(args, inputs, sweep, head_batches)
+    if inputs.limits is not None:  # every shape the points timed
+        report["limits"] = inputs.limits.as_json()
     if args.pruned_export:
         report["pruning"] = _pruning(args, inputs, last_batches)
     if inputs.int8 is not None:
@@ -536,8 +541,8 @@ class _Inputs:
     model: Transformer | None  # the torch model the export holds
     texts: list[str]
     refs: list[str] | None  # references of `texts`, when known
-    roofline: float | None  # fp32 matmul GFLOP/s (with a torch model only)
-    limits: StepLimits | None  # the step's own matmul roofline and the read bandwidth (with a torch model only)
+    roofline: float | None  # fp32 matmul GFLOP/s at SQUARE (with --roofline)
+    limits: MachineLimits | None  # the step's own matmul roofline and the read bandwidth (with a torch model only)
 
 
 @dataclass
@@ -547,7 +552,7 @@ class _Sweep:
     engines: dict[str, tuple[str, Any]]
     pairs: list[tuple[str, str]]
     flops_models: dict[str, Transformer] | None
-    limits: StepLimits | None
+    limits: MachineLimits | None
     pad: int
     baseline_file: Path | None  # --baseline-runtime, resolved
     baseline_exports: dict[str, Path]  # kind → the export the baseline runtime reads
@@ -583,8 +588,8 @@ def _load_inputs(args: argparse.Namespace) -> _Inputs:
     int8 = load(args.int8_export, threads=args.threads, spinning=args.ort_spinning) if args.int8_export else None
     sizes = (args.paper_batch, args.batch1_sentences, HEADLINE_SENTENCES, 64, *args.batches)
     texts, refs = load_sentences(payload, args.src, max(sizes), runtime)
-    roofline = matmul_roofline(args.threads) if args.roofline else None
-    limits = StepLimits.measure(args.threads) if args.roofline else None
+    limits = MachineLimits.measure(args.threads) if args.roofline else None
+    roofline = limits.gflops(SQUARE) if limits is not None else None
     return _Inputs(payload, runtime, int8, model, texts, refs, roofline, limits)
 
 
@@ -612,11 +617,14 @@ def _engines(args: argparse.Namespace, inputs: _Inputs, baseline: tuple[Path, Mo
     if baseline is not None:
         add_baseline("fp32", "ort", inputs.runtime, args.baseline_export, "--baseline-export")
     engines["ort"] = ("ort", inputs.runtime)
-    if baseline is not None and inputs.int8 is not None:
-        add_baseline("int8", "int8", inputs.int8, args.baseline_int8_export, "--baseline-int8-export")
+    if inputs.int8 is not None:
+        if baseline is not None:
+            add_baseline("int8", "int8", inputs.int8, args.baseline_int8_export, "--baseline-int8-export")
         engines["int8"] = ("ort", inputs.int8)
     if not args.no_torch:
         pairs.append(("ort", "torch"))
+    if inputs.int8 is not None and baseline is None:
+        pairs.append(("int8", "ort"))  # what quantisation buys (its hypotheses may differ)
     flops_models = {name: inputs.model for name in engines} if inputs.model is not None else None
     baseline_file = baseline[0] if baseline is not None else None
     return _Sweep(engines, pairs, flops_models, inputs.limits, inputs.runtime.pad_id, baseline_file, baseline_exports)
@@ -647,7 +655,7 @@ def _report_header(args: argparse.Namespace, inputs: _Inputs, sweep: _Sweep) -> 
         "points": sweep.points,
     }
     roofline = inputs.roofline
-    roof = f"fp32 matmul roofline {roofline:.1f} GFLOP/s (torch.mm 1024³), " if roofline else ""
+    roof = f"fp32 matmul roofline {roofline:.1f} GFLOP/s (1024³, the faster of torch.mm and ORT), " if roofline else ""
     base = (
         f"; baseline runtime {baseline_file} (sha256 {report['baseline_runtime']['sha256'][:12]})"
         if baseline_file is not None

@@ -183,7 +183,8 @@ def render(reports: list[tuple[dict[str, Any], str]]) -> str:
             f"**`{mo['name']}`** ({kind}, {mo['params'] / 1e6:.1f}M params: {mo['layers'][0]}+{mo['layers'][1]} "
             f"layers, d_model {mo['d_model']}, vocabulary {mo['vocab']:,}); shortlist counted on {s['built_from']} "
             f"({s['pairs']:,} pairs): {s['per_source_token']} targets per source token, {s['frequent']} frequent. "
-            f"{m['cpu']}, {m['cores']} cores; rendered by `python -m export.bench_shortlist --render {source}`.\n\n"
+            f"{bench_table.cpu_name(m)}, {m['cores']} cores; "
+            f"rendered by `python -m export.bench_shortlist --render {source}`.\n\n"
             + _quality_line(report["quality"])
             + _sizes_line(report["candidates"], mo["vocab"])
             + speed_table(report)

@@ -1,12 +1,14 @@
-"""The runtime's memory and speed table, rendered from a stored `python -m export.bench --baseline-runtime … --json`
-report.
+"""The runtime's tables, rendered from a stored `python -m export.bench … --json` report: memory and speed against a
+baseline runtime (a report made with `--baseline-runtime`), or with `--limits` efficiency against the machine's own
+limits (a report made with `--roofline`).
 
-    python -m export.bench_table results/runtime/<report>.json            # print the table
-    python -m export.bench_table results/runtime/<report>.json --readme   # rewrite results/runtime/README.md's block
+    python -m export.bench_table results/runtime/<report>.json [--limits]            # print the table
+    python -m export.bench_table results/runtime/<report>.json [--limits] --readme   # rewrite README.md's block
 
 Why: a published number is the render of a stored measurement, never typed (zoo/DESIGN.md §3b'). The block between
-`<!-- bench:runtime -->` and `<!-- /bench:runtime -->` in results/runtime/README.md (beside the reports it is
-rendered from) is this module's output for the report it names, and tests/test_results.py checks that it still is.
+`<!-- bench:runtime -->` and `<!-- /bench:runtime -->` (`bench:limits` for `--limits`) in results/runtime/README.md
+(beside the reports it is rendered from) is this module's output for the report it names, and tests/test_results.py
+checks that it still is.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
+from zoo.machine import cpu_signature
+
 README = Path(__file__).resolve().parent.parent / "results" / "runtime" / "README.md"
 BLOCK = "bench:runtime"
+LIMITS_BLOCK = "bench:limits"
 KINDS = (("fp32", "ort", "ort-baseline"), ("INT8", "int8", "int8-baseline"))
 TARGETS_MB = {"fp32": 450, "int8": 330}  # issue 23: peak RSS of a fresh process at the headline point
 TARGET_RATIO = 1.25
@@ -40,7 +45,13 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count()}
+    return {"cpu": cpu, "signature": cpu_signature(), "cores": os.cpu_count()}
+
+
+def cpu_name(machine: dict[str, Any]) -> str:
+    """The CPU as a table names it: its name, and its family, model and ISA where the report recorded them."""
+    name = machine.get("cpu", "CPU not recorded")
+    return f"{name} ({machine['signature']})" if machine.get("signature") else name
 
 
 def interleaved_rounds(
@@ -91,7 +102,7 @@ def render(report: dict[str, Any], source: str) -> str:
     head = report["headline"]["label"]
     lines = [
         f"Rendered by `python -m export.bench_table {source}` from that report: "
-        f"{machine.get('cpu', 'CPU not recorded')}, {machine.get('cores', '?')} cores, {report['threads']} threads, "
+        f"{cpu_name(machine)}, {machine.get('cores', '?')} cores, {report['threads']} threads, "
         f"medians of {report['repeats']} interleaved rounds (the headline {report['headline']['rounds']}); "
         f"baseline: the runtime with sha256 {baseline.get('sha256', '?')[:12]} on its own export.",
         "",
@@ -110,6 +121,74 @@ def render(report: dict[str, Any], source: str) -> str:
             f"tokens (target {TARGETS_MB['fp32']} / {TARGETS_MB['int8']} MB) | {_memory(report, 'fp32')} | "
             f"{_memory(report, 'int8')} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def _limits_cells(engine: dict[str, Any] | None) -> tuple[str, str]:
+    """A point's arithmetic cell (matmul GFLOP/s achieved / their roofline = share) and memory cell (batch 1:
+    weight GB/s = share of the read bandwidth)."""
+    if engine is None:
+        return "—", "—"
+    arithmetic = "—"
+    if "efficiency" in engine:
+        share = f"**{100 * engine['efficiency']:.0f}%**"
+        arithmetic = f"{engine['matmul_gflops_per_s']:.0f} / {engine['roofline_gflops']:.0f} = {share}"
+    memory = "—"
+    if "bandwidth_fraction" in engine:
+        memory = f"{engine['weight_gb_per_s']:.1f} GB/s = **{100 * engine['bandwidth_fraction']:.0f}%**"
+    return arithmetic, memory
+
+
+def _kernel_summary(limits: dict[str, Any]) -> str:
+    kernels = limits.get("kernels_s", {})
+    faster = sum(1 for t in kernels.values() if t["onnxruntime"] < t["torch"])
+    return f"onnxruntime's MatMul was the faster kernel on {faster} of {len(kernels)} shapes"
+
+
+def render_limits(report: dict[str, Any], source: str) -> str:
+    """Markdown: where and how it was measured, then per fixed-length point the fp32 and INT8 sentences/s, the
+    fp32 search's matmuls against their roofline, and at batch 1 the weights read against the memory bandwidth."""
+    machine, model, limits = report.get("machine", {}), report["model"], report["limits"]
+    weights = report.get("memory", {}).get("fp32", {}).get("weights", {})
+    params = f"{weights['unique_params'] / 1e6:.1f}M params, " if weights.get("unique_params") else ""
+    lines = [
+        f"Rendered by `python -m export.bench_table {source} --limits` from that report: "
+        f"{cpu_name(machine)}, {machine.get('cores', '?')} cores, {report['threads']} threads; "
+        f"{params}{model['encoder_layers']}+{model['decoder_layers']} layers, d_model {model['d_model']}, FFN "
+        f"{model['ffn_dim']}, vocabulary {model['vocab_size']:,}; every sentence decoded to its length limit "
+        f"{report['fixed_len']} (eos banned before), medians of {report['repeats']} interleaved rounds. Limits "
+        f"measured in the same run: the matmul roofline is the faster of torch.mm and onnxruntime's MatMul on each "
+        f"of the search's own shapes ({_kernel_summary(limits)}; 1024³: "
+        f"{report['matmul_roofline_gflops']:.0f} GFLOP/s); read bandwidth {limits['read_bandwidth_gbps']:.1f} GB/s.",
+        "",
+        "| fixed-length point | fp32 sent/s | fp32 matmul GFLOP/s / roofline | fp32 weights at batch 1 "
+        "| INT8 sent/s (× fp32) | INT8 weights at batch 1 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for point in report["points"]:
+        if point.get("mode") != "fixed" or point["label"].startswith("headline"):
+            continue
+        fp32, int8 = point["engines"].get("ort"), point["engines"].get("int8")
+        arithmetic, memory = _limits_cells(fp32)
+        _, int8_memory = _limits_cells(int8)
+        speed = f"{fp32['sentences_per_s']:.1f}" if fp32 else "—"
+        int8_speed = "—"
+        if int8 is not None and fp32 is not None:
+            int8_speed = f"{int8['sentences_per_s']:.1f} (×{int8['sentences_per_s'] / fp32['sentences_per_s']:.2f})"
+        label = point["label"].removeprefix("fixed ")
+        lines.append(f"| {label} | {speed} | {arithmetic} | {memory} | {int8_speed} | {int8_memory} |")
+    memory = report.get("memory", {})
+    if memory.get("fp32"):
+        rss = " · ".join(
+            f"{kind} {memory[kind]['engines']['ort']['peak_mb']:.0f} MB"
+            for kind in ("fp32", "int8")
+            if memory.get(kind)
+        )
+        lines += [
+            "",
+            f"Peak RSS of a fresh torch-free process, beam {memory['beam']} × batch {memory['batch']} × "
+            f"{memory['fixed_len']} tokens: {rss}.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -139,26 +218,25 @@ def replace_block(text: str, block: str, name: str = BLOCK) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m export.bench_table", description=__doc__.split("\n\n")[0])
-    ap.add_argument("report", help="an export.bench --json report made with --baseline-runtime")
-    ap.add_argument(
-        "--readme", action="store_true", help="rewrite results/runtime/README.md's bench:runtime block with the table"
-    )
+    ap.add_argument("report", help="an export.bench --json report made with --baseline-runtime (or --roofline)")
+    ap.add_argument("--limits", action="store_true", help="the machine-limits table of a --roofline report")
+    ap.add_argument("--readme", action="store_true", help="rewrite results/runtime/README.md's block with the table")
     args = ap.parse_args(argv)
     path = Path(args.report)
+    renderer, block = (render_limits, LIMITS_BLOCK) if args.limits else (render, BLOCK)
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
-        table = render(report, args.report)
+        table = renderer(report, args.report)
     except (OSError, ValueError, KeyError) as exc:
-        sys.exit(f"cannot render {path}: {exc!r}; give a report written by `python -m export.bench ... --json`")
+        made = "--roofline" if args.limits else "--baseline-runtime"
+        sys.exit(f"cannot render {path}: {exc!r}; give a report written by `python -m export.bench {made} … --json`")
     if not args.readme:
         print(table, end="")
         return
-    text = README.read_text(encoding="utf-8")
     try:
-        README.write_text(replace_block(text, table), encoding="utf-8")
+        write_block(table, block, args.report)
     except ValueError as exc:
         sys.exit(str(exc))
-    print(f"{README}: {BLOCK} block rendered from {path}")
 
 
 if __name__ == "__main__":

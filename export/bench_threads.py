@@ -121,7 +121,8 @@ def render(report: dict[str, Any], source: str) -> str:
     """The stored report as README markdown: where and how it was measured, then the table."""
     m, mo = report["machine"], report["model"]
     return (
-        f"Rendered by `python -m export.bench_threads --render {source}`: {m['cpu']}, {m['cores']} cores; "
+        f"Rendered by `python -m export.bench_threads --render {source}`: {bench_table.cpu_name(m)}, "
+        f"{m['cores']} cores; "
         f"`{mo['name']}` ({mo['params'] / 1e6:.1f}M params: {mo['layers'][0]}+{mo['layers'][1]} layers, d_model "
         f"{mo['d_model']}, vocabulary {mo['vocab']:,}); every sentence decoded to {report['fixed_len']} tokens "
         f"({report['sentences']['batch1']} sentences at batch 1, {report['sentences']['batch32']} at batch 32), "

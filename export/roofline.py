@@ -1,27 +1,45 @@
-"""The machine's own limits for a decoding step, measured in the same run as the step (export.bench).
+"""The machine's own limits for a search, measured in the same run as the search (export.bench).
 
-Arithmetic: what the step's matmuls would take at the speed torch/MKL reaches on exactly those shapes (one [1, 512]
-row through a [512, 512] weight runs far below a 1024³ multiply's GFLOP/s, so a square-matrix roofline flatters
-small batches). Memory: at batch 1 a step re-reads every decoder weight, so bytes per step over the measured read
-bandwidth bounds it from below whatever the arithmetic. A point's efficiency is its achieved rate over the limit.
+Arithmetic: how long the search's matmuls would take at the best speed this machine's kernels reach on exactly their
+shapes — the encoder's over the padded source tokens, then every decoder step's over its rows (one row per sentence
+at beam search's first step, beam × batch after it) — against the search's measured time. "Best" is the faster of
+torch.mm and onnxruntime's own MatMul on that shape: which library is faster depends on the CPU (torch's MKL runs
+AVX2 code on AMD CPUs where onnxruntime's MLAS uses AVX-512), and a roofline below the runtime's own kernels would
+read above 100%. Numerator and denominator count the same matmuls:
+a rate over the whole search's FLOPs would credit the encoder's large, fast multiplies to the small decoder steps and
+read above 100%. Whatever the matmuls leave out (attention over the caches, softmax, the search's bookkeeping) counts
+as time spent off the roofline, so the share is a lower bound of how close the matmuls themselves run. One [1, 512]
+row through a [512, 512] weight runs far below a 1024³ multiply's GFLOP/s, so a square-matrix roofline would flatter
+small batches.
+
+Memory: at batch 1 a step re-reads every decoder weight, so bytes per step over the measured read bandwidth bounds
+it from below whatever the arithmetic (the timed shapes above have their weights in cache: at batch 1 this is the
+limit that binds).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+import onnx
+import onnxruntime as ort
 import torch
+from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
+from export.runtime.search import beam_first_rows
 from zoo.model import Transformer
 
 MIN_TIMED_S = 2e-3  # a tiny matmul is repeated until one timing spans this long
 
+Shape = tuple[int, int, int]  # (m, k, n): [m, k] @ [k, n]
 
-def step_matmuls(model: Transformer, rows: int) -> list[tuple[int, int, int]]:
+
+def step_matmuls(model: Transformer, rows: int) -> list[Shape]:
     """(m, k, n) of every matmul one decoder step runs on `rows` rows (beam × batch): each decoder Linear except the
     cross-attention keys and values (the encoder pass computes them once per source), then the output projection."""
     shapes = []
@@ -33,7 +51,48 @@ def step_matmuls(model: Transformer, rows: int) -> list[tuple[int, int, int]]:
     return shapes
 
 
-def _best_seconds(fn, repeats: int) -> float:
+def encoder_matmuls(model: Transformer, tokens: int) -> list[Shape]:
+    """(m, k, n) of every matmul the encoder pass runs on `tokens` source positions (batch × padded length): each
+    encoder Linear, then every decoder layer's cross-attention keys and values over the encoder's output."""
+    shapes = []
+    for module in model.encoder.modules():
+        if isinstance(module, nn.Linear):
+            out_features, in_features = module.weight.shape
+            shapes.append((tokens, in_features, out_features))
+    for name, module in model.decoder.named_modules():
+        if isinstance(module, nn.Linear) and name.endswith(("cross_attn.k_proj", "cross_attn.v_proj")):
+            out_features, in_features = module.weight.shape
+            shapes.append((tokens, in_features, out_features))
+    return shapes
+
+
+def search_matmuls(model: Transformer, batches: Iterable[np.ndarray], max_len: int, beam_size: int) -> Counter[Shape]:
+    """Every matmul of decoding each padded batch [B, S] to its length limit `max_len` (eos banned before it): the
+    encoder over B × S positions, then `max_len` − 1 decoder steps — the first on the rows beam search starts from,
+    the rest on beam × B rows; the last position's eos is forced without a step (export/runtime/search.py)."""
+    first = 1 if beam_size == 1 else beam_first_rows(beam_size, model.cfg.vocab_size)
+    shapes: Counter[Shape] = Counter()
+    for src in batches:
+        b, s = src.shape
+        shapes.update(encoder_matmuls(model, b * s))
+        if max_len > 1:
+            shapes.update(step_matmuls(model, first * b))
+        for _ in range(max_len - 2):
+            shapes.update(step_matmuls(model, beam_size * b))
+    return shapes
+
+
+def decoder_steps(batches: Iterable[np.ndarray], max_len: int) -> int:
+    """Decoder steps a sentence-by-sentence search runs on `batches` to `max_len`: `max_len` − 1 per batch."""
+    return sum(1 for _ in batches) * max(0, max_len - 1)
+
+
+def matmul_flops(shapes: Counter[Shape]) -> float:
+    """2·m·k·n summed over `shapes`, each as often as it occurs."""
+    return sum(count * 2.0 * m * k * n for (m, k, n), count in shapes.items())
+
+
+def _best_seconds(fn: Callable[[], object], repeats: int) -> float:
     fn()
     calls = 1
     while True:  # calls per timing, so that one timing is long enough to read
@@ -52,20 +111,62 @@ def _best_seconds(fn, repeats: int) -> float:
     return best
 
 
-def shape_roofline(shapes: Sequence[tuple[int, int, int]], threads: int, repeats: int = 5) -> float:
-    """GFLOP/s of torch.mm (fp32, `threads` threads) over these shapes together: Σ 2·m·k·n ÷ Σ best time, each
-    distinct shape timed once and counted as often as it occurs."""
+def torch_mm_seconds(shape: Shape, threads: int, repeats: int = 5) -> float:
+    """Best wall seconds of one fp32 torch.mm of `shape` at `threads` threads."""
+    m, k, n = shape
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        flops = seconds = 0.0
-        for (m, k, n), count in Counter(shapes).items():
-            a, b = torch.randn(m, k), torch.randn(k, n)
-            seconds += count * _best_seconds(lambda a=a, b=b: torch.mm(a, b), repeats)
-            flops += count * 2.0 * m * k * n
-        return flops / seconds / 1e9
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        return _best_seconds(lambda: torch.mm(a, b), repeats)
     finally:
         torch.set_num_threads(previous)
+
+
+def _session(nodes: list[onnx.NodeProto], x: Shape, y: Shape, weights: list[np.ndarray], threads: int):
+    graph = helper.make_graph(
+        nodes,
+        "roofline",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(y))],
+        [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _bound_run_seconds(session, x: np.ndarray, y: np.ndarray, repeats: int) -> float:
+    """Best seconds of one run with input and output bound to preallocated arrays (no copy out)."""
+    binding = session.io_binding()
+    binding.bind_cpu_input("x", x)
+    binding.bind_output("y", "cpu", 0, np.float32, list(y.shape), y.ctypes.data)
+    return _best_seconds(lambda: session.run_with_iobinding(binding), repeats)
+
+
+def ort_call_seconds(threads: int, repeats: int = 5) -> float:
+    """Best seconds of a bound onnxruntime run that does nothing (Identity of one float): the per-call cost a
+    one-node MatMul session pays and a decoder step's MatMuls, all in one run, do not."""
+    session = _session([helper.make_node("Identity", ["x"], ["y"])], (1,), (1,), [], threads)
+    return _bound_run_seconds(session, np.zeros(1, np.float32), np.zeros(1, np.float32), repeats)
+
+
+def ort_matmul_seconds(shape: Shape, threads: int, repeats: int = 5) -> float:
+    """Best wall seconds of onnxruntime's fp32 MatMul of `shape` (the weight an initializer, as in an export) at
+    `threads` threads, with input and output bound in place; the per-call cost is not subtracted here."""
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    session = _session(
+        [helper.make_node("MatMul", ["x", "w0"], ["y"])],
+        (m, k),
+        (m, n),
+        [rng.standard_normal((k, n), np.float32)],
+        threads,
+    )
+    x, y = rng.standard_normal((m, k), np.float32), np.empty((m, n), np.float32)
+    return _bound_run_seconds(session, x, y, repeats)
 
 
 def read_bandwidth(threads: int, megabytes: int = 512, repeats: int = 5) -> float:
@@ -86,19 +187,43 @@ def step_weight_bytes(model: Transformer, bytes_per_weight: float = 4.0) -> int:
     return int(sum(k * n for _, k, n in step_matmuls(model, 1)) * bytes_per_weight)
 
 
+KERNELS = ("torch", "onnxruntime")  # torch.mm, onnxruntime's MatMul: the roofline takes the faster per shape
+
+
 @dataclass
-class StepLimits:
-    """This machine's limits at `threads` threads, measured once per benchmark run; shape rooflines cached by rows."""
+class MachineLimits:
+    """This machine's limits at `threads` threads, measured once per benchmark run; each matmul shape timed once
+    per kernel, onnxruntime's less the cost of an empty call."""
 
     threads: int
     bandwidth_gbps: float  # read_bandwidth
-    rooflines: dict[int, float] = field(default_factory=dict)  # rows → shape_roofline of a step with them
+    ort_call_s: float  # ort_call_seconds
+    kernels: dict[Shape, dict[str, float]] = field(default_factory=dict)  # shape → {kernel: seconds}
 
     @classmethod
-    def measure(cls, threads: int) -> StepLimits:
-        return cls(threads, read_bandwidth(threads))
+    def measure(cls, threads: int) -> MachineLimits:
+        return cls(threads, read_bandwidth(threads), ort_call_seconds(threads))
 
-    def roofline(self, model: Transformer, rows: int) -> float:
-        if rows not in self.rooflines:
-            self.rooflines[rows] = shape_roofline(step_matmuls(model, rows), self.threads)
-        return self.rooflines[rows]
+    def seconds(self, shape: Shape) -> float:
+        """The faster kernel's seconds for one matmul of `shape` (timed on first use)."""
+        if shape not in self.kernels:
+            ort_s = ort_matmul_seconds(shape, self.threads) - self.ort_call_s
+            self.kernels[shape] = {"torch": torch_mm_seconds(shape, self.threads), "onnxruntime": max(ort_s, 1e-9)}
+        return min(self.kernels[shape].values())
+
+    def matmul_seconds(self, shapes: Counter[Shape]) -> float:
+        """Seconds the matmuls `shapes` take at the best kernel's speed on each shape."""
+        return sum(count * self.seconds(shape) for shape, count in shapes.items())
+
+    def gflops(self, shape: Shape) -> float:
+        """The best kernel's GFLOP/s on one shape."""
+        return matmul_flops(Counter([shape])) / self.seconds(shape) / 1e9
+
+    def as_json(self) -> dict[str, object]:
+        """What a report stores: the bandwidth, the call cost, and every shape's seconds per kernel."""
+        return {
+            "threads": self.threads,
+            "read_bandwidth_gbps": self.bandwidth_gbps,
+            "ort_call_s": self.ort_call_s,
+            "kernels_s": {"x".join(map(str, shape)): times for shape, times in sorted(self.kernels.items())},
+        }

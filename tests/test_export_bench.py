@@ -9,12 +9,14 @@ import hashlib
 import json
 import math
 import shutil
+from collections import Counter
 
+import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
 
-from export import bench, roofline
+from export import bench, bench_table, roofline
 from export import runtime as rt
 from tests.zoo_testing import REPO, tiny_model
 
@@ -66,15 +68,25 @@ def test_bench_runs_side_by_side(ght_ps_unpruned, exported, smoke_run, tmp_path,
         assert vs_torch["identical"] == p["sentences"]  # both engines return the same hypotheses
         if p.get("mode") == "fixed":
             assert 0 < e["ort"]["gflops_per_s"] < report["matmul_roofline_gflops"] * 2
-            assert e["ort"]["step_roofline_gflops"] > 0 and e["ort"]["step_efficiency"] > 0
+            # the same matmuls on both sides of the share: a search can only come near its matmuls' own roofline
+            assert e["ort"]["roofline_gflops"] > 0 and 0 < e["ort"]["efficiency"] < 1
+            ort = e["ort"]
+            assert ort["matmul_gflops_per_s"] == pytest.approx(ort["efficiency"] * ort["roofline_gflops"])
             assert ("bandwidth_fraction" in e["ort"]) == (p["batch"] == 1)  # weight traffic: batch 1 only
     assert report["headline"]["rounds"] == 3 and report["baseline_runtime"] is None
     assert report["matmul_roofline_gflops"] > 0
     assert set(report["memory"]) >= {"fp32"} and set(report["memory"]["fp32"]["engines"]) == {"ort"}
     pruning = report["pruning"]
     assert 0 < pruning["analytic_flops_ratio"] < 1 and pruning["torch"]["speedup"] > 0 and pruning["ort"]["speedup"] > 0
-    assert "ratio" in text and "analytic FLOP ratio" in text and "of the step's roofline" in text
+    assert "ratio" in text and "analytic FLOP ratio" in text and "of their roofline" in text
     assert report["read_bandwidth_gbps"] > 0 and "% of memory" in text
+    # every shape the roofline timed, per kernel; the limits table has a row per fixed-length point of the grid
+    assert report["limits"]["kernels_s"] and all(
+        set(t) == {"torch", "onnxruntime"} for t in report["limits"]["kernels_s"].values()
+    )
+    rows = [line for line in bench_table.render_limits(report, "r.json").splitlines() if line.startswith("| ")]
+    fixed = [p for p in report["points"] if p.get("mode") == "fixed" and not p["label"].startswith("headline")]
+    assert len(rows) == 1 + len(fixed) and all("%**" in row for row in rows[1:])  # the header, then a row each
 
 
 def test_step_matmuls_are_the_decoder_linears_a_step_runs() -> None:
@@ -89,8 +101,33 @@ def test_step_matmuls_are_the_decoder_linears_a_step_runs() -> None:
     shrunk = roofline.step_matmuls(model, 1)
     kept = 2 * d // model.cfg.num_heads
     assert shrunk[0] == (1, d, kept) and shrunk[3] == (1, kept, d)  # q_proj, out_proj of 2 of 8 heads
-    assert roofline.shape_roofline(shrunk, threads=1, repeats=1) > 0
     assert roofline.read_bandwidth(threads=1, megabytes=8, repeats=1) > 0
+
+
+def test_search_matmuls_are_the_encoder_pass_then_every_step_at_its_rows() -> None:
+    """Each padded batch [B, S] decoded to its length limit L: the encoder's Linears and the decoder's cross-attention
+    keys and values once over B × S positions; then L − 1 steps (the last position's eos is forced without one):
+    beam search's first on one row per sentence (every beam is the same bos), the others on beam × B rows; greedy
+    runs B rows throughout. The limits time each distinct shape once per kernel and take the faster."""
+    model = tiny_model("transformer")  # vocabulary 64 ≥ 2 × beam + banned: beam search starts on one row
+    d, f = model.cfg.d_model, model.cfg.ffn_dim
+    batches = [np.zeros((2, 3), dtype=np.int64), np.zeros((1, 5), dtype=np.int64)]
+    encoder = ([(d, d)] * 4 + [(d, f), (f, d)]) * model.cfg.encoder_layers + [(d, d)] * 2 * model.cfg.decoder_layers
+    expected: Counter = Counter()
+    for b, s in ((2, 3), (1, 5)):
+        expected.update((b * s, k, n) for k, n in encoder)
+        expected.update(roofline.step_matmuls(model, b))
+        for _ in range(2):
+            expected.update(roofline.step_matmuls(model, 5 * b))
+    assert roofline.search_matmuls(model, batches, max_len=4, beam_size=5) == expected
+    assert roofline.decoder_steps(batches, max_len=4) == 6
+    greedy = roofline.search_matmuls(model, batches, max_len=4, beam_size=1)
+    assert sum(c for (m, _, _), c in greedy.items() if m == 2) == 3 * len(roofline.step_matmuls(model, 2))
+    limits = roofline.MachineLimits.measure(threads=1)
+    seconds = limits.matmul_seconds(greedy)
+    assert seconds > 0 and set(limits.kernels) == set(greedy)
+    assert seconds == sum(c * min(limits.kernels[shape].values()) for shape, c in greedy.items())
+    assert limits.matmul_seconds(greedy) == seconds  # each shape timed once, then reused
 
 
 def test_bench_against_a_baseline_runtime_without_torch(exported, tmp_path, capsys) -> None:

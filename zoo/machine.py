@@ -27,6 +27,29 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+ISA_LEVELS = (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))  # widest first
+
+
+def cpu_signature() -> str | None:
+    """Family, model and widest vector ISA of the CPU, from /proc/cpuinfo (None elsewhere): its marketing name is
+    not enough — "AMD EPYC" names a Zen 3 with AVX2 and a Zen 5 with AVX-512, whose matmul kernels differ by 2×."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        return None
+    fields: dict[str, str] = {}
+    for line in cpuinfo.read_text(errors="replace").splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if not key and fields:  # the first processor's block is enough
+            break
+        fields.setdefault(key, value.strip())
+    if "cpu family" not in fields:
+        return None
+    flags = set(fields.get("flags", "").split())
+    isa = next((name for flag, name in ISA_LEVELS if flag in flags), "no AVX2")
+    return f"family {fields['cpu family']} model {fields.get('model', '?')}, {isa}"
+
+
 def _version(package: str) -> str | None:
     for name in (package, f"{package}-gpu"):
         try:
@@ -45,8 +68,12 @@ def accelerator(device: str | None = None) -> str | None:
 
 
 def machine_class(info: dict[str, Any]) -> str:
-    """The comparability key of a machine: `gpu:<name>` when an accelerator trained it, else `cpu:<model>`."""
-    return f"gpu:{info['accelerator']}" if info.get("accelerator") else f"cpu:{info['cpu_model']}"
+    """The comparability key of a machine: `gpu:<name>` when an accelerator trained it, else `cpu:<model>` with the
+    CPU's family, model and ISA where the record has them (records made before they were recorded lack them)."""
+    if info.get("accelerator"):
+        return f"gpu:{info['accelerator']}"
+    signature = info.get("cpu_signature")
+    return f"cpu:{info['cpu_model']}" + (f" ({signature})" if signature else "")
 
 
 def quality_class(machine_class_name: str) -> str:
@@ -61,6 +88,7 @@ def describe_machine(device: str | None = None) -> dict[str, Any]:
     """A JSON-able description of this machine as a training or timing process sees it."""
     info: dict[str, Any] = {
         "cpu_model": _cpu_model(),
+        "cpu_signature": cpu_signature(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
@@ -76,4 +104,4 @@ def describe_machine(device: str | None = None) -> dict[str, Any]:
     return info
 
 
-__all__ = ["accelerator", "describe_machine", "machine_class", "quality_class"]
+__all__ = ["accelerator", "cpu_signature", "describe_machine", "machine_class", "quality_class"]
