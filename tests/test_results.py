@@ -91,6 +91,21 @@ def test_readme_runtime_table_is_the_render_of_its_report(capsys) -> None:
         bench_table.main(["no-such-report.json"])
 
 
+def test_runtime_limits_table_is_the_render_of_its_report() -> None:
+    """results/runtime/README.md's machine-limits table is `python -m export.bench_table <report> --limits`'s output
+    for the stored `export.bench --roofline` report it names, whose shares count the same matmuls on both sides."""
+    block = bench_table.read_block(RUNTIME_README.read_text(encoding="utf-8"), bench_table.LIMITS_BLOCK)
+    source = re.search(r"`python -m export\.bench_table (\S+) --limits`", block)
+    assert source is not None, "the bench:limits block must name the report it renders"
+    report = json.loads((REPO / source.group(1)).read_text(encoding="utf-8"))
+    assert block == bench_table.render_limits(report, source.group(1)), (
+        f"results/runtime/README.md's bench:limits block differs from its report: run `python -m export.bench_table "
+        f"{source.group(1)} --limits --readme`"
+    )
+    fixed = [p["engines"]["ort"] for p in report["points"] if p.get("mode") == "fixed"]
+    assert fixed and all(0 < e["efficiency"] <= 1 for e in fixed)
+
+
 def test_runtime_throughput_table_is_the_render_of_its_report() -> None:
     """results/runtime/README.md's throughput-mode table is `python -m export.bench_threads --render <report>`'s
     output for the stored report it names."""
