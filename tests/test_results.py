@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from export import bench_shortlist, bench_table, bench_threads
 from tests.zoo_testing import REPO
+from zoo.devtools import pretrained_speed
 from zoo.report.publish import Published, publish
 from zoo.report.readme import read_block, readme_suites, replace_block
 from zoo.report.records import read_json_gz
@@ -104,6 +105,18 @@ def test_runtime_limits_table_is_the_render_of_its_report() -> None:
     )
     fixed = [p["engines"]["ort"] for p in report["points"] if p.get("mode") == "fixed"]
     assert fixed and all(0 < e["efficiency"] <= 1 for e in fixed)
+
+
+def test_pretrained_speed_table_is_the_render_of_its_result() -> None:
+    """results/pretrained/README.md's table of a converted OPUS-MT-sized model, unpruned and pruned, is `python -m
+    zoo.devtools.pretrained_speed --render`'s output for the stored result it names."""
+    assert pretrained_speed.README == REPO / "results" / "pretrained" / "README.md"
+    match = pretrained_speed.BLOCK.search(pretrained_speed.README.read_text(encoding="utf-8"))
+    assert match is not None, "results/pretrained/README.md needs its <!-- pretrained:speed --> block"
+    assert match.group(2) == pretrained_speed.readme_block(), (
+        "results/pretrained/README.md's pretrained:speed block differs from its stored result: run `python -m "
+        "zoo.devtools.pretrained_speed --render`"
+    )
 
 
 def test_runtime_throughput_table_is_the_render_of_its_report() -> None:

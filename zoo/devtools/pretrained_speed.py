@@ -1,7 +1,7 @@
 """Speed of a converted translator of OPUS-MT's size, unpruned and pruned, in process and served (issue 39).
 
     python -m zoo.devtools.pretrained_speed --work /tmp/opus        # build, convert, export, time; writes the JSON
-    python -m zoo.devtools.pretrained_speed --render                # README's block from the stored JSON
+    python -m zoo.devtools.pretrained_speed --render                # results/pretrained/README.md's block
 
 No model hub is reachable here, so the model is random-init with OPUS-MT's shape (transformers' MarianMTModel: 6+6
 layers, d_model 512, 8 heads, FFN 2048, swish, scaled and tied embeddings, a final logits bias, pad as decoder
@@ -42,7 +42,7 @@ from zoo.runs import git_sha
 
 REPO = CONF_DIR.parent
 RESULTS = REPO / "results" / "pretrained"
-README = REPO / "README.md"
+README = RESULTS / "README.md"  # the block sits beside the result it renders
 BLOCK = re.compile(r"(^<!-- pretrained:speed -->\n)(.*?)(^<!-- /pretrained:speed -->$)", re.DOTALL | re.MULTILINE)
 SHAPE = {"d_model": 512, "encoder_layers": 6, "decoder_layers": 6, "heads": 8, "ffn_dim": 2048}
 PIECES = 32_000  # asked of each SentencePiece model; OPUS-MT de-en's two models give a 58,101-piece vocabulary
@@ -251,7 +251,8 @@ def render(result: dict[str, Any], source: str) -> str:
 
     head = (
         f"Rendered by `python -m zoo.devtools.pretrained_speed --render` from `{source}`: {m['cpu_model']} "
-        f"({m['cores']} cores), {result['threads']} ORT threads, the first {result['sentences']['beam5_b32']} "
+        + (f"({m['cpu_signature']}, {m['cores']} cores)," if m.get("cpu_signature") else f"({m['cores']} cores),")
+        + f" {result['threads']} ORT threads, the first {result['sentences']['beam5_b32']} "
         f"(batch 1: {result['sentences']['greedy_b1']}) test sources each decoded to its reference's length, "
         f"medians of {result['rounds']} interleaved rounds (× the unpruned fp32 export: median per-round ratio). "
         f"Random-init weights of OPUS-MT's shape (6+6, d512, 8 heads, FFN 2048, "
@@ -300,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sentences-b1", type=int, default=40, help="test sources timed at batch 1")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="ORT intra-op threads of every timed process")
-    parser.add_argument("--render", action="store_true", help="rewrite README.md's block from the stored JSON")
+    parser.add_argument("--render", action="store_true", help="rewrite results/pretrained/README.md's block")
     parser.add_argument("--prepare-only", action="store_true", help="build, convert and export, time nothing")
     args = parser.parse_args(argv)
     if not args.render:
@@ -311,10 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     text = README.read_text(encoding="utf-8")
     if not BLOCK.search(text):
         raise SystemExit(
-            "README.md has no <!-- pretrained:speed --> … <!-- /pretrained:speed --> block; add the markers"
+            f"{README} has no <!-- pretrained:speed --> … <!-- /pretrained:speed --> block; add the markers"
         )
     README.write_text(BLOCK.sub(lambda m: m.group(1) + readme_block() + m.group(3), text, count=1), encoding="utf-8")
-    print("[pretrained_speed] README's pretrained:speed block rewritten", flush=True)
+    print(f"[pretrained_speed] {README}: pretrained:speed block rewritten", flush=True)
     return 0
 
 
