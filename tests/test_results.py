@@ -75,18 +75,24 @@ def test_block_replacement_touches_only_the_block() -> None:
     assert readme_suites(prose + text) == ["x"]  # markers quoted in prose are not blocks
 
 
+def _block_and_report(block_name: str, command: str) -> tuple[str, str, dict]:
+    """results/runtime/README.md's block `block_name`, the stored report its first line names after `command`, and
+    that report."""
+    block = bench_table.read_block(RUNTIME_README.read_text(encoding="utf-8"), block_name)
+    source = re.search(rf"`python -m {re.escape(command)} (\S+?)(?: --limits)?`", block)
+    assert source is not None, f"the {block_name} block must name the report it renders"
+    return block, source.group(1), json.loads((REPO / source.group(1)).read_text(encoding="utf-8"))
+
+
 def test_readme_runtime_table_is_the_render_of_its_report(capsys) -> None:
     """The runtime's memory and speed table (results/runtime/README.md, beside the reports) is `python -m
     export.bench_table <report>`'s output for the stored export.bench report the block names; a report that cannot
     be read is refused naming what to give."""
     assert bench_table.README == RUNTIME_README  # where `--readme` writes is where this test reads
-    block = bench_table.read_block(RUNTIME_README.read_text(encoding="utf-8"))
-    source = re.search(r"`python -m export\.bench_table (\S+)`", block)
-    assert source is not None, "the bench:runtime block must name the report it renders"
-    report = json.loads((REPO / source.group(1)).read_text(encoding="utf-8"))
-    assert block == bench_table.render(report, source.group(1)), (
+    block, source, report = _block_and_report(bench_table.BLOCK, "export.bench_table")
+    assert block == bench_table.render(report, source), (
         f"results/runtime/README.md's bench:runtime block differs from its report: run `python -m export.bench_table "
-        f"{source.group(1)} --readme`"
+        f"{source} --readme`"
     )
     with pytest.raises(SystemExit, match=r"cannot render .*python -m export\.bench"):
         bench_table.main(["no-such-report.json"])
@@ -95,13 +101,10 @@ def test_readme_runtime_table_is_the_render_of_its_report(capsys) -> None:
 def test_runtime_limits_table_is_the_render_of_its_report() -> None:
     """results/runtime/README.md's machine-limits table is `python -m export.bench_table <report> --limits`'s output
     for the stored `export.bench --roofline` report it names, whose shares count the same matmuls on both sides."""
-    block = bench_table.read_block(RUNTIME_README.read_text(encoding="utf-8"), bench_table.LIMITS_BLOCK)
-    source = re.search(r"`python -m export\.bench_table (\S+) --limits`", block)
-    assert source is not None, "the bench:limits block must name the report it renders"
-    report = json.loads((REPO / source.group(1)).read_text(encoding="utf-8"))
-    assert block == bench_table.render_limits(report, source.group(1)), (
+    block, source, report = _block_and_report(bench_table.LIMITS_BLOCK, "export.bench_table")
+    assert block == bench_table.render_limits(report, source), (
         f"results/runtime/README.md's bench:limits block differs from its report: run `python -m export.bench_table "
-        f"{source.group(1)} --limits --readme`"
+        f"{source} --limits --readme`"
     )
     fixed = [p["engines"]["ort"] for p in report["points"] if p.get("mode") == "fixed"]
     assert fixed and all(0 < e["efficiency"] <= 1 for e in fixed)
@@ -122,13 +125,10 @@ def test_pretrained_speed_table_is_the_render_of_its_result() -> None:
 def test_runtime_throughput_table_is_the_render_of_its_report() -> None:
     """results/runtime/README.md's throughput-mode table is `python -m export.bench_threads --render <report>`'s
     output for the stored report it names."""
-    block = bench_table.read_block(RUNTIME_README.read_text(encoding="utf-8"), bench_threads.BLOCK)
-    source = re.search(r"`python -m export\.bench_threads --render (\S+)`", block)
-    assert source is not None, "the bench:threads block must name the report it renders"
-    report = json.loads((REPO / source.group(1)).read_text(encoding="utf-8"))
-    assert block == bench_threads.render(report, source.group(1)), (
+    block, source, report = _block_and_report(bench_threads.BLOCK, "export.bench_threads --render")
+    assert block == bench_threads.render(report, source), (
         f"results/runtime/README.md's bench:threads block differs from its report: run `python -m "
-        f"export.bench_threads --render {source.group(1)}`"
+        f"export.bench_threads --render {source}`"
     )
 
 
