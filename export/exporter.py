@@ -98,7 +98,7 @@ def _export(cfg: DictConfig) -> dict[str, Any]:
     plan = _plan(cfg, source.model, source.payload, source.tokenizer)
     exported = _prune(cfg, source, plan)
     laps("load_and_prune")
-    search = _search(cfg)
+    search = _search(cfg, source.payload)
     source.out.parent.mkdir(parents=True, exist_ok=True)
     # built beside `out`, swapped in only when verified (export/staging.py); removed on any failure
     with staged_directory(source.out, overwrite=bool(cfg.overwrite), exists_error=_exists_error) as stage:
@@ -284,9 +284,12 @@ def _prune(cfg: DictConfig, source: _Source, plan: _HeadPlan) -> _Exported:
     return _Exported(pruned, gated, final, size, discover_caches(pruned))
 
 
-def _search(cfg: DictConfig) -> Search:
-    """The search settings of the export (its manifest's defaults, and what verification runs in both engines)."""
-    return Search.from_generation(cfg.generation)
+def _search(cfg: DictConfig, payload: dict[str, Any]) -> Search:
+    """The search settings of the export (its manifest's defaults, and what verification runs in both engines):
+    what the command line gives, else the checkpoint's own (a converted model's num_beams and length_penalty), else
+    the zoo's (Search's defaults)."""
+    given = {key: value for key, value in cfg.generation.items() if value is not None}
+    return Search.from_generation({**payload.get("generation", {}), **given})
 
 
 # ---------------------------------------------------------------------------------------------- graphs

@@ -18,6 +18,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import export
+from export.exporter import _search as export_search
 from export.exporter import export_checkpoint
 from serve.client import Client
 from serve.model_config import ModelSettings
@@ -93,6 +94,7 @@ def marian(tmp_path_factory) -> tuple[Path, object, object]:
     )
     hf_tok.save_pretrained(directory)
     model = _opus_mt_like(tok)
+    model.generation_config.num_beams, model.generation_config.length_penalty = 4, 0.8  # carried into exports
     model.save_pretrained(directory)
     return directory, model, hf_tok
 
@@ -134,6 +136,18 @@ def test_checkpoint_is_self_contained(converted: Path) -> None:
     assert payload["heldout"]["src"][0] == PAIRS[0][0] and payload["converted_from"]["format"] == "marian"
     assert "model.safetensors" in payload["converted_from"]["files"]
     assert isinstance(load_tokenizer(payload["tokenizer"]), SharedVocabTokenizer)
+    assert payload["generation"] == {"beam_size": 4, "len_penalty": 0.8}  # generation_config.json's
+
+
+def test_export_search_defaults_are_the_command_lines_then_the_checkpoints(converted: Path, tmp_path: Path) -> None:
+    """`python -m export`'s search defaults: generation.* given on the command line, else the checkpoint's own (a
+    converted model's num_beams and length_penalty), else the zoo's — a checkpoint trained here carries none."""
+    payload = load_checkpoint(converted)
+    given = export_config(converted, tmp_path / "out", "generation.beam_size=2")
+    assert export_search(given, payload) == Search(beam_size=2, len_penalty=0.8)
+    plain = export_config(converted, tmp_path / "out")
+    assert export_search(plain, payload) == Search(beam_size=4, len_penalty=0.8)
+    assert export_search(plain, {}) == Search()
 
 
 def test_tokenizer_equals_marian_tokenizer(marian, converted: Path) -> None:
@@ -289,6 +303,10 @@ REFUSED = {
         lambda d: (d / "tokenizer_config.json").write_text(json.dumps({"separate_vocabs": True})),
         "separate_vocabs=True",
     ),
+    "num_beams": (
+        lambda d: (d / "generation_config.json").write_text(json.dumps({"num_beams": 0})),
+        "generation_config.json: num_beams=0 cannot be the zoo's beam_size",
+    ),
     "extra_weight": (
         lambda d: _edit_weights(d, lambda s: s.update({"model.encoder.layernorm_embedding.weight": torch.ones(32)})),
         "weight 'model.encoder.layernorm_embedding.weight' has no counterpart",
@@ -390,6 +408,8 @@ def test_export_prunes_heads_by_importance(converted: Path, pruned: tuple[Path, 
         assert sorted(heads["kept"] + heads["pruned"]) == [0, 1, 2, 3], module
         assert heads["kept"] == manifest["head_plan"][module]
     assert manifest["size"]["params_excl_emb_ratio"] < 1
+    # the model's own search defaults (generation_config.json) are the export's: no generation.* was given
+    assert (manifest["generation"]["beam_size"], manifest["generation"]["len_penalty"]) == (4, 0.8)
     assert isinstance(load_tokenizer((out / manifest["tokenizer"]).read_bytes()), SharedVocabTokenizer)
     translations = export.load(out, threads=1).translate([s for s, _ in PAIRS[:3]], beam_size=2)
     assert len(translations) == 3 and all(isinstance(t, str) for t in translations)

@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{cfg['decoder_layers']} layers, d_model {cfg['d_model']}, {cfg['num_heads']} heads, vocab "
         f"{cfg['vocab_size']}; {format_size_summary(result['size'])}"
     )
+    if result["generation"]:
+        carried = ", ".join(f"{k}={v}" for k, v in result["generation"].items())
+        print(f"search defaults carried into the checkpoint (python -m export starts from them): {carried}")
     return 0
 
 

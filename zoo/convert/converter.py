@@ -6,7 +6,8 @@ with one line naming the field or weight, and no file appears):
             tokenizer files, offline — transformers is not needed
   map       the config to a ModelConfig, refusing what the zoo's model lacks (marian.model_config)
   load      the weights into the zoo's Transformer under its names, checking tied embeddings and the position table
-  write     the checkpoint, atomically: weights, ModelConfig, tokenizer, data config, held-out pairs, provenance
+  write     the checkpoint, atomically: weights, ModelConfig, tokenizer, data config, held-out pairs, the model's own
+            search defaults (num_beams, length_penalty: `python -m export` starts from them), provenance
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def convert(
     config = read_json(directory / "config.json")
     tokenizer = marian.read_tokenizer(directory)
     cfg = marian.model_config(config, tokenizer)
+    generation = marian.generation_defaults(directory, config)
     model = marian.build_converted(cfg, read_weights(directory))
     pairs = read_heldout(*heldout) if heldout else {"src": [], "tgt": []}
     entry = name or directory.resolve().name
@@ -69,6 +71,7 @@ def convert(
         "tokenizer": tokenizer.to_bytes(),
         "data_config": {"name": DATA_NAME, "kind": DATA_NAME, "task": "translation", "max_len": cfg.max_positions},
         "heldout": pairs,
+        "generation": generation,
         "size": size_summary(model),
         "converted_from": {
             "format": source_format,
@@ -77,4 +80,10 @@ def convert(
         },
     }
     save_checkpoint(out, payload)
-    return {"path": str(out), "entry": entry, "model_config": cfg.to_dict(), "size": payload["size"]}
+    return {
+        "path": str(out),
+        "entry": entry,
+        "model_config": cfg.to_dict(),
+        "generation": generation,
+        "size": payload["size"],
+    }

@@ -16,7 +16,8 @@ import sentencepiece as spm
 import torch
 from torch import Tensor
 
-from export.runtime.errors import ExportedModelError
+from export.runtime.errors import ExportedModelError, ExportRuntimeError
+from export.runtime.search import Search
 from export.runtime.tokenizer import SharedVocabTokenizer
 from zoo.convert.hf_files import ConvertError, read_json
 from zoo.model import ModelConfig, Transformer, build_model, marian_positions
@@ -36,6 +37,10 @@ FIXED_FIELDS: dict[str, tuple[Any, str]] = {
     "tie_word_embeddings": (True, "an output projection untied from the embedding"),
     "is_decoder": (False, "a decoder-only model"),
 }
+# the search defaults a model's author saved that the zoo's search has (generation_config.json, else config.json):
+# transformers' name → Search's. `max_length` is not among them: transformers caps the output at an absolute length
+# (OPUS-MT: 512 tokens), the zoo at one relative to the source (generation.max_len_a/b), which bounds a request's work
+GENERATION_FIELDS = {"num_beams": "beam_size", "length_penalty": "len_penalty"}
 SPECIAL_PIECES = {"pad_token": "<pad>", "unk_token": "<unk>", "eos_token": "</s>"}
 
 
@@ -97,6 +102,27 @@ def model_config(config: dict[str, Any], tokenizer: SharedVocabTokenizer) -> Mod
         positions="marian",
         final_logits_bias=True,
     )
+
+
+def generation_defaults(directory: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """The model's own search defaults as Search settings (GENERATION_FIELDS), from generation_config.json where the
+    directory has one, else from the older config.json fields; ConvertError naming the field if the zoo's search
+    cannot take a value."""
+    file = directory / "generation_config.json"
+    saved = read_json(file) if file.is_file() else config
+    where = file.name if file.is_file() else "config.json"
+    defaults = {}
+    for theirs, ours in GENERATION_FIELDS.items():
+        value = saved.get(theirs)
+        if value is None:
+            continue
+        try:
+            Search(**{ours: value})
+        except (ExportRuntimeError, TypeError, ValueError) as exc:
+            message = f"{where}: {theirs}={value!r} cannot be the zoo's {ours} ({exc}); fix the field"
+            raise ConvertError(message) from exc
+        defaults[ours] = value
+    return defaults
 
 
 def read_tokenizer(directory: Path) -> SharedVocabTokenizer:
