@@ -365,6 +365,7 @@ def test_ght_ps_trains_from_the_converted_model(converted: Path, smoke_corpus: P
     # the final logits bias is a buffer no update touches: equal to the converted one only if init= loaded it
     assert torch.equal(last["model"]["final_logits_bias"], source["model"]["final_logits_bias"])
     assert last["initialised_from"]["converted_from"]["format"] == "marian"
+    assert last["generation"] == source["generation"] == {"beam_size": 4, "len_penalty": 0.8}  # exports start there
     votes = json.loads((run / "ght" / "votes.json").read_text())
     assert votes["trigger"] == "reached vote_at=8" and votes["voting_batches"] == 3
     plan = summary["head_plan"]

@@ -39,7 +39,7 @@ class Pretrained:
     model_config: dict[str, Any]
     tokenizer: bytes
     weights: dict[str, torch.Tensor]
-    origin: dict[str, Any]  # path, entry, converted_from (if zoo.convert wrote it)
+    origin: dict[str, Any]  # path, entry, converted_from and generation (if zoo.convert wrote them)
     replaced: tuple[str, ...]  # the entry's architecture values the checkpoint's replace, "field: entry's → its"
 
 
@@ -65,8 +65,9 @@ def load_pretrained(location: str, entry: DictConfig) -> Pretrained:
             f"pick an entry that has it ({', '.join(fitting) or 'none of conf/model/'}) or train without init="
         )
     origin = {"path": payload["path"], "entry": payload.get("entry")}
-    if "converted_from" in payload:
-        origin["converted_from"] = payload["converted_from"]
+    for key in ("converted_from", "generation"):  # provenance; the model's own search defaults, which exports take
+        if key in payload:
+            origin[key] = payload[key]
     return Pretrained(config, bytes(payload["tokenizer"]), payload["model"], origin, _replaced(entry, config))
 
 

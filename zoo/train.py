@@ -302,6 +302,8 @@ def _payload(cfg: DictConfig, data: _Data, size: dict[str, Any], origin: dict[st
     }
     if origin:
         payload["initialised_from"] = origin
+        if origin.get("generation"):  # a fine-tuned converted model keeps its author's search defaults
+            payload["generation"] = origin["generation"]
     return payload
 
 
