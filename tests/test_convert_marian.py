@@ -27,6 +27,7 @@ from serve.server import Server
 from tests.export_testing import export_config
 from tests.marian_testing import PAIRS, marian_tokenizer
 from tests.zoo_testing import compose_train
+from zoo.analyze.run import analyze
 from zoo.api import Translator
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.convert.__main__ import main as convert_main
@@ -137,6 +138,23 @@ def test_checkpoint_is_self_contained(converted: Path) -> None:
     assert "model.safetensors" in payload["converted_from"]["files"]
     assert isinstance(load_tokenizer(payload["tokenizer"]), SharedVocabTokenizer)
     assert payload["generation"] == {"beam_size": 4, "len_penalty": 0.8}  # generation_config.json's
+
+
+def test_analyze_takes_the_converted_checkpoint(converted: Path, tmp_path: Path) -> None:
+    """zoo.analyze on a converted model: its own tokenizer encodes the held-out pairs, and a decoder self-attention map
+    covers every target token and the start position, which is pad here (a count of non-pad ids would drop it)."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(
+            "analyze",
+            [f"checkpoint={converted}", f"out={tmp_path}", "sentences=3", "threads=1", "figure_sentence=0"]
+            + ["figure_module=decoder.layers.0.self_attn"],
+        )
+    analyze(cfg)
+    modules = json.loads((tmp_path / "analysis.json").read_text())["modules"]
+    targets = load_tokenizer(load_checkpoint(converted)["tokenizer"]).encode_targets([t for _, t in PAIRS[:3]])
+    self_attn = modules["decoder.layers.0.self_attn"]
+    assert self_attn["sizes"] == [len(t) + 1 for t in targets for _ in range(self_attn["heads"])]
+    assert (tmp_path / "attention_maps_s0_decoder.layers.0.self_attn.png").stat().st_size > 1000
 
 
 def test_export_search_defaults_are_the_command_lines_then_the_checkpoints(converted: Path, tmp_path: Path) -> None:

@@ -137,6 +137,10 @@ class SharedVocabTokenizer:
         """Ids of target texts by the target model, without eos (the search and scoring add it)."""
         return [self._ids(pieces) for pieces in self.target.encode(list(texts), out_type=str)]
 
+    def id_to_piece(self, token: int) -> str:
+        """The vocabulary's piece of one id (zoo.analyze's axis labels), as the joint tokenizer's id_to_piece."""
+        return self.vocab[token]
+
     def decode(self, ids: Iterable[int]) -> str:
         """Text of output ids by the target model, as transformers' MarianTokenizer joins them: pieces the target
         model lacks kept as they are, then every ▁ a space, outer spaces stripped. Pad and eos are ignored; unk

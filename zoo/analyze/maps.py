@@ -114,6 +114,12 @@ def module_lengths(name: str, src_lens: Tensor, tgt_lens: Tensor) -> tuple[Tenso
     return q_lens, k_lens
 
 
+def input_lengths(src: Tensor, tgt_in: Tensor, pad_id: int) -> tuple[Tensor, Tensor]:
+    """(source lengths, decoder-input lengths) [B] of a padded batch. Position 0 of the decoder input is its start
+    token whatever its id: a converted Marian model starts from pad, which a count of non-pad ids would drop."""
+    return src.ne(pad_id).sum(1), 1 + tgt_in[:, 1:].ne(pad_id).sum(1)
+
+
 # ---------------------------------------------------------------------- running a model
 def collect_maps(
     model: Transformer, batches: Iterable[tuple[Tensor, Tensor]], map_name: str = "A", pad_id: int = 0
@@ -133,7 +139,7 @@ def collect_maps(
         with torch.no_grad():
             for src, tgt_in in batches:
                 model(src, tgt_in)
-                src_lens, tgt_lens = src.ne(pad_id).sum(1), tgt_in.ne(pad_id).sum(1)  # [B]
+                src_lens, tgt_lens = input_lengths(src, tgt_in, pad_id)  # [B]
                 for name, m in modules.items():
                     attn = m.captured.get(map_name, m.captured.get("A"))
                     m.captured.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,11 @@ from zoo.analyze.figures import (
 from zoo.analyze.maps import collect_maps, module_kind, summarise_maps
 from zoo.analyze.scores import SCORE_DEFINITION, collect_scores, score_rank_report
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
-from zoo.data import DataError, Example, Tokenizer, build_splits
+from zoo.data import DataError, Example, SharedVocabTokenizer, Tokenizer, build_splits, load_tokenizer
 from zoo.data.batching import collate, encode_examples
 from zoo.errors import ZooError
 from zoo.model import Transformer
+from zoo.threads import torch_threads
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 Batches = list[tuple[torch.Tensor, torch.Tensor]]  # (src [B, S], tgt_in [B, T]) per batch
@@ -77,7 +79,7 @@ def _examples(cfg: DictConfig, payload: dict[str, Any]) -> list[Example]:
 
 
 def _pairs_and_batches(
-    cfg: DictConfig, payload: dict[str, Any], model: Transformer, tok: Tokenizer
+    cfg: DictConfig, payload: dict[str, Any], model: Transformer, tok: Tokenizer | SharedVocabTokenizer
 ) -> tuple[list[tuple[list[int], list[int]]], Batches]:
     examples = _examples(cfg, payload)
     if cfg.sentences:
@@ -183,7 +185,7 @@ def write_sentence_figure(
     cfg: DictConfig,
     label: str,
     model: Transformer,
-    tok: Tokenizer,
+    tok: Tokenizer | SharedVocabTokenizer,
     pair: tuple[list[int], list[int]],
     index: int,
     module: str,
@@ -218,7 +220,7 @@ def analyze_checkpoint(cfg: DictConfig, payload: dict[str, Any], out: Path, labe
     """Everything for one loaded checkpoint; its files go to `out`. Returns {"label", "maps", "qk",
     "figure"} (qk None with qk_rank=false, figure None without figure_sentence)."""
     model = model_from_checkpoint(payload).to(device=cfg.device, dtype=DTYPES[cfg.dtype])
-    tok = Tokenizer.from_bytes(payload["tokenizer"])
+    tok = load_tokenizer(payload["tokenizer"])  # a converted model's too
     pairs, batches = _pairs_and_batches(cfg, payload, model, tok)
     figure = figure_choice(cfg, model, len(pairs))
     out.mkdir(parents=True, exist_ok=True)
@@ -249,8 +251,12 @@ def analyze(cfg: DictConfig) -> dict[str, Any]:
     `<out>/<label>/` (label = entry name, "-2", "-3", … on repeats), the overlay in `<out>/`."""
     locations = checkpoint_locations(cfg)
     _check_options(cfg)
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
+    # threads=N for this call only: an in-process caller (a notebook, a test) keeps its own count
+    with torch_threads(int(cfg.threads)) if cfg.threads else contextlib.nullcontext():
+        return _analyze_all(cfg, locations)
+
+
+def _analyze_all(cfg: DictConfig, locations: list[str]) -> dict[str, Any]:
     out = Path(cfg.out) if cfg.out else run_dir_of(resolve_checkpoint(locations[0])) / "analysis"
     results = []
     used: set[str] = set()

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from zoo.analyze.maps import crop_maps, module_kind, module_lengths, singular_values
+from zoo.analyze.maps import crop_maps, input_lengths, module_kind, module_lengths, singular_values
 from zoo.attention import Attention, Cache
 from zoo.attention.linear import MixtureOfLinearKeys
 from zoo.attention.mgk import MixtureOfGaussianKeys
@@ -201,7 +201,7 @@ def collect_scores(
                 for sink in sinks.values():
                     sink.clear()
                 model(src, tgt_in)
-                src_lens, tgt_lens = src.ne(pad_id).sum(1), tgt_in.ne(pad_id).sum(1)  # [B]
+                src_lens, tgt_lens = input_lengths(src, tgt_in, pad_id)  # [B]
                 for name, (_, keys) in hooked.items():
                     sink = sinks[name]
                     if "q" not in sink:
