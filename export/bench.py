@@ -542,7 +542,7 @@ class _Inputs:
     texts: list[str]
     refs: list[str] | None  # references of `texts`, when known
     roofline: float | None  # fp32 matmul GFLOP/s at SQUARE (with --roofline)
-    limits: MachineLimits | None  # the step's own matmul roofline and the read bandwidth (with a torch model only)
+    limits: MachineLimits | None  # per-shape matmul timings and the read bandwidth (with --roofline)
 
 
 @dataclass

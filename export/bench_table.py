@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import sys
@@ -24,7 +23,7 @@ from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
-from zoo.machine import cpu_signature
+from zoo.machine import cpu_model, cpu_signature
 
 README = Path(__file__).resolve().parent.parent / "results" / "runtime" / "README.md"
 BLOCK = "bench:runtime"
@@ -36,16 +35,8 @@ TARGET_RATIO = 1.25
 
 def machine() -> dict[str, Any]:
     """The CPU a report was measured on (ratios and RSS move with it: an AVX2 EPYC and an AVX-512 Xeon gave the
-    same change 1.19× and 1.23×), from /proc/cpuinfo where there is one."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "signature": cpu_signature(), "cores": os.cpu_count()}
+    same change 1.19× and 1.23×): its name and its family, model and ISA (zoo.machine), and its cores."""
+    return {"cpu": cpu_model(), "signature": cpu_signature(), "cores": os.cpu_count()}
 
 
 def cpu_name(machine: dict[str, Any]) -> str:

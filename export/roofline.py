@@ -2,15 +2,13 @@
 
 Arithmetic: how long the search's matmuls would take at the best speed this machine's kernels reach on exactly their
 shapes — the encoder's over the padded source tokens, then every decoder step's over its rows (one row per sentence
-at beam search's first step, beam × batch after it) — against the search's measured time. "Best" is the faster of
-torch.mm and onnxruntime's own MatMul on that shape: which library is faster depends on the CPU (torch's MKL runs
-AVX2 code on AMD CPUs where onnxruntime's MLAS uses AVX-512), and a roofline below the runtime's own kernels would
-read above 100%. Numerator and denominator count the same matmuls:
-a rate over the whole search's FLOPs would credit the encoder's large, fast multiplies to the small decoder steps and
-read above 100%. Whatever the matmuls leave out (attention over the caches, softmax, the search's bookkeeping) counts
-as time spent off the roofline, so the share is a lower bound of how close the matmuls themselves run. One [1, 512]
-row through a [512, 512] weight runs far below a 1024³ multiply's GFLOP/s, so a square-matrix roofline would flatter
-small batches.
+at beam search's first step, beam × batch after it) — against the search's measured time. Both sides count the same
+matmuls (a rate over the whole search's FLOPs would credit the encoder's large, fast multiplies to the small decoder
+steps), so whatever the matmuls leave out (attention over the caches, softmax, the search's bookkeeping) counts as
+time off the roofline. "Best" is the faster of torch.mm and onnxruntime's own MatMul per shape: which is faster
+depends on the CPU (torch's MKL runs AVX2 code on AMD CPUs where onnxruntime's MLAS uses AVX-512), and a roofline
+below the runtime's own kernels would read above 100%. Shapes are timed one by one: one [1, 512] row through a
+[512, 512] weight runs far below a 1024³ multiply's GFLOP/s, so a square-matrix roofline would flatter small batches.
 
 Memory: at batch 1 a step re-reads every decoder weight, so bytes per step over the measured read bandwidth bounds
 it from below whatever the arithmetic (the timed shapes above have their weights in cache: at batch 1 this is the
@@ -39,31 +37,24 @@ MIN_TIMED_S = 2e-3  # a tiny matmul is repeated until one timing spans this long
 Shape = tuple[int, int, int]  # (m, k, n): [m, k] @ [k, n]
 
 
+def _is_cross_kv(name: str) -> bool:
+    return name.endswith(("cross_attn.k_proj", "cross_attn.v_proj"))
+
+
 def step_matmuls(model: Transformer, rows: int) -> list[Shape]:
     """(m, k, n) of every matmul one decoder step runs on `rows` rows (beam × batch): each decoder Linear except the
     cross-attention keys and values (the encoder pass computes them once per source), then the output projection."""
-    shapes = []
-    for name, module in model.decoder.named_modules():
-        if isinstance(module, nn.Linear) and not name.endswith(("cross_attn.k_proj", "cross_attn.v_proj")):
-            out_features, in_features = module.weight.shape
-            shapes.append((rows, in_features, out_features))
-    shapes.append((rows, model.cfg.d_model, model.cfg.vocab_size))  # logits [rows, V]
-    return shapes
+    linears = [m for n, m in model.decoder.named_modules() if isinstance(m, nn.Linear) and not _is_cross_kv(n)]
+    logits = (rows, model.cfg.d_model, model.cfg.vocab_size)  # [rows, V]
+    return [(rows, m.in_features, m.out_features) for m in linears] + [logits]
 
 
 def encoder_matmuls(model: Transformer, tokens: int) -> list[Shape]:
     """(m, k, n) of every matmul the encoder pass runs on `tokens` source positions (batch × padded length): each
     encoder Linear, then every decoder layer's cross-attention keys and values over the encoder's output."""
-    shapes = []
-    for module in model.encoder.modules():
-        if isinstance(module, nn.Linear):
-            out_features, in_features = module.weight.shape
-            shapes.append((tokens, in_features, out_features))
-    for name, module in model.decoder.named_modules():
-        if isinstance(module, nn.Linear) and name.endswith(("cross_attn.k_proj", "cross_attn.v_proj")):
-            out_features, in_features = module.weight.shape
-            shapes.append((tokens, in_features, out_features))
-    return shapes
+    linears = [m for m in model.encoder.modules() if isinstance(m, nn.Linear)]
+    linears += [m for n, m in model.decoder.named_modules() if isinstance(m, nn.Linear) and _is_cross_kv(n)]
+    return [(tokens, m.in_features, m.out_features) for m in linears]
 
 
 def search_matmuls(model: Transformer, batches: Iterable[np.ndarray], max_len: int, beam_size: int) -> Counter[Shape]:
@@ -185,9 +176,6 @@ def step_weight_bytes(model: Transformer, bytes_per_weight: float = 4.0) -> int:
     """Weight bytes one decoder step reads (the matmuls of `step_matmuls`, biases and norms left out): at batch 1
     the step's memory traffic, caches being far smaller. `bytes_per_weight` 1 for an INT8 export's MatMuls."""
     return int(sum(k * n for _, k, n in step_matmuls(model, 1)) * bytes_per_weight)
-
-
-KERNELS = ("torch", "onnxruntime")  # torch.mm, onnxruntime's MatMul: the roofline takes the faster per shape
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     """The CPU's marketing name from /proc/cpuinfo (Linux), else platform.processor()."""
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
@@ -87,7 +87,7 @@ def quality_class(machine_class_name: str) -> str:
 def describe_machine(device: str | None = None) -> dict[str, Any]:
     """A JSON-able description of this machine as a training or timing process sees it."""
     info: dict[str, Any] = {
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_signature": cpu_signature(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
@@ -104,4 +104,4 @@ def describe_machine(device: str | None = None) -> dict[str, Any]:
     return info
 
 
-__all__ = ["accelerator", "cpu_signature", "describe_machine", "machine_class", "quality_class"]
+__all__ = ["accelerator", "cpu_model", "cpu_signature", "describe_machine", "machine_class", "quality_class"]
