@@ -65,12 +65,19 @@ def _sentencepiece(texts: list[str], pieces: int) -> bytes:
     return buf.getvalue()
 
 
-def build_marian_directory(out: Path, train_src: list[str], train_tgt: list[str]) -> None:
-    """A save_pretrained directory of a random-init MarianMTModel of OPUS-MT's shape with our corpus's tokenizers."""
-    import transformers  # the [hf] extra: only this measurement builds a Marian model
+def build_marian_directory(
+    out: Path,
+    train_src: list[str],
+    train_tgt: list[str],
+    shape: dict[str, int] = SHAPE,
+    pieces: int = PIECES,
+) -> None:
+    """A save_pretrained directory of a random-init MarianMTModel of `shape` (OPUS-MT's unless told) with
+    sentencepiece models of `pieces` trained on our corpus (the measurements of issue 39)."""
+    import transformers  # the [hf] extra: only these measurements build a Marian model
 
     out.mkdir(parents=True, exist_ok=True)
-    source, target = _sentencepiece(train_src, PIECES), _sentencepiece(train_tgt, PIECES)
+    source, target = _sentencepiece(train_src, pieces), _sentencepiece(train_tgt, pieces)
     vocab = marian_vocabulary(source, target)
     (out / "source.spm").write_bytes(source)
     (out / "target.spm").write_bytes(target)
@@ -81,13 +88,13 @@ def build_marian_directory(out: Path, train_src: list[str], train_tgt: list[str]
     pad, eos = len(vocab) - 1, 0
     config = transformers.MarianConfig(
         vocab_size=len(vocab),
-        d_model=SHAPE["d_model"],
-        encoder_layers=SHAPE["encoder_layers"],
-        decoder_layers=SHAPE["decoder_layers"],
-        encoder_attention_heads=SHAPE["heads"],
-        decoder_attention_heads=SHAPE["heads"],
-        encoder_ffn_dim=SHAPE["ffn_dim"],
-        decoder_ffn_dim=SHAPE["ffn_dim"],
+        d_model=shape["d_model"],
+        encoder_layers=shape["encoder_layers"],
+        decoder_layers=shape["decoder_layers"],
+        encoder_attention_heads=shape["heads"],
+        decoder_attention_heads=shape["heads"],
+        encoder_ffn_dim=shape["ffn_dim"],
+        decoder_ffn_dim=shape["ffn_dim"],
         max_position_embeddings=512,
         activation_function="swish",
         scale_embedding=True,
