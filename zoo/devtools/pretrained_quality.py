@@ -84,7 +84,7 @@ def fine_tune(work: Path, checkpoint: Path, updates: int) -> Path:
         return finished[-1]
     started = base.is_dir() and any((d / "checkpoints" / "last.pt").is_file() for d in base.iterdir())
     cmd = [sys.executable, "-m", "zoo.train", f"+model={ENTRY}", f"runs_root={runs}", "trainer.threads=1"]
-    cmd += [f"trainer.max_updates={updates}", "trainer.max_minutes=0", "seed=1"]
+    cmd += [f"trainer.max_updates={updates}", "trainer.max_minutes=0", "trainer.seed=1"]
     cmd += ["resume=latest"] if started else [f"init={checkpoint}"]
     _run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"})
     finished = sorted(d for d in base.glob("*") if (d / DONE_MARKER).exists())
