@@ -51,6 +51,7 @@ from export.pruning import (
 )
 from export.runtime import OPTIMIZATION_LEVELS, ExportedModel, Graphs, Int8Quality, Manifest, Search, load
 from export.runtime.manifest import ShortlistInfo
+from export.runtime.search import never_emitted
 from export.runtime.shortlist import SHORTLIST_FILE
 from export.shortlist import ShortlistSettings, build_shortlist, count_pairs
 from export.staging import staged_directory
@@ -314,6 +315,12 @@ def _write_tokenizer_and_heldout(directory: Path, source: _Source) -> None:
 def _shortlist_pairs(cfg: DictConfig, payload: dict[str, Any]) -> tuple[list[str], list[str], str]:
     """(sources, targets, what they are) a shortlist is counted on: shortlist.src/tgt, else the checkpoint's
     training split (its corpus rebuilt here)."""
+    vocab = payload["model_config"]
+    if vocab.get("source_vocab_size") not in (None, vocab["vocab_size"]):  # source ids index the target's table
+        raise ExportError(
+            f"shortlist.build=true needs one vocabulary for sources and targets; this model has separate ones "
+            f"(source {vocab['source_vocab_size']:,}, target {vocab['vocab_size']:,} ids): export without a shortlist"
+        )
     given = cfg.shortlist.src, cfg.shortlist.tgt
     if any(given):
         if not all(given):
@@ -351,7 +358,8 @@ def _write_shortlist(
         int(cfg.shortlist.per_source_token), int(cfg.shortlist.frequent), int(cfg.shortlist.min_pairs)
     )
     counts = count_pairs(tok.encode_sources(srcs), tok.encode_targets(tgts), vocab.vocab_size)
-    built = build_shortlist(counts, settings, always=(vocab.eos_id, tok.unk_id), banned=(vocab.pad_id, vocab.bos_id))
+    banned = tuple(never_emitted(vocab.pad_id, vocab.bos_id, vocab.eos_id))
+    built = build_shortlist(counts, settings, always=(vocab.eos_id, tok.unk_id), banned=banned)
     built.save(directory / SHORTLIST_FILE)
     return ShortlistInfo(
         file=SHORTLIST_FILE,

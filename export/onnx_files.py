@@ -238,7 +238,7 @@ def export_graphs(
     # example sizes: distinct from each other and from 0/1, which torch.export would specialise on; the decoder
     # gets rows = 2 beams × b sources
     b, s, slots, steps, beams = 3, 7, 11, 2, 2
-    src = torch.randint(4, cfg.vocab_size, (b, s)) if cfg.vocab_size > 4 else torch.full((b, s), 3)
+    src = torch.randint(4, cfg.source_vocab, (b, s)) if cfg.source_vocab > 4 else torch.full((b, s), 3)
     src[0, -2:] = cfg.pad_id
     cross_specs = [c for c in specs if c.kind == "cross"]
     self_specs = [c for c in specs if c.kind == "self"]

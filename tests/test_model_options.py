@@ -1,7 +1,8 @@
 """The ModelConfig options a converted pretrained model needs (zoo.convert), each against its reference written
 from the formula, and all of them at once through the export and the torch-free runtime: FFN activation, Marian's
-position table, embedding scale, the final logits bias, pad as the decoder's start token, and source and target
-sentencepiece models sharing one vocabulary."""
+position table, embedding scale, the final logits bias, pad or eos as the decoder's start token, a position table
+starting at a later row, a separate source vocabulary, and source and target sentencepiece models sharing one
+vocabulary (FSMT's Moses + BPE tokenizer: tests/test_convert_fsmt.py)."""
 
 from __future__ import annotations
 
@@ -98,10 +99,11 @@ def test_embedding_scale_and_final_logits_bias() -> None:
 
 
 def _reference_greedy(model, src: torch.Tensor, steps: int) -> list[int]:
-    """Greedy decoding from the definition for one source [1, S]: start from pad, recompute the whole prefix, ban
-    pad, eos banned at the first step (min_len 1), stop at eos."""
+    """Greedy decoding from the definition for one source [1, S]: start from the decoder's start token (pad or eos
+    here: neither is banned beyond pad), recompute the whole prefix, ban pad, eos banned at the first step (min_len
+    1), stop at eos."""
     cfg = model.cfg
-    tokens = [cfg.pad_id]  # the decoder's start token
+    tokens = [cfg.bos_id]  # the decoder's start token
     memory, pad = model.encode(src)
     for t in range(steps):
         lprobs = model.decode(torch.tensor([tokens]), memory, pad)[0, -1].log_softmax(-1)
@@ -135,6 +137,62 @@ def test_pad_as_decoder_start() -> None:
     assert scored.tokens == [11, 12, 0]
     reference = [float(expected[i, t]) for i, t in enumerate([11, 12, 0])]
     np.testing.assert_allclose(scored.token_logprobs, reference, atol=1e-5)
+
+
+def test_eos_as_decoder_start() -> None:
+    """A model whose decoder starts from eos (bos_id == eos_id, fairseq's FSMT): eos still ends a hypothesis —
+    greedy search is the definition's and ends some outputs itself — the cached searches equal the recomputing
+    ones, and scoring feeds eos first."""
+    torch.manual_seed(5)
+    cfg = ModelConfig(vocab_size=40, **TINY, pad_id=1, bos_id=2, eos_id=2, position_offset=2)
+    model = build_model(cfg).eval()
+    with torch.no_grad():  # eos leaning on a direction the last layer adds to every state: some outputs end early
+        direction = torch.randn(16)
+        model.decoder.layers[-1].ffn_block.norm.bias.copy_(direction)
+        model.tgt_embed.weight[2] += 0.15 * direction
+    src = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 11, 2, 1], [12, 2, 1, 1, 1]])
+    search = Search(beam_size=1, max_len_a=0, max_len_b=12)
+    got = greedy_search(model, src, search)
+    assert got == [_reference_greedy(model, src[i : i + 1, : int(src[i].ne(1).sum())], 11) for i in range(3)]
+    assert sorted(map(len, got)) == [1, 1, 11]  # natural ends (eos is not banned as the start token) and a forced one
+    assert got == greedy_search(model, src, search, use_cache=False)
+    beam = Search(beam_size=3, max_len_a=0, max_len_b=12)
+    assert beam_search(model, src, beam) == beam_search(model, src, beam, use_cache=False)
+    scored = score_targets(model, src[:1], [[11, 12]])[0]
+    with torch.no_grad():
+        memory, pad = model.encode(src[:1])
+        expected = model.decode(torch.tensor([[2, 11, 12]]), memory, pad)[0].log_softmax(-1)  # [3, V]
+    np.testing.assert_allclose(
+        scored.token_logprobs, [float(expected[i, t]) for i, t in enumerate([11, 12, 2])], atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("offset", [0, 2])
+def test_position_offset_starts_the_table_later(offset: int) -> None:
+    """position_offset=k: position p reads row p + k of fairseq's table (FSMT counts positions from pad + 1):
+    sin(p'·f_i) on the first half, cos(p'·f_i) on the second, f_i = exp(-i·ln 10⁴ / (d/2 - 1)), p' = p + k."""
+    model = build_model(ModelConfig(vocab_size=40, **TINY, position_offset=offset))
+    half = 8
+    freq = [math.exp(-i * math.log(10000) / (half - 1)) for i in range(half)]
+    expected = [
+        [math.sin((p + offset) * f) for f in freq] + [math.cos((p + offset) * f) for f in freq] for p in range(65)
+    ]
+    torch.testing.assert_close(model.positions, torch.tensor(expected), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="position_offset=-1 must be >= 0"):
+        ModelConfig(vocab_size=40, position_offset=-1)
+
+
+def test_separate_source_vocabulary() -> None:
+    """source_vocab_size: the encoder's table has its own size (ids the decoder's vocabulary lacks are encoded),
+    the decoder and the logits keep vocab_size; one shared table for two sizes is refused, naming the fix."""
+    model = build_model(ModelConfig(vocab_size=40, source_vocab_size=55, **TINY)).eval()
+    assert model.src_embed.weight.shape == (55, 16) and model.tgt_embed.weight.shape == (40, 16)
+    logits = model(torch.tensor([[50, 54, 7, 3]]), torch.tensor([[2, 11]]))
+    assert logits.shape == (1, 2, 40)
+    with pytest.raises(
+        ValueError, match="source_vocab_size=55 differs from vocab_size=40; set share_all_embeddings=False"
+    ):
+        ModelConfig(vocab_size=40, source_vocab_size=55, share_all_embeddings=True)
 
 
 def test_shared_vocab_tokenizer() -> None:

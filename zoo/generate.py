@@ -29,6 +29,7 @@ from export.runtime.search import (
     check_targets,
     greedy_hypotheses,
     max_lengths,
+    never_emitted,
     normalised,
     strip,
 )
@@ -129,7 +130,7 @@ def _greedy(
     total = torch.zeros(b, device=src.device)  # [B] summed log-probs of the emitted tokens, eos included
     for t in range(int(max_len.max())):
         lprobs = step(tokens)
-        lprobs[:, [mcfg.pad_id, mcfg.bos_id]] = -torch.inf
+        lprobs[:, never_emitted(mcfg.pad_id, mcfg.bos_id, mcfg.eos_id)] = -torch.inf
         if t < cfg.min_len:
             lprobs[:, mcfg.eos_id] = -torch.inf
         at_limit = max_len.le(t + 1)
@@ -184,7 +185,7 @@ def _beam(
         n = active.numel()
         lprobs = step(tokens)  # [n*K, V]
         vocab = lprobs.shape[1]
-        lprobs[:, [mcfg.pad_id, mcfg.bos_id]] = -torch.inf
+        lprobs[:, never_emitted(mcfg.pad_id, mcfg.bos_id, mcfg.eos_id)] = -torch.inf
         if t < cfg.min_len:
             lprobs[:, mcfg.eos_id] = -torch.inf
         at_limit = max_len[active].le(t + 1).repeat_interleave(k)  # [n*K]

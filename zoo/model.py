@@ -29,9 +29,10 @@ class ModelConfig:
     `heads_removed=False` the model keeps all heads and gates the others off (GHT-PS fine-tuning);
     with `heads_removed=True` each planned module is built with only its kept heads (export).
 
-    The last four fields exist so pretrained models convert exactly (zoo.convert); their defaults are the zoo's
-    own architecture, which checkpoints written before them get. `bos_id` is the decoder's start token: Marian
-    starts with pad (`bos_id == pad_id`), which every search and the export take as it is.
+    The fields from `activation` on exist so pretrained models convert exactly (zoo.convert); their defaults are
+    the zoo's own architecture, which checkpoints written before them get. `bos_id` is the decoder's start token:
+    Marian starts with pad (`bos_id == pad_id`), FSMT with eos, which every search and the export take as they are.
+    `vocab_size` is the decoder's (output) vocabulary; `source_vocab_size` the encoder's where the two differ.
     """
 
     vocab_size: int
@@ -59,11 +60,25 @@ class ModelConfig:
     scale_embedding: bool = True  # token embeddings × √d_model (Marian's scale_embedding=False: × 1)
     positions: str = "fairseq"  # sinusoidal table: fairseq (frequency step ln 10⁴/(d/2 − 1)) | marian (ln 10⁴/(d/2))
     final_logits_bias: bool = False  # a fixed [V] bias added to the logits (Marian's final_logits_bias buffer)
+    position_offset: int = 0  # the table row of the first position (fairseq's models count from pad_id + 1)
+    source_vocab_size: int | None = None  # the encoder's vocabulary where it is not vocab_size (FSMT's ru-en)
 
     def __post_init__(self) -> None:
         for name, allowed in (("activation", tuple(ACTIVATIONS)), ("positions", POSITION_TABLES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not supported; use one of {', '.join(allowed)}")
+        if self.position_offset < 0:
+            raise ValueError(f"position_offset={self.position_offset} must be >= 0")
+        if self.share_all_embeddings and self.source_vocab != self.vocab_size:
+            raise ValueError(
+                f"share_all_embeddings=True needs one vocabulary, but source_vocab_size={self.source_vocab_size} "
+                f"differs from vocab_size={self.vocab_size}; set share_all_embeddings=False"
+            )
+
+    @property
+    def source_vocab(self) -> int:
+        """The encoder's vocabulary size (the decoder's unless `source_vocab_size` says otherwise)."""
+        return self.vocab_size if self.source_vocab_size is None else self.source_vocab_size
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,9 +124,9 @@ def marian_positions(num_positions: int, dim: int) -> Tensor:
 
 
 def position_table(cfg: ModelConfig) -> Tensor:
-    """[max_positions + 1, d_model] the table `cfg.positions` names."""
+    """[max_positions + 1, d_model] the table `cfg.positions` names, from row `cfg.position_offset` on."""
     build = marian_positions if cfg.positions == "marian" else sinusoidal_positions
-    return build(cfg.max_positions + 1, cfg.d_model)
+    return build(cfg.position_offset + cfg.max_positions + 1, cfg.d_model)[cfg.position_offset :]
 
 
 class FeedForward(nn.Module):
@@ -215,7 +230,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
-        self.src_embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        self.src_embed = nn.Embedding(cfg.source_vocab, cfg.d_model, padding_idx=cfg.pad_id)
         if cfg.share_all_embeddings:
             self.tgt_embed = self.src_embed
         else:

@@ -2,9 +2,10 @@
 
 One set of types: zoo.generate (torch) imports these, so a setting, a result or an error is the same class in
 both engines, and `Search` is checked once, where it is made. The rules both searches follow (the export verifies
-identical hypotheses): pad and bos are banned, eos is banned before `min_len` and forced at each sentence's length
-limit (`max_lengths`); beam search keeps fairseq's 2·K candidates, counts only eos among the top K as finished,
-stops a sentence after K finished hypotheses and drops it from the batch; greedy runs until every row has ended.
+identical hypotheses): pad and bos are banned (bos not where it is eos: fairseq's models start from eos), eos is
+banned before `min_len` and forced at each sentence's length limit (`max_lengths`); beam search keeps fairseq's
+2·K candidates, counts only eos among the top K as finished, stops a sentence after K finished hypotheses and drops
+it from the batch; greedy runs until every row has ended.
 
 Scores, one definition everywhere: a hypothesis' summed token log-probs, eos included, / length ** len_penalty
 (length counting eos) — what beam search ranks by and what teacher-forced scoring gives back, except where the
@@ -317,10 +318,18 @@ class Step(Protocol):
         ...
 
 
+def never_emitted(pad_id: int, bos_id: int, eos_id: int) -> list[int]:
+    """The tokens no search emits: pad, and the decoder's start token unless it is eos (fairseq's models start from
+    eos, which still ends a hypothesis)."""
+    return [pad_id] if bos_id in (pad_id, eos_id) else [pad_id, bos_id]
+
+
 def _mask(lp: np.ndarray, tok: np.ndarray, no_eos: np.ndarray, at_limit: np.ndarray, vocab: SearchVocab) -> None:
-    """The bans on a row's best-token list: pad and bos always, eos on rows still short of their min_len
-    (`no_eos` [N]); a row at its length limit gets only eos (log-prob 0). In place on lp/tok [N, k]."""
-    banned = (tok == vocab.pad_id) | (tok == vocab.bos_id) | ((tok == vocab.eos_id) & no_eos[:, None])
+    """The bans on a row's best-token list: pad and bos always (never_emitted), eos on rows still short of their
+    min_len (`no_eos` [N]); a row at its length limit gets only eos (log-prob 0). In place on lp/tok [N, k]."""
+    banned = (tok == vocab.eos_id) & no_eos[:, None]  # [N, k]
+    for token in never_emitted(vocab.pad_id, vocab.bos_id, vocab.eos_id):
+        banned |= tok == token
     lp[banned] = -np.inf
     if at_limit.any():
         lp[at_limit] = -np.inf
