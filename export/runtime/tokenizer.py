@@ -6,11 +6,12 @@
   sentencepiece models whose pieces map through one vocabulary list to the model's ids (pieces it lacks: unk),
   eos appended to every source, a leading `>>xx<<` language code kept as one piece, and no bos: the decoder starts
   from pad. Outputs are decoded by the target model, as Marian does.
+* **Moses + BPE** (FSMT, fairseq's WMT models: separate source and target vocabularies): moses_bpe.py.
 
-Both travel as bytes (a checkpoint's "tokenizer"; an export's tokenizer.model, the one name the export format
-gives its tokenizer file): sentencepiece's own model proto, or for the shared vocabulary one JSON document holding
-both models and the vocabulary; `load_tokenizer` tells them apart by content. One implementation for both engines:
-zoo imports the shared-vocabulary one from here.
+All travel as bytes (a checkpoint's "tokenizer"; an export's tokenizer.model, the one name the export format
+gives its tokenizer file): sentencepiece's own model proto, or for the others one JSON document naming its kind;
+`load_tokenizer` tells them apart by content. One implementation for both engines: zoo imports the converted
+models' tokenizers from here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 import sentencepiece as spm
 
 from .errors import ExportedModelError
+from .moses_bpe import MOSES_BPE_KIND, MosesBPETokenizer
 
 SHARED_VOCAB_KIND = "shared-vocab-sentencepiece"
 
@@ -177,8 +179,18 @@ class SharedVocabTokenizer:
         return cls(source, target, vocab, **{k: str(specials[k]) for k in ("pad", "unk", "eos")})
 
 
-def load_tokenizer(data: bytes) -> SentencePieceTokenizer | SharedVocabTokenizer:
-    """The tokenizer serialised in `data`: a shared-vocabulary JSON document, else a sentencepiece model proto."""
-    if data[:1] == b"{":
-        return SharedVocabTokenizer.from_bytes(data)
-    return SentencePieceTokenizer(data)
+def load_tokenizer(data: bytes) -> SentencePieceTokenizer | SharedVocabTokenizer | MosesBPETokenizer:
+    """The tokenizer serialised in `data`: a JSON document of its kind, else a sentencepiece model proto."""
+    if data[:1] != b"{":
+        return SentencePieceTokenizer(data)
+    if _document_kind(data) == MOSES_BPE_KIND:
+        return MosesBPETokenizer.from_document(json.loads(data.decode("utf-8")))
+    return SharedVocabTokenizer.from_bytes(data)
+
+
+def _document_kind(data: bytes) -> Any:
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except ValueError:
+        return None  # SharedVocabTokenizer.from_bytes names the problem
+    return doc.get("kind") if isinstance(doc, dict) else None

@@ -197,7 +197,8 @@ def write_sentence_figure(
     maps = sentence_maps(model, src, tgt_in, module)
     if not maps:
         raise AnalyzeError(f"{module} captured no attention map")
-    src_tok = [tok.id_to_piece(int(i)) for i in batch.src[0]]
+    source_piece = getattr(tok, "source_piece", tok.id_to_piece)  # a separate source vocabulary (FSMT) has its own
+    src_tok = [source_piece(int(i)) for i in batch.src[0]]
     tgt_tok = [tok.id_to_piece(int(i)) for i in batch.tgt_in[0]]
     q_tok = src_tok if module.startswith("encoder") else tgt_tok
     k_tok = tgt_tok if module.startswith("decoder") and module.endswith("self_attn") else src_tok

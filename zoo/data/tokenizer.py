@@ -3,8 +3,8 @@
 One model for source and target (shared embeddings are possible, and the model bytes travel
 inside checkpoints and export directories). ``character_coverage=1.0`` because the default
 (0.9995) maps rare characters such as ``ü`` to ``⁇`` on small corpora. A converted pretrained
-model brings its own tokenizer instead — source and target models sharing one vocabulary, the
-export runtime's `SharedVocabTokenizer` — and `load_tokenizer` reads either from a checkpoint.
+model brings its own tokenizer instead — Marian's source and target models sharing one vocabulary
+or FSMT's Moses + BPE, the export runtime's — and `load_tokenizer` reads any from a checkpoint.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from typing import Any
 import sentencepiece as spm
 
 from export.runtime.errors import ExportedModelError
+from export.runtime.moses_bpe import MosesBPETokenizer
 from export.runtime.tokenizer import SharedVocabTokenizer
+from export.runtime.tokenizer import load_tokenizer as runtime_load_tokenizer
 from zoo.data.types import DataError, Example
 
 log = logging.getLogger("zoo.data")
@@ -173,13 +175,13 @@ class Tokenizer:
         return self.vocab_size
 
 
-def load_tokenizer(data: bytes) -> Tokenizer | SharedVocabTokenizer:
-    """A checkpoint's tokenizer: the joint model zoo.train trains, or a converted model's source and target models
-    sharing one vocabulary (a JSON document; export.runtime.tokenizer)."""
+def load_tokenizer(data: bytes) -> Tokenizer | SharedVocabTokenizer | MosesBPETokenizer:
+    """A checkpoint's tokenizer: the joint model zoo.train trains, or a converted model's (a JSON document naming its
+    kind: source and target sentencepiece models sharing one vocabulary, or Moses + BPE; export.runtime.tokenizer)."""
     if data[:1] != b"{":
         return Tokenizer.from_bytes(data)
     try:
-        return SharedVocabTokenizer.from_bytes(data)
+        return runtime_load_tokenizer(data)
     except ExportedModelError as exc:
         raise DataError(str(exc)) from exc
 
