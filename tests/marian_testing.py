@@ -1,15 +1,19 @@
 """Shared helpers of the tests of converted pretrained models: a tiny parallel text, source and target
-sentencepiece models trained on it in memory, and a Marian-style vocabulary over both (OPUS-MT's layout: eos 0,
-unk 1, every piece of either model, pad last)."""
+sentencepiece models trained on it in memory, a Marian-style vocabulary over both (OPUS-MT's layout: eos 0,
+unk 1, every piece of either model, pad last), and edits of a save_pretrained directory."""
 
 from __future__ import annotations
 
 import io
+import json
 import random
+from pathlib import Path
 
 import sentencepiece as spm
+import torch
 
 from export.runtime.tokenizer import SharedVocabTokenizer
+from zoo.convert.hf_files import read_safetensors
 from zoo.convert.marian import marian_vocabulary
 
 _DE = (
@@ -54,3 +58,17 @@ def shuffled_pairs(seed: int = 0) -> list[tuple[str, str]]:
     pairs = list(PAIRS)
     random.Random(seed).shuffle(pairs)
     return pairs
+
+
+def edit_config(directory: Path, **fields) -> None:
+    """Change fields of a save_pretrained directory's config.json."""
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **fields}))
+
+
+def edit_weights(directory: Path, edit) -> None:
+    """Apply `edit` to a save_pretrained directory's weights, rewritten as pytorch_model.bin."""
+    state = read_safetensors(directory / "model.safetensors")
+    edit(state)
+    (directory / "model.safetensors").unlink()
+    torch.save(state, directory / "pytorch_model.bin")

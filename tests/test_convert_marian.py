@@ -25,7 +25,7 @@ from serve.model_config import ModelSettings
 from serve.repository import write_repository
 from serve.server import Server
 from tests.export_testing import export_config
-from tests.marian_testing import PAIRS, marian_tokenizer
+from tests.marian_testing import PAIRS, edit_config, edit_weights, marian_tokenizer
 from tests.zoo_testing import compose_train
 from zoo.analyze.run import analyze
 from zoo.api import Translator
@@ -289,34 +289,22 @@ def test_safetensors_reader_equals_the_library(marian, tmp_path: Path) -> None:
         assert all(ours[k].dtype == theirs[k].dtype and torch.equal(ours[k], theirs[k]) for k in theirs), path
 
 
-def _edit_config(directory: Path, **fields) -> None:
-    config = json.loads((directory / "config.json").read_text())
-    (directory / "config.json").write_text(json.dumps({**config, **fields}))
-
-
-def _edit_weights(directory: Path, edit) -> None:
-    state = read_safetensors(directory / "model.safetensors")
-    edit(state)
-    (directory / "model.safetensors").unlink()
-    torch.save(state, directory / "pytorch_model.bin")
-
-
 REFUSED = {
-    "normalize_before": (lambda d: _edit_config(d, normalize_before=True), "normalize_before=True (pre-norm layers)"),
-    "layernorm_embedding": (lambda d: _edit_config(d, layernorm_embedding=True), "layernorm_embedding=True"),
-    "add_final_layer_norm": (lambda d: _edit_config(d, add_final_layer_norm=True), "add_final_layer_norm=True"),
+    "normalize_before": (lambda d: edit_config(d, normalize_before=True), "normalize_before=True (pre-norm layers)"),
+    "layernorm_embedding": (lambda d: edit_config(d, layernorm_embedding=True), "layernorm_embedding=True"),
+    "add_final_layer_norm": (lambda d: edit_config(d, add_final_layer_norm=True), "add_final_layer_norm=True"),
     "static_position_embeddings": (
-        lambda d: _edit_config(d, static_position_embeddings=False),
+        lambda d: edit_config(d, static_position_embeddings=False),
         "static_position_embeddings=False (learned positions)",
     ),
-    "activation": (lambda d: _edit_config(d, activation_function="gelu_new"), "activation_function='gelu_new'"),
-    "decoder_start": (lambda d: _edit_config(d, decoder_start_token_id=0), "decoder_start_token_id=0"),
+    "activation": (lambda d: edit_config(d, activation_function="gelu_new"), "activation_function='gelu_new'"),
+    "decoder_start": (lambda d: edit_config(d, decoder_start_token_id=0), "decoder_start_token_id=0"),
     "separate_embeddings": (
-        lambda d: _edit_config(d, share_encoder_decoder_embeddings=False),
+        lambda d: edit_config(d, share_encoder_decoder_embeddings=False),
         "share_encoder_decoder_embeddings=False",
     ),
-    "untied_output": (lambda d: _edit_config(d, tie_word_embeddings=False), "tie_word_embeddings=False"),
-    "decoder_heads": (lambda d: _edit_config(d, decoder_attention_heads=2), "decoder_attention_heads=2"),
+    "untied_output": (lambda d: edit_config(d, tie_word_embeddings=False), "tie_word_embeddings=False"),
+    "decoder_heads": (lambda d: edit_config(d, decoder_attention_heads=2), "decoder_attention_heads=2"),
     "separate_vocabs": (
         lambda d: (d / "tokenizer_config.json").write_text(json.dumps({"separate_vocabs": True})),
         "separate_vocabs=True",
@@ -326,11 +314,11 @@ REFUSED = {
         "generation_config.json: num_beams=0 cannot be the zoo's beam_size",
     ),
     "extra_weight": (
-        lambda d: _edit_weights(d, lambda s: s.update({"model.encoder.layernorm_embedding.weight": torch.ones(32)})),
+        lambda d: edit_weights(d, lambda s: s.update({"model.encoder.layernorm_embedding.weight": torch.ones(32)})),
         "weight 'model.encoder.layernorm_embedding.weight' has no counterpart",
     ),
     "learned_positions": (
-        lambda d: _edit_weights(d, lambda s: s.update({"model.decoder.embed_positions.weight": torch.randn(64, 32)})),
+        lambda d: edit_weights(d, lambda s: s.update({"model.decoder.embed_positions.weight": torch.randn(64, 32)})),
         "weight 'model.decoder.embed_positions.weight' is not Marian's sinusoidal position table",
     ),
 }

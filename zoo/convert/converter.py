@@ -4,8 +4,9 @@
 with one line naming the field or weight, and no file appears):
   read      config.json, the weights (hf_files: safetensors, or pytorch_model.bin with weights_only) and the
             tokenizer files, offline — transformers is not needed
-  map       the config to a ModelConfig, refusing what the zoo's model lacks (marian.model_config)
+  map       the config to a ModelConfig, refusing what the zoo's model lacks (marian.py, fsmt.py: model_config)
   load      the weights into the zoo's Transformer under its names, checking tied embeddings and the position table
+            (build_converted; FSMT's weights decide which of its embeddings are one table)
   write     the checkpoint, atomically: weights, ModelConfig, tokenizer, data config, held-out pairs, the model's own
             search defaults (num_beams, length_penalty: `python -m export` starts from them), provenance
 """
@@ -17,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from zoo.checkpoint import save_checkpoint
-from zoo.convert import marian
+from zoo.convert import fsmt, marian
+from zoo.convert.common import generation_defaults
 from zoo.convert.hf_files import ConvertError, read_json, read_weights
 from zoo.flops import size_summary
 
-FORMATS = ("marian",)
+FAMILIES = {"marian": marian, "fsmt": fsmt}  # --from: the module that reads that family's files
+FORMATS = tuple(FAMILIES)
 HELDOUT_SENTENCES = 32  # as zoo.train stores: what export verifies on and keep_heads= scores heads with
 DATA_NAME = "pretrained"  # the data part of the public name <entry>-<data>: no corpus trained it here
 
@@ -55,11 +58,13 @@ def convert(
         raise ConvertError(f"{directory} is not a directory; pass a directory written by save_pretrained")
     if out.exists() and not overwrite:
         raise ConvertError(f"{out} already exists; pass --overwrite to replace it")
+    family = FAMILIES[source_format]
     config = read_json(directory / "config.json")
-    tokenizer = marian.read_tokenizer(directory)
-    cfg = marian.model_config(config, tokenizer)
-    generation = marian.generation_defaults(directory, config)
-    model = marian.build_converted(cfg, read_weights(directory))
+    tokenizer = family.read_tokenizer(directory)
+    cfg = family.model_config(config, tokenizer)
+    generation = generation_defaults(directory, config)
+    model = family.build_converted(cfg, read_weights(directory))
+    cfg = model.cfg  # the weights may have decided the embedding sharing (FSMT)
     pairs = read_heldout(*heldout) if heldout else {"src": [], "tgt": []}
     entry = name or directory.resolve().name
     files = sorted(p for p in directory.iterdir() if p.is_file())

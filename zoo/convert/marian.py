@@ -16,14 +16,11 @@ import sentencepiece as spm
 import torch
 from torch import Tensor
 
-from export.runtime.errors import ExportedModelError, ExportRuntimeError
-from export.runtime.search import Search
+from export.runtime.errors import ExportedModelError
 from export.runtime.tokenizer import SharedVocabTokenizer
+from zoo.convert.common import activation, layer_names, load_named, refuse, same_in_both_stacks
 from zoo.convert.hf_files import ConvertError, read_json
 from zoo.model import ModelConfig, Transformer, build_model, marian_positions
-
-# transformers' activation names → the zoo's (ACT2FN: "swish" and "silu" are x·sigmoid(x), "gelu" the erf form)
-ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
 
 # config.json fields the zoo represents in one value only: field → (that value, what another value would mean)
 FIXED_FIELDS: dict[str, tuple[Any, str]] = {
@@ -37,36 +34,24 @@ FIXED_FIELDS: dict[str, tuple[Any, str]] = {
     "tie_word_embeddings": (True, "an output projection untied from the embedding"),
     "is_decoder": (False, "a decoder-only model"),
 }
-# the search defaults a model's author saved that the zoo's search has (generation_config.json, else config.json):
-# transformers' name → Search's. `max_length` is not among them: transformers caps the output at an absolute length
-# (OPUS-MT: 512 tokens), the zoo at one relative to the source (generation.max_len_a/b), which bounds a request's work
-GENERATION_FIELDS = {"num_beams": "beam_size", "length_penalty": "len_penalty"}
 SPECIAL_PIECES = {"pad_token": "<pad>", "unk_token": "<unk>", "eos_token": "</s>"}
-
-
-def _refuse(field: str, value: Any, meaning: str, fix: str) -> ConvertError:
-    return ConvertError(f"config.json: {field}={value!r} ({meaning}) cannot be represented exactly; {fix}")
 
 
 def model_config(config: dict[str, Any], tokenizer: SharedVocabTokenizer) -> ModelConfig:
     """The ModelConfig of a Marian config.json, or ConvertError naming the first field the zoo cannot represent."""
     if config.get("model_type") != "marian":
-        raise _refuse("model_type", config.get("model_type"), "not a Marian model", "use --from fsmt for FSMT models")
+        raise refuse("model_type", config.get("model_type"), "not a Marian model", "use --from fsmt for FSMT models")
     for field, (needed, meaning) in FIXED_FIELDS.items():
         if field in config and config[field] != needed:
-            raise _refuse(field, config[field], meaning, f"only {field}={needed!r} converts")
-    for a, b in (
-        ("encoder_attention_heads", "decoder_attention_heads"),
-        ("encoder_ffn_dim", "decoder_ffn_dim"),
-        ("vocab_size", "decoder_vocab_size"),
-    ):
-        if config.get(b) is not None and config.get(b) != config.get(a):
-            raise _refuse(b, config[b], f"differs from {a}={config.get(a)!r}", f"only {b} equal to {a} converts")
-    activation = config.get("activation_function", "gelu")
-    if activation not in ACTIVATIONS:
-        raise _refuse(
-            "activation_function", activation, "an FFN activation the zoo lacks", f"use {sorted(ACTIVATIONS)}"
-        )
+            raise refuse(field, config[field], meaning, f"only {field}={needed!r} converts")
+    same_in_both_stacks(
+        config,
+        (
+            ("encoder_attention_heads", "decoder_attention_heads"),
+            ("encoder_ffn_dim", "decoder_ffn_dim"),
+            ("vocab_size", "decoder_vocab_size"),
+        ),
+    )
     ids = {"pad": tokenizer.pad_id, "eos": tokenizer.eos_id}
     for field, want, role in (
         ("pad_token_id", ids["pad"], "pad"),
@@ -74,11 +59,11 @@ def model_config(config: dict[str, Any], tokenizer: SharedVocabTokenizer) -> Mod
         ("decoder_start_token_id", ids["pad"], "pad (Marian decodes from pad)"),
     ):
         if config.get(field) != want:
-            raise _refuse(field, config.get(field), f"vocab.json's {role} id is {want}", f"set {field}={want}")
+            raise refuse(field, config.get(field), f"vocab.json's {role} id is {want}", f"set {field}={want}")
     if config.get("forced_eos_token_id") not in (None, ids["eos"]):
-        raise _refuse("forced_eos_token_id", config["forced_eos_token_id"], "not eos", f"set it to {ids['eos']}")
+        raise refuse("forced_eos_token_id", config["forced_eos_token_id"], "not eos", f"set it to {ids['eos']}")
     if config.get("vocab_size") != tokenizer.vocab_size:
-        raise _refuse(
+        raise refuse(
             "vocab_size", config.get("vocab_size"), f"vocab.json has {tokenizer.vocab_size} pieces", "re-save the model"
         )
     return ModelConfig(
@@ -97,32 +82,11 @@ def model_config(config: dict[str, Any], tokenizer: SharedVocabTokenizer) -> Mod
         pad_id=tokenizer.pad_id,
         bos_id=tokenizer.pad_id,  # pad as the decoder's start token
         eos_id=tokenizer.eos_id,
-        activation=ACTIVATIONS[activation],
+        activation=activation(config, "gelu"),
         scale_embedding=bool(config.get("scale_embedding", False)),
         positions="marian",
         final_logits_bias=True,
     )
-
-
-def generation_defaults(directory: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """The model's own search defaults as Search settings (GENERATION_FIELDS), from generation_config.json where the
-    directory has one, else from the older config.json fields; ConvertError naming the field if the zoo's search
-    cannot take a value."""
-    file = directory / "generation_config.json"
-    saved = read_json(file) if file.is_file() else config
-    where = file.name if file.is_file() else "config.json"
-    defaults = {}
-    for theirs, ours in GENERATION_FIELDS.items():
-        value = saved.get(theirs)
-        if value is None:
-            continue
-        try:
-            Search(**{ours: value})
-        except (ExportRuntimeError, TypeError, ValueError) as exc:
-            message = f"{where}: {theirs}={value!r} cannot be the zoo's {ours} ({exc}); fix the field"
-            raise ConvertError(message) from exc
-        defaults[ours] = value
-    return defaults
 
 
 def read_tokenizer(directory: Path) -> SharedVocabTokenizer:
@@ -161,28 +125,7 @@ def _piece(value: Any, default: str) -> str:
 
 def _names(cfg: ModelConfig) -> dict[str, str]:
     """transformers' weight name → the zoo's, for every weight the zoo loads."""
-    names = {"model.shared.weight": "src_embed.weight", "final_logits_bias": "final_logits_bias"}
-    projections = [f"{p}_proj.{w}" for p in "qkv" for w in ("weight", "bias")]
-    projections += ["out_proj.weight", "out_proj.bias"]
-    for stack, count, blocks in (
-        ("encoder", cfg.encoder_layers, {"self_attn": "self_attn"}),
-        ("decoder", cfg.decoder_layers, {"self_attn": "self_attn", "encoder_attn": "cross_attn"}),
-    ):
-        norms = {"self_attn_layer_norm": "attn_block.norm", "final_layer_norm": "ffn_block.norm"}
-        if stack == "decoder":
-            norms = {
-                "self_attn_layer_norm": "self_block.norm",
-                "encoder_attn_layer_norm": "cross_block.norm",
-                "final_layer_norm": "ffn_block.norm",
-            }
-        for i in range(count):
-            hf, zoo = f"model.{stack}.layers.{i}.", f"{stack}.layers.{i}."
-            for theirs, ours in blocks.items():
-                names.update({f"{hf}{theirs}.{p}": f"{zoo}{ours}.{p}" for p in projections})
-            for theirs, ours in norms.items():
-                names.update({f"{hf}{theirs}.{w}": f"{zoo}{ours}.{w}" for w in ("weight", "bias")})
-            names.update({f"{hf}fc{k}.{w}": f"{zoo}ffn.fc{k}.{w}" for k in (1, 2) for w in ("weight", "bias")})
-    return names
+    return {"model.shared.weight": "src_embed.weight", "final_logits_bias": "final_logits_bias", **layer_names(cfg)}
 
 
 # weights that must equal another one the zoo keeps (tied embeddings) or its own position table
@@ -195,26 +138,7 @@ def build_converted(cfg: ModelConfig, weights: dict[str, Tensor]) -> Transformer
     position table other than Marian's sinusoidal one."""
     model = build_model(cfg).eval()
     state = model.state_dict()
-    names = _names(cfg)
-    for name in weights:
-        if name not in names and name not in TIED and name not in POSITIONS:
-            raise ConvertError(
-                f"weight {name!r} has no counterpart in the zoo's model; this Marian variant cannot "
-                "be converted exactly"
-            )
-    for theirs, ours in names.items():
-        if theirs not in weights:
-            raise ConvertError(
-                f"weight {theirs!r} is missing from the model's weights; re-save it with save_pretrained"
-            )
-        value = weights[theirs].float()
-        if theirs == "final_logits_bias":
-            value = value.reshape(-1)  # [1, V] -> [V]
-        if value.shape != state[ours].shape:
-            raise ConvertError(
-                f"weight {theirs!r} has shape {tuple(value.shape)}, config.json implies {tuple(state[ours].shape)}"
-            )
-        state[ours] = value
+    load_named(state, weights, _names(cfg), {*TIED, *POSITIONS}, "Marian")
     shared = weights["model.shared.weight"].float()
     for name in TIED:
         if name in weights and not torch.equal(weights[name].float(), shared):

@@ -1,0 +1,115 @@
+"""What the converters of transformers' encoder-decoder translators share: Marian and FSMT lay their layers out as
+BART does (post-norm, biases everywhere), name their search defaults alike, and are refused the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from export.runtime.errors import ExportRuntimeError
+from export.runtime.search import Search
+from zoo.convert.hf_files import ConvertError, read_json
+from zoo.model import ModelConfig
+
+# transformers' activation names → the zoo's (ACT2FN: "swish" and "silu" are x·sigmoid(x), "gelu" the erf form)
+ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
+# the search defaults a model's author saved that the zoo's search has (generation_config.json, else config.json):
+# transformers' name → Search's. `max_length` is not among them: transformers caps the output at an absolute length
+# (OPUS-MT: 512 tokens), the zoo at one relative to the source (generation.max_len_a/b), which bounds a request's work
+GENERATION_FIELDS = {"num_beams": "beam_size", "length_penalty": "len_penalty"}
+
+
+def refuse(field: str, value: Any, meaning: str, fix: str) -> ConvertError:
+    """The one-line refusal of a config.json field the zoo cannot represent exactly."""
+    return ConvertError(f"config.json: {field}={value!r} ({meaning}) cannot be represented exactly; {fix}")
+
+
+def activation(config: dict[str, Any], default: str) -> str:
+    """The zoo's name of config.json's FFN activation, or the refusal naming the field."""
+    name = config.get("activation_function", default)
+    if name not in ACTIVATIONS:
+        raise refuse("activation_function", name, "an FFN activation the zoo lacks", f"use {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def same_in_both_stacks(config: dict[str, Any], pairs: tuple[tuple[str, str], ...]) -> None:
+    """Refuse an encoder and a decoder that differ in a value the zoo's config holds once (heads, FFN width)."""
+    for a, b in pairs:
+        if config.get(b) is not None and config.get(b) != config.get(a):
+            raise refuse(b, config[b], f"differs from {a}={config.get(a)!r}", f"only {b} equal to {a} converts")
+
+
+def generation_defaults(directory: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """The model's own search defaults as Search settings (GENERATION_FIELDS), from generation_config.json where the
+    directory has one, else from the older config.json fields; ConvertError naming the field if the zoo's search
+    cannot take a value."""
+    file = directory / "generation_config.json"
+    saved = read_json(file) if file.is_file() else config
+    where = file.name if file.is_file() else "config.json"
+    defaults = {}
+    for theirs, ours in GENERATION_FIELDS.items():
+        value = saved.get(theirs)
+        if value is None:
+            continue
+        try:
+            Search(**{ours: value})
+        except (ExportRuntimeError, TypeError, ValueError) as exc:
+            message = f"{where}: {theirs}={value!r} cannot be the zoo's {ours} ({exc}); fix the field"
+            raise ConvertError(message) from exc
+        defaults[ours] = value
+    return defaults
+
+
+def layer_names(cfg: ModelConfig) -> dict[str, str]:
+    """transformers' weight name → the zoo's, for every weight of the encoder and decoder layers (BART's layout)."""
+    names = {}
+    projections = [f"{p}_proj.{w}" for p in "qkv" for w in ("weight", "bias")]
+    projections += ["out_proj.weight", "out_proj.bias"]
+    for stack, count, blocks in (
+        ("encoder", cfg.encoder_layers, {"self_attn": "self_attn"}),
+        ("decoder", cfg.decoder_layers, {"self_attn": "self_attn", "encoder_attn": "cross_attn"}),
+    ):
+        norms = {"self_attn_layer_norm": "attn_block.norm", "final_layer_norm": "ffn_block.norm"}
+        if stack == "decoder":
+            norms = {
+                "self_attn_layer_norm": "self_block.norm",
+                "encoder_attn_layer_norm": "cross_block.norm",
+                "final_layer_norm": "ffn_block.norm",
+            }
+        for i in range(count):
+            hf, zoo = f"model.{stack}.layers.{i}.", f"{stack}.layers.{i}."
+            for theirs, ours in blocks.items():
+                names.update({f"{hf}{theirs}.{p}": f"{zoo}{ours}.{p}" for p in projections})
+            for theirs, ours in norms.items():
+                names.update({f"{hf}{theirs}.{w}": f"{zoo}{ours}.{w}" for w in ("weight", "bias")})
+            names.update({f"{hf}fc{k}.{w}": f"{zoo}ffn.fc{k}.{w}" for k in (1, 2) for w in ("weight", "bias")})
+    return names
+
+
+def load_named(
+    state: dict[str, Tensor], weights: dict[str, Tensor], names: dict[str, str], checked: set[str], family: str
+) -> None:
+    """Copy `weights` into the zoo's `state` under `names` (theirs → ours), or ConvertError naming a weight that is
+    unknown (neither named nor among the `checked` ones the caller compares itself), missing or misshapen."""
+    for name in weights:
+        if name not in names and name not in checked:
+            raise ConvertError(
+                f"weight {name!r} has no counterpart in the zoo's model; this {family} variant cannot "
+                "be converted exactly"
+            )
+    for theirs, ours in names.items():
+        if theirs not in weights:
+            raise ConvertError(
+                f"weight {theirs!r} is missing from the model's weights; re-save it with save_pretrained"
+            )
+        value = weights[theirs].float()
+        if theirs == "final_logits_bias":
+            value = value.reshape(-1)  # [1, V] -> [V]
+        if value.shape != state[ours].shape:
+            raise ConvertError(
+                f"weight {theirs!r} has shape {tuple(value.shape)}, config.json implies {tuple(state[ours].shape)}"
+            )
+        state[ours] = value
