@@ -1,4 +1,4 @@
-"""`python -m zoo.convert --from marian <dir> --out <file.pt>`: a pretrained translator as a zoo checkpoint.
+"""`python -m zoo.convert --from marian|fsmt <dir> --out <file.pt>`: a pretrained translator as a zoo checkpoint.
 
 Ordinary flags, not Hydra: the arguments are paths. The checkpoint then works with every zoo command, e.g.
 `python -m zoo.translate --checkpoint <file.pt> "Guten Morgen."` or
