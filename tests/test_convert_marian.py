@@ -20,12 +20,16 @@ from hydra import compose, initialize_config_dir
 import export
 from export.exporter import _search as export_search
 from export.exporter import export_checkpoint
-from serve.client import Client
-from serve.model_config import ModelSettings
-from serve.repository import write_repository
-from serve.server import Server
+from tests.convert_testing import (
+    PAIRS,
+    assert_refused,
+    assert_served_equals_runtime,
+    edit_config,
+    edit_weights,
+    generate_like_the_zoo,
+    marian_tokenizer,
+)
 from tests.export_testing import export_config
-from tests.marian_testing import PAIRS, edit_config, edit_weights, marian_tokenizer
 from tests.zoo_testing import compose_train
 from zoo.analyze.run import analyze
 from zoo.api import Translator
@@ -196,15 +200,6 @@ def test_logits_equal_transformers(marian, converted: Path) -> None:
     assert float((theirs - ours)[keep].abs().max()) <= 1e-4
 
 
-def _strip(row: list[int], eos: int, pad: int) -> list[int]:
-    out = []
-    for t in row[1:]:  # after the decoder start
-        if t in (eos, pad):
-            break
-        out.append(t)
-    return out
-
-
 @pytest.mark.parametrize("beam", [1, 4])
 def test_greedy_and_beam_equal_generate(marian, converted: Path, beam: int) -> None:
     """The zoo's search equals generate() with the same settings: pad banned (OPUS-MT's bad_words_ids), eos banned
@@ -214,23 +209,8 @@ def test_greedy_and_beam_equal_generate(marian, converted: Path, beam: int) -> N
     the earlier finished ones, transformers the best of old and new.)"""
     _, hf_model, hf_tok = marian
     model = model_from_checkpoint(load_checkpoint(converted))
-    cfg = hf_model.config
     enc = hf_tok([s for s, _ in PAIRS], return_tensors="pt", padding=True)
-    with torch.no_grad():
-        out = hf_model.generate(
-            **enc,
-            num_beams=beam,
-            max_new_tokens=MAX_NEW,
-            min_new_tokens=1,
-            do_sample=False,
-            bad_words_ids=[[cfg.pad_token_id]],
-            forced_eos_token_id=cfg.eos_token_id,
-            early_stopping=True,
-            length_penalty=1.0,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-    theirs = [_strip(r, cfg.eos_token_id, cfg.pad_token_id) for r in out.sequences.tolist()]
+    theirs, out = generate_like_the_zoo(hf_model, enc, beam, MAX_NEW)
     search = Search(beam_size=beam, len_penalty=1.0, max_len_a=0, max_len_b=MAX_NEW, min_len=1)
     best = [hyps[0] for hyps in generate_nbest(model, enc["input_ids"], search)]
     assert [h.tokens for h in best] == theirs == generate(model, enc["input_ids"], search)
@@ -326,19 +306,8 @@ REFUSED = {
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_unrepresentable_configs_are_refused(marian, tmp_path: Path, capsys, case: str) -> None:
-    """One line on stderr naming the field (or weight), exit status 2, and no checkpoint written."""
-    directory, _, _ = marian
-    copy = tmp_path / "model"
-    shutil.copytree(directory, copy)
-    edit, named = REFUSED[case]
-    edit(copy)
-    out = tmp_path / "out.pt"
-    with pytest.raises(SystemExit) as exit_info:
-        convert_main(["--from", "marian", str(copy), "--out", str(out)])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and named in err and err.count("\n") == 1, err
-    assert not out.exists() and list(tmp_path.glob("*.pt*")) == []
+    """One line on stderr naming the field (or weight or file), exit status 2, and no checkpoint written."""
+    assert_refused("marian", marian[0], tmp_path, capsys, *REFUSED[case])
 
 
 GHT_PS_FROM_PRETRAINED = [
@@ -427,16 +396,4 @@ def test_served_pruned_model_equals_the_runtime(pruned: tuple[Path, dict], tmp_p
     the runtime's shared-vocabulary tokenizer inside it) returns the in-process runtime's texts, one request at a
     time (so that no dynamic batch mixes requests: tests/test_serve.py)."""
     out, manifest = pruned
-    repo = tmp_path / "repo"
-    assert write_repository([out], repo, ModelSettings(instance_count=1, threads=1)) == [manifest["name"]]
-    sources = [s for s, _ in PAIRS[:4]]
-    local = export.load(out, threads=1)
-    server = Server.start(repo, http_port=0, grpc_port=0, metrics_port=0)
-    try:
-        client = Client(server.info.http_url, model=manifest["name"])
-        for beam in (1, 2):
-            assert [client.translate([s], beam_size=beam)[0] for s in sources] == local.translate(
-                sources, beam_size=beam
-            )
-    finally:
-        server.stop()
+    assert_served_equals_runtime(out, manifest, [s for s, _ in PAIRS[:4]], tmp_path)

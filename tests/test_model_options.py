@@ -18,8 +18,8 @@ import export
 from export.exporter import export_checkpoint
 from export.runtime.errors import ExportedModelError
 from export.runtime.tokenizer import SharedVocabTokenizer, load_tokenizer
+from tests.convert_testing import PAIRS, marian_tokenizer
 from tests.export_testing import export_config
-from tests.marian_testing import PAIRS, marian_tokenizer
 from zoo.api import Translator
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from zoo.data import DataError
@@ -117,54 +117,45 @@ def _reference_greedy(model, src: torch.Tensor, steps: int) -> list[int]:
     return tokens[1:]
 
 
-def test_pad_as_decoder_start() -> None:
-    """A model whose decoder starts from pad (bos_id == pad_id, Marian): greedy search is the definition's, the
-    cached searches equal the recomputing ones, and scoring feeds pad first."""
-    torch.manual_seed(3)
-    cfg = ModelConfig(vocab_size=40, **TINY, pad_id=39, bos_id=39, eos_id=0, activation="swish", positions="marian")
-    model = build_model(cfg).eval()
-    src = torch.tensor([[5, 6, 7, 8, 0], [9, 10, 11, 0, 39]])
+def _searches_follow_the_definition(model, src: torch.Tensor) -> list[list[int]]:
+    """Greedy search equals the definition's for every source of src [B, S] (padding cut), the cached searches
+    equal the recomputing ones, and scoring feeds the start token first; the greedy outputs."""
+    cfg = model.cfg
     search = Search(beam_size=1, max_len_a=0, max_len_b=12)
     got = greedy_search(model, src, search)
-    assert got == [_reference_greedy(model, src[i : i + 1, : int(src[i].ne(39).sum())], 11) for i in range(2)]
+    lengths = src.ne(cfg.pad_id).sum(1).tolist()
+    assert got == [_reference_greedy(model, src[i : i + 1, : lengths[i]], 11) for i in range(len(src))]
     assert got == greedy_search(model, src, search, use_cache=False)
     beam = Search(beam_size=3, max_len_a=0, max_len_b=12)
     assert beam_search(model, src, beam) == beam_search(model, src, beam, use_cache=False)
     scored = score_targets(model, src[:1], [[11, 12]])[0]
     with torch.no_grad():
         memory, pad = model.encode(src[:1])
-        expected = model.decode(torch.tensor([[39, 11, 12]]), memory, pad)[0].log_softmax(-1)  # [3, V]
-    assert scored.tokens == [11, 12, 0]
-    reference = [float(expected[i, t]) for i, t in enumerate([11, 12, 0])]
+        expected = model.decode(torch.tensor([[cfg.bos_id, 11, 12]]), memory, pad)[0].log_softmax(-1)  # [3, V]
+    assert scored.tokens == [11, 12, cfg.eos_id]
+    reference = [float(expected[i, t]) for i, t in enumerate(scored.tokens)]
     np.testing.assert_allclose(scored.token_logprobs, reference, atol=1e-5)
+    return got
+
+
+def test_pad_as_decoder_start() -> None:
+    """A model whose decoder starts from pad (bos_id == pad_id, Marian) searches and scores by the definition."""
+    torch.manual_seed(3)
+    cfg = ModelConfig(vocab_size=40, **TINY, pad_id=39, bos_id=39, eos_id=0, activation="swish", positions="marian")
+    _searches_follow_the_definition(build_model(cfg).eval(), torch.tensor([[5, 6, 7, 8, 0], [9, 10, 11, 0, 39]]))
 
 
 def test_eos_as_decoder_start() -> None:
-    """A model whose decoder starts from eos (bos_id == eos_id, fairseq's FSMT): eos still ends a hypothesis —
-    greedy search is the definition's and ends some outputs itself — the cached searches equal the recomputing
-    ones, and scoring feeds eos first."""
+    """A model whose decoder starts from eos (bos_id == eos_id, fairseq's FSMT) searches and scores by the
+    definition, and eos still ends a hypothesis: some greedy outputs end themselves."""
     torch.manual_seed(5)
-    cfg = ModelConfig(vocab_size=40, **TINY, pad_id=1, bos_id=2, eos_id=2, position_offset=2)
-    model = build_model(cfg).eval()
+    model = build_model(ModelConfig(vocab_size=40, **TINY, pad_id=1, bos_id=2, eos_id=2, position_offset=2)).eval()
     with torch.no_grad():  # eos leaning on a direction the last layer adds to every state: some outputs end early
         direction = torch.randn(16)
         model.decoder.layers[-1].ffn_block.norm.bias.copy_(direction)
         model.tgt_embed.weight[2] += 0.15 * direction
-    src = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 11, 2, 1], [12, 2, 1, 1, 1]])
-    search = Search(beam_size=1, max_len_a=0, max_len_b=12)
-    got = greedy_search(model, src, search)
-    assert got == [_reference_greedy(model, src[i : i + 1, : int(src[i].ne(1).sum())], 11) for i in range(3)]
+    got = _searches_follow_the_definition(model, torch.tensor([[5, 6, 7, 8, 2], [9, 10, 11, 2, 1], [12, 2, 1, 1, 1]]))
     assert sorted(map(len, got)) == [1, 1, 11]  # natural ends (eos is not banned as the start token) and a forced one
-    assert got == greedy_search(model, src, search, use_cache=False)
-    beam = Search(beam_size=3, max_len_a=0, max_len_b=12)
-    assert beam_search(model, src, beam) == beam_search(model, src, beam, use_cache=False)
-    scored = score_targets(model, src[:1], [[11, 12]])[0]
-    with torch.no_grad():
-        memory, pad = model.encode(src[:1])
-        expected = model.decode(torch.tensor([[2, 11, 12]]), memory, pad)[0].log_softmax(-1)  # [3, V]
-    np.testing.assert_allclose(
-        scored.token_logprobs, [float(expected[i, t]) for i, t in enumerate([11, 12, 2])], atol=1e-5
-    )
 
 
 @pytest.mark.parametrize("offset", [0, 2])

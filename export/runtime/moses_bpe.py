@@ -34,6 +34,19 @@ def _sacremoses() -> Any:
     return sacremoses
 
 
+def merge_pair(parts: Sequence[str], pair: tuple[str, str]) -> list[str]:
+    """`parts` with every occurrence of the adjacent `pair` joined into one symbol, left to right."""
+    merged, i = [], 0
+    while i < len(parts):
+        if i < len(parts) - 1 and (parts[i], parts[i + 1]) == pair:
+            merged.append(parts[i] + parts[i + 1])
+            i += 2
+        else:
+            merged.append(parts[i])
+            i += 1
+    return merged
+
+
 def _index(vocab: Sequence[str], which: str) -> dict[str, int]:
     ids = {piece: i for i, piece in enumerate(vocab)}
     if len(ids) != len(vocab):
@@ -106,15 +119,7 @@ class MosesBPETokenizer:
             best = min(pairs, key=lambda pair: self.ranks.get(pair, len(self.ranks)))
             if best not in self.ranks:
                 break
-            merged, i = [], 0
-            while i < len(parts):
-                if i < len(parts) - 1 and (parts[i], parts[i + 1]) == best:
-                    merged.append(parts[i] + parts[i + 1])
-                    i += 2
-                else:
-                    merged.append(parts[i])
-                    i += 1
-            parts = merged
+            parts = merge_pair(parts, best)
         if len(self._splits) >= CACHE_WORDS:
             self._splits.clear()
         self._splits[word] = parts

@@ -42,6 +42,37 @@ def same_in_both_stacks(config: dict[str, Any], pairs: tuple[tuple[str, str], ..
             raise refuse(b, config[b], f"differs from {a}={config.get(a)!r}", f"only {b} equal to {a} converts")
 
 
+def special_ids(config: dict[str, Any], pad: int, eos: int, start: str, vocabulary: str) -> None:
+    """Refuse a config.json whose pad, eos, decoder start (`start`: "pad" or "eos", the family's) or forced eos id
+    is not the tokenizer's (`vocabulary` names where the ids come from, for the message)."""
+    ids = {"pad": pad, "eos": eos}
+    for field, want, role in (
+        ("pad_token_id", pad, "pad"),
+        ("eos_token_id", eos, "eos"),
+        ("decoder_start_token_id", ids[start], f"{start} (the family decodes from {start})"),
+    ):
+        if config.get(field) != want:
+            raise refuse(field, config.get(field), f"{vocabulary}'s {role} id is {want}", f"set {field}={want}")
+    if config.get("forced_eos_token_id") not in (None, eos):
+        raise refuse("forced_eos_token_id", config["forced_eos_token_id"], "not eos", f"set it to {eos}")
+
+
+def shape_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """The ModelConfig fields both families name alike in config.json: widths, depths, heads, dropouts, positions
+    (the encoder's values: same_in_both_stacks checked the decoder's)."""
+    return {
+        "d_model": int(config["d_model"]),
+        "encoder_layers": int(config["encoder_layers"]),
+        "decoder_layers": int(config["decoder_layers"]),
+        "num_heads": int(config["encoder_attention_heads"]),
+        "ffn_dim": int(config["encoder_ffn_dim"]),
+        "dropout": float(config.get("dropout", 0.1)),
+        "attention_dropout": float(config.get("attention_dropout", 0.0)),
+        "activation_dropout": float(config.get("activation_dropout", 0.0)),
+        "max_positions": int(config.get("max_position_embeddings", 1024)),
+    }
+
+
 def generation_defaults(directory: Path, config: dict[str, Any]) -> dict[str, Any]:
     """The model's own search defaults as Search settings (GENERATION_FIELDS), from generation_config.json where the
     directory has one, else from the older config.json fields; ConvertError naming the field if the zoo's search

@@ -18,7 +18,15 @@ import torch
 
 from export.runtime.errors import ExportedModelError
 from export.runtime.moses_bpe import MosesBPETokenizer
-from zoo.convert.common import activation, layer_names, load_named, refuse, same_in_both_stacks
+from zoo.convert.common import (
+    activation,
+    layer_names,
+    load_named,
+    refuse,
+    same_in_both_stacks,
+    shape_fields,
+    special_ids,
+)
 from zoo.convert.hf_files import ConvertError, read_json
 from zoo.model import ModelConfig, Transformer, build_model, sinusoidal_positions
 
@@ -104,29 +112,13 @@ def model_config(config: dict[str, Any], tokenizer: MosesBPETokenizer) -> ModelC
     ):
         if config.get(field) != size:
             raise refuse(field, config.get(field), f"{which} has {size} pieces", "re-save the model")
-    for field, want, role in (
-        ("pad_token_id", tokenizer.pad_id, "pad"),
-        ("eos_token_id", tokenizer.eos_id, "eos"),
-        ("decoder_start_token_id", tokenizer.eos_id, "eos (fairseq decodes from eos)"),
-    ):
-        if config.get(field) != want:
-            raise refuse(field, config.get(field), f"the vocabularies' {role} id is {want}", f"set {field}={want}")
-    if config.get("forced_eos_token_id") not in (None, tokenizer.eos_id):
-        raise refuse("forced_eos_token_id", config["forced_eos_token_id"], "not eos", f"set it to {tokenizer.eos_id}")
+    special_ids(config, tokenizer.pad_id, tokenizer.eos_id, "eos", "the vocabularies")
     return ModelConfig(
         vocab_size=int(config["tgt_vocab_size"]),
         source_vocab_size=int(config["src_vocab_size"]),
-        d_model=int(config["d_model"]),
-        encoder_layers=int(config["encoder_layers"]),
-        decoder_layers=int(config["decoder_layers"]),
-        num_heads=int(config["encoder_attention_heads"]),
-        ffn_dim=int(config["encoder_ffn_dim"]),
-        dropout=float(config.get("dropout", 0.1)),
-        attention_dropout=float(config.get("attention_dropout", 0.0)),
-        activation_dropout=float(config.get("activation_dropout", 0.0)),
+        **shape_fields(config),
         share_decoder_embeddings=True,
         share_all_embeddings=False,
-        max_positions=int(config.get("max_position_embeddings", 1024)),
         pad_id=tokenizer.pad_id,
         bos_id=tokenizer.eos_id,  # eos as the decoder's start token
         eos_id=tokenizer.eos_id,

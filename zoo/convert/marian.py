@@ -18,7 +18,15 @@ from torch import Tensor
 
 from export.runtime.errors import ExportedModelError
 from export.runtime.tokenizer import SharedVocabTokenizer
-from zoo.convert.common import activation, layer_names, load_named, refuse, same_in_both_stacks
+from zoo.convert.common import (
+    activation,
+    layer_names,
+    load_named,
+    refuse,
+    same_in_both_stacks,
+    shape_fields,
+    special_ids,
+)
 from zoo.convert.hf_files import ConvertError, read_json
 from zoo.model import ModelConfig, Transformer, build_model, marian_positions
 
@@ -52,33 +60,16 @@ def model_config(config: dict[str, Any], tokenizer: SharedVocabTokenizer) -> Mod
             ("vocab_size", "decoder_vocab_size"),
         ),
     )
-    ids = {"pad": tokenizer.pad_id, "eos": tokenizer.eos_id}
-    for field, want, role in (
-        ("pad_token_id", ids["pad"], "pad"),
-        ("eos_token_id", ids["eos"], "eos"),
-        ("decoder_start_token_id", ids["pad"], "pad (Marian decodes from pad)"),
-    ):
-        if config.get(field) != want:
-            raise refuse(field, config.get(field), f"vocab.json's {role} id is {want}", f"set {field}={want}")
-    if config.get("forced_eos_token_id") not in (None, ids["eos"]):
-        raise refuse("forced_eos_token_id", config["forced_eos_token_id"], "not eos", f"set it to {ids['eos']}")
+    special_ids(config, tokenizer.pad_id, tokenizer.eos_id, "pad", "vocab.json")
     if config.get("vocab_size") != tokenizer.vocab_size:
         raise refuse(
             "vocab_size", config.get("vocab_size"), f"vocab.json has {tokenizer.vocab_size} pieces", "re-save the model"
         )
     return ModelConfig(
         vocab_size=int(config["vocab_size"]),
-        d_model=int(config["d_model"]),
-        encoder_layers=int(config["encoder_layers"]),
-        decoder_layers=int(config["decoder_layers"]),
-        num_heads=int(config["encoder_attention_heads"]),
-        ffn_dim=int(config["encoder_ffn_dim"]),
-        dropout=float(config.get("dropout", 0.1)),
-        attention_dropout=float(config.get("attention_dropout", 0.0)),
-        activation_dropout=float(config.get("activation_dropout", 0.0)),
+        **shape_fields(config),
         share_decoder_embeddings=True,
         share_all_embeddings=True,
-        max_positions=int(config.get("max_position_embeddings", 1024)),
         pad_id=tokenizer.pad_id,
         bos_id=tokenizer.pad_id,  # pad as the decoder's start token
         eos_id=tokenizer.eos_id,
