@@ -7,7 +7,8 @@
 Why: users should get a working repository without writing Triton configs or backend code. Two variants:
 - `python` (default, runs on this machine's pytriton wheel): `<name>/config.pbtxt` + `<name>/<v>/model.py`, a
   Python-backend model running the export runtime; the runtime package, ONNX graphs, tokenizer and manifest are
-  copied next to it, so the model directory is self-contained (numpy + onnxruntime + sentencepiece only).
+  copied next to it, so the model directory is self-contained (numpy + onnxruntime + sentencepiece only;
+  sacremoses too for a converted FSMT model's tokenizer).
   An export is data: only the files its format defines are copied, under their fixed names, so nothing an
   export holds can be imported by the model's code (serve/model_config.copy_export_files).
 - `ngc` (a full NGC Triton container with the onnxruntime backend, for GPUs): `<name>-encoder` and
