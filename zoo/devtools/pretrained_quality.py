@@ -9,9 +9,9 @@ scaled and tied embeddings, a final logits bias, Marian's position table, pad as
 target sentencepiece models sharing one vocabulary) at the zoo's CPU size (3+3, d256, 8 heads, FFN 1024), trained
 here. It takes the README's path: `zoo.convert --from marian`, `zoo.train +model=transformer init=<converted>` on
 deen for --updates updates (one thread; a stopped run is resumed), then `python -m export` of the trained checkpoint
-unpruned and with each `keep_heads=K` (Michel et al. importance on the run's held-out pairs). Every export
-translates the whole test split with its own search (beam 5); BLEU and chrF, and sacreBLEU's paired bootstrap of
-each pruned export against the unpruned one.
+unpruned and with each `keep_heads=K` (Michel et al. importance on the run's held-out pairs: the first 32 test
+pairs). Every export translates the rest of the test split with its own search (beam 5); BLEU and chrF, and
+sacreBLEU's paired bootstrap of each pruned export against the unpruned one.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from hydra import compose, initialize_config_dir
 from tqdm import tqdm
 
 import export
+from zoo.checkpoint import load_checkpoint
 from zoo.convert.__main__ import main as convert_main
 from zoo.data import build_splits
 from zoo.devtools.pretrained_speed import build_marian_directory
@@ -93,6 +94,16 @@ def fine_tune(work: Path, checkpoint: Path, updates: int) -> Path:
     return finished[-1]
 
 
+def _heldout_count(run_dir: Path, splits: Any) -> int:
+    """How many test pairs the run's checkpoint holds as held-out pairs (keep_heads= scores heads on them): the
+    first ones of the test split, which the BLEU comparison leaves out."""
+    checkpoint = json.loads((run_dir / "test_metrics.json").read_text())["checkpoint"]
+    heldout = load_checkpoint(run_dir / "checkpoints" / checkpoint)["heldout"]["src"]
+    if heldout != [e.src for e in splits.test[: len(heldout)]]:
+        raise SystemExit(f"{run_dir}: the checkpoint's held-out pairs are not the first test pairs; retrain the run")
+    return len(heldout)
+
+
 def _export(run_dir: Path, out: Path, keep_heads: int | None, threads: int) -> Path:
     if (out / "manifest.json").is_file():
         return out
@@ -127,7 +138,9 @@ def measure(args: argparse.Namespace) -> Path:
     checkpoint = prepare(work, splits)
     run_dir = fine_tune(work, checkpoint, args.updates)
     variants = {"unpruned": None, **{f"keep_heads={k}": k for k in args.keep_heads}}
-    sources, refs = [e.src for e in splits.test], [e.tgt for e in splits.test]
+    skipped = _heldout_count(run_dir, splits)
+    scored_on = splits.test[skipped:]  # not the pairs keep_heads= ranks the heads on
+    sources, refs = [e.src for e in scored_on], [e.tgt for e in scored_on]
     scored = {
         name: score(_export(run_dir, work / f"export_{name.replace('=', '')}", k, args.threads), sources, refs, 2)
         for name, k in tqdm(variants.items(), desc="export and translate", unit="export")
@@ -152,6 +165,7 @@ def measure(args: argparse.Namespace) -> Path:
             "run": str(run_dir.relative_to(work)),
         },
         "test_sentences": len(sources),
+        "test_sentences_skipped": skipped,
         "variants": {},
     }
     for name, s in scored.items():
@@ -180,9 +194,10 @@ def render(result: dict[str, Any], source: str) -> str:
         f"({shape['encoder_layers']}+{shape['decoder_layers']}, d{shape['d_model']}, {shape['heads']} heads, "
         f"FFN {shape['ffn_dim']}), converted, then trained here with `zoo.train +model={t['entry']} init=<converted>` "
         f"for {t['updates']:,} updates on deen (checkpoint {t['checkpoint']}; its PyTorch test BLEU "
-        f"{t['pytorch_test_bleu']:.2f}) — a model trained here, not a real OPUS-MT checkpoint. Each export translates "
-        f"all {result['test_sentences']:,} test sentences with its own search (beam "
-        f"{result['variants']['unpruned']['beam_size']}); p: sacreBLEU's paired bootstrap against the unpruned "
+        f"{t['pytorch_test_bleu']:.2f} on the whole test split) — a model trained here, not a real OPUS-MT checkpoint. "
+        f"Each export translates the {result['test_sentences']:,} test sentences after the first "
+        f"{result['test_sentences_skipped']} (the held-out pairs keep_heads= ranks the heads on) with its own search "
+        f"(beam {result['variants']['unpruned']['beam_size']}); p: sacreBLEU's paired bootstrap against the unpruned "
         "export.\n"
     )
     rows = [
