@@ -45,10 +45,11 @@ def main(argv: list[str] | None = None) -> int:
             args.overwrite,
         )
     cfg = result["model_config"]
+    source_vocab = f" (source {cfg['source_vocab_size']})" if cfg.get("source_vocab_size") is not None else ""
     print(
         f"wrote {result['path']}: {result['entry']} ({args.source_format}), {cfg['encoder_layers']}+"
         f"{cfg['decoder_layers']} layers, d_model {cfg['d_model']}, {cfg['num_heads']} heads, vocab "
-        f"{cfg['vocab_size']}; {format_size_summary(result['size'])}"
+        f"{cfg['vocab_size']}{source_vocab}; {format_size_summary(result['size'])}"
     )
     if result["generation"]:
         carried = ", ".join(f"{k}={v}" for k, v in result["generation"].items())
