@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from export import bench_shortlist, bench_table, bench_threads
 from tests.zoo_testing import REPO
-from zoo.devtools import pretrained_speed
+from zoo.devtools import pretrained_quality, pretrained_speed
 from zoo.report.publish import Published, publish
 from zoo.report.readme import read_block, readme_suites, replace_block
 from zoo.report.records import read_json_gz
@@ -110,15 +110,18 @@ def test_runtime_limits_table_is_the_render_of_its_report() -> None:
     assert fixed and all(0 < e["efficiency"] <= 1 for e in fixed)
 
 
-def test_pretrained_speed_table_is_the_render_of_its_result() -> None:
-    """results/pretrained/README.md's table of a converted OPUS-MT-sized model, unpruned and pruned, is `python -m
-    zoo.devtools.pretrained_speed --render`'s output for the stored result it names."""
-    assert pretrained_speed.README == REPO / "results" / "pretrained" / "README.md"
-    match = pretrained_speed.BLOCK.search(pretrained_speed.README.read_text(encoding="utf-8"))
-    assert match is not None, "results/pretrained/README.md needs its <!-- pretrained:speed --> block"
-    assert match.group(2) == pretrained_speed.readme_block(), (
-        "results/pretrained/README.md's pretrained:speed block differs from its stored result: run `python -m "
-        "zoo.devtools.pretrained_speed --render`"
+@pytest.mark.parametrize("tool", [pretrained_speed, pretrained_quality], ids=["speed", "quality"])
+def test_pretrained_tables_are_the_render_of_their_results(tool) -> None:
+    """results/pretrained/README.md's tables — a converted OPUS-MT-sized model's speed, unpruned and pruned, and a
+    converted model trained here, its BLEU before and after pruning — are each devtool's `--render` output for the
+    stored result it names."""
+    assert tool.README == REPO / "results" / "pretrained" / "README.md"
+    name = tool.__name__.rsplit(".", 1)[1]
+    match = tool.BLOCK.search(tool.README.read_text(encoding="utf-8"))
+    assert match is not None, f"results/pretrained/README.md needs the block {tool.BLOCK.pattern[:40]}…"
+    assert match.group(2) == tool.readme_block(), (
+        f"results/pretrained/README.md's block differs from its stored result: run `python -m zoo.devtools.{name} "
+        "--render`"
     )
 
 
