@@ -27,6 +27,24 @@ def refuse(field: str, value: Any, meaning: str, fix: str) -> ConvertError:
     return ConvertError(f"config.json: {field}={value!r} ({meaning}) cannot be represented exactly; {fix}")
 
 
+def read_vocabulary(path: Path) -> list[str]:
+    """id → piece of a vocabulary JSON file (piece → id), or ConvertError unless its ids are 0 … n-1, once each."""
+    vocab = read_json(path)
+    if not isinstance(vocab, dict) or sorted(vocab.values()) != list(range(len(vocab))):
+        raise ConvertError(f"{path} must map every piece to one id 0 … n-1; re-save the tokenizer")
+    pieces = [""] * len(vocab)
+    for piece, i in vocab.items():
+        pieces[i] = piece
+    return pieces
+
+
+def special_piece(value: Any, default: str) -> str:
+    """A special piece as tokenizer_config.json gives it: a string, or an added token's {"content": …}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return str(value) if value else default
+
+
 def activation(config: dict[str, Any], default: str) -> str:
     """The zoo's name of config.json's FFN activation, or the refusal naming the field."""
     name = config.get("activation_function", default)

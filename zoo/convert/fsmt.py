@@ -22,10 +22,12 @@ from zoo.convert.common import (
     activation,
     layer_names,
     load_named,
+    read_vocabulary,
     refuse,
     same_in_both_stacks,
     shape_fields,
     special_ids,
+    special_piece,
 )
 from zoo.convert.hf_files import ConvertError, read_json
 from zoo.model import ModelConfig, Transformer, build_model, sinusoidal_positions
@@ -39,16 +41,6 @@ EMBEDDINGS = {
 }
 OUTPUT = "model.decoder.output_projection.weight"
 POSITIONS = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
-
-
-def _vocabulary(path: Path) -> list[str]:
-    vocab = read_json(path)
-    if not isinstance(vocab, dict) or sorted(vocab.values()) != list(range(len(vocab))):
-        raise ConvertError(f"{path} must map every piece to one id 0 … n-1; re-save the tokenizer")
-    pieces = [""] * len(vocab)
-    for piece, i in vocab.items():
-        pieces[i] = piece
-    return pieces
 
 
 def _merges(path: Path) -> list[tuple[str, str]]:
@@ -75,11 +67,11 @@ def read_tokenizer(directory: Path) -> MosesBPETokenizer:
     for name in TOKENIZER_FILES:
         if not (directory / name).is_file():
             raise ConvertError(f"{directory / name} is missing; an FSMT model needs {', '.join(TOKENIZER_FILES)}")
-    special = {role: _piece(settings.get(key), piece) for role, (key, piece) in SPECIAL_PIECES.items()}
+    special = {role: special_piece(settings.get(key), piece) for role, (key, piece) in SPECIAL_PIECES.items()}
     try:
         return MosesBPETokenizer(
-            _vocabulary(directory / "vocab-src.json"),
-            _vocabulary(directory / "vocab-tgt.json"),
+            read_vocabulary(directory / "vocab-src.json"),
+            read_vocabulary(directory / "vocab-tgt.json"),
             _merges(directory / "merges.txt"),
             *langs,
             lower_case=bool(settings.get("do_lower_case", False)),
@@ -87,13 +79,6 @@ def read_tokenizer(directory: Path) -> MosesBPETokenizer:
         )
     except ExportedModelError as exc:
         raise ConvertError(f"{directory}: {exc}") from exc
-
-
-def _piece(value: Any, default: str) -> str:
-    """A special piece as tokenizer_config.json gives it: a string, or an added token's {"content": …}."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return str(value) if value else default
 
 
 def model_config(config: dict[str, Any], tokenizer: MosesBPETokenizer) -> ModelConfig:

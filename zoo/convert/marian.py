@@ -22,10 +22,12 @@ from zoo.convert.common import (
     activation,
     layer_names,
     load_named,
+    read_vocabulary,
     refuse,
     same_in_both_stacks,
     shape_fields,
     special_ids,
+    special_piece,
 )
 from zoo.convert.hf_files import ConvertError, read_json
 from zoo.model import ModelConfig, Transformer, build_model, marian_positions
@@ -89,29 +91,19 @@ def read_tokenizer(directory: Path) -> SharedVocabTokenizer:
             "tokenizer_config.json: separate_vocabs=True (separate source and target vocabularies) cannot be "
             "represented exactly; only models with one shared vocab.json convert"
         )
-    vocab = read_json(directory / "vocab.json")
-    if not isinstance(vocab, dict) or sorted(vocab.values()) != list(range(len(vocab))):
-        raise ConvertError(f"{directory / 'vocab.json'} must map every piece to one id 0 … n-1; re-save the tokenizer")
-    pieces = [""] * len(vocab)
-    for piece, i in vocab.items():
-        pieces[i] = piece
+    pieces = read_vocabulary(directory / "vocab.json")
     models = []
     for name in ("source.spm", "target.spm"):
         if not (directory / name).is_file():
             raise ConvertError(f"{directory / name} is missing; a Marian model needs source.spm and target.spm")
         models.append((directory / name).read_bytes())
-    special = {key.removesuffix("_token"): _piece(settings.get(key), piece) for key, piece in SPECIAL_PIECES.items()}
+    special = {
+        key.removesuffix("_token"): special_piece(settings.get(key), default) for key, default in SPECIAL_PIECES.items()
+    }
     try:
         return SharedVocabTokenizer(*models, pieces, **special)
     except ExportedModelError as exc:
         raise ConvertError(f"{directory}: {exc}") from exc
-
-
-def _piece(value: Any, default: str) -> str:
-    """A special piece as tokenizer_config.json gives it: a string, or an added token's {"content": …}."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return str(value) if value else default
 
 
 def _names(cfg: ModelConfig) -> dict[str, str]:
