@@ -166,6 +166,15 @@ class SharedVocabTokenizer:
     def from_bytes(cls, data: bytes) -> SharedVocabTokenizer:
         try:
             doc: Any = json.loads(data.decode("utf-8"))
+        except ValueError as exc:
+            raise ExportedModelError(
+                f"not a {SHARED_VOCAB_KIND} tokenizer document ({exc}); re-create it with zoo.convert"
+            ) from exc
+        return cls.from_document(doc)
+
+    @classmethod
+    def from_document(cls, doc: Any) -> SharedVocabTokenizer:
+        try:
             if doc.get("kind") != SHARED_VOCAB_KIND or doc.get("version") != 1:
                 raise ValueError(f"kind {doc.get('kind')!r} version {doc.get('version')!r}")
             source, target = (base64.b64decode(doc[k], validate=True) for k in ("source_model", "target_model"))
@@ -180,17 +189,14 @@ class SharedVocabTokenizer:
 
 
 def load_tokenizer(data: bytes) -> SentencePieceTokenizer | SharedVocabTokenizer | MosesBPETokenizer:
-    """The tokenizer serialised in `data`: a JSON document of its kind, else a sentencepiece model proto."""
+    """The tokenizer serialised in `data`: a JSON document of its kind (parsed once), else a sentencepiece model
+    proto."""
     if data[:1] != b"{":
         return SentencePieceTokenizer(data)
-    if _document_kind(data) == MOSES_BPE_KIND:
-        return MosesBPETokenizer.from_document(json.loads(data.decode("utf-8")))
-    return SharedVocabTokenizer.from_bytes(data)
-
-
-def _document_kind(data: bytes) -> Any:
     try:
         doc = json.loads(data.decode("utf-8"))
     except ValueError:
-        return None  # SharedVocabTokenizer.from_bytes names the problem
-    return doc.get("kind") if isinstance(doc, dict) else None
+        return SharedVocabTokenizer.from_bytes(data)  # names the problem
+    if isinstance(doc, dict) and doc.get("kind") == MOSES_BPE_KIND:
+        return MosesBPETokenizer.from_document(doc)
+    return SharedVocabTokenizer.from_document(doc)
