@@ -125,6 +125,16 @@ def test_report_numbers_come_from_the_records(smoke_report: Path) -> None:
         assert rec["size"]["params"] == _record(smoke_report, entry, 1)["size"]["params"]
         row = next(line for line in text.splitlines() if line.startswith(f"| `{entry}` |"))
         assert f"{rec['quality']['bleu']['mean']:.2f}" in row
+    # the compute line: the records' training minutes × torch threads, in core-hours
+    records = [_record(smoke_report, entry, seed) for entry in ENTRIES for seed in (1, 2)]
+    core_minutes = sum(r["train_minutes"] * r["machine"]["torch_threads"] for r in records)
+    assert data["compute"] == {
+        "runs": len(records),
+        "shared": 0,
+        "core_hours": round(core_minutes / 60, 1),
+        "device_hours": 0.0,
+    }
+    assert f"Compute: {len(records)} runs, {round(core_minutes / 60, 1):.1f} core-hours (training minutes" in text
     # speed: one file per machine class, every round as measured; the rendered medians and ratios come from it
     [speed_file] = list(results.glob("speed-cpu-*.json"))
     speed = json.loads(speed_file.read_text())
@@ -163,6 +173,21 @@ def test_report_numbers_come_from_the_records(smoke_report: Path) -> None:
     assert data["entries"]["transformer"]["bootstrap"] == []
     for png in ("quality_vs_params.png", "quality_vs_speed.png", "learning_curves.png"):
         assert (results / png).stat().st_size > 1000
+
+
+def test_compute_counts_core_hours_on_cpus_and_hours_on_an_accelerator() -> None:
+    """The budget unit of issue 37: a CPU run costs minutes × torch threads, an accelerator run its minutes; a
+    shared run counts (it is behind this table) and says so; a record without a training time adds nothing."""
+    from zoo.report.collect import compute_spent
+
+    cpu = {"machine": {"accelerator": None, "torch_threads": 2}}
+    records = {
+        ("a", 1): {**cpu, "train_minutes": 90.0},
+        ("a", 2): {**cpu, "train_minutes": 30.0, "shared_from": "other/a-seed2.json.gz"},
+        ("b", 1): {"machine": {"accelerator": "NVIDIA H200", "torch_threads": 16}, "train_minutes": 12.0},
+        ("c", 1): {**cpu, "train_minutes": None},
+    }
+    assert compute_spent(records) == {"runs": 3, "shared": 1, "core_hours": 4.0, "device_hours": 0.2}
 
 
 def test_rebuilt_models_decode_exactly_the_records_hypothesis_lengths(smoke_report: Path, tmp_path: Path) -> None:
@@ -393,6 +418,8 @@ def test_a_sibling_suites_record_of_the_same_run_is_shared_not_retrained(
             assert shared["hypotheses"] == original["hypotheses"] and shared["test"] == original["test"]
     report = (root / "results" / "ght" / "REPORT.md").read_text()
     assert "Shared with suite `quick`" in report and "transformer seed 2" in report
+    runs = 2 * len(ENTRIES)
+    assert f"Compute: {runs} runs, {runs} of them shared from another suite," in report
     assert "Not measured for this suite (`speed.enabled: false`" in report  # not "not measured yet"
 
 

@@ -160,6 +160,31 @@ def machine_summary(records: Records) -> dict[str, Any]:
     }
 
 
+def compute_spent(records: Records) -> dict[str, Any]:
+    """What the table cost to train — the issue-37 budget is counted in core-hours — summed over its records:
+    a CPU run costs its training minutes × its torch threads, an accelerator run its minutes on the device.
+    Evaluation (test decoding, speed) is not in `train_minutes`, so it is not counted."""
+    core_minutes = device_minutes = 0.0
+    runs = shared = 0
+    for rec in records.values():
+        minutes = rec.get("train_minutes")
+        if minutes is None:
+            continue
+        runs += 1
+        shared += bool(rec.get("shared_from"))
+        machine = rec.get("machine") or {}
+        if machine.get("accelerator"):
+            device_minutes += float(minutes)
+        else:
+            core_minutes += float(minutes) * int(machine.get("torch_threads") or 1)
+    return {
+        "runs": runs,
+        "shared": shared,
+        "core_hours": round(core_minutes / 60, 1),
+        "device_hours": round(device_minutes / 60, 2),
+    }
+
+
 def ordered_entries(suite: Suite, records: Records) -> list[str]:
     """The suite file's entries in its order, then entries that only have records (a suite grown by
     `suite.entries=[...]` on the command line), alphabetically."""
@@ -257,6 +282,7 @@ def collect(
         "entries": entries,
         "shared": shared_runs,
         "state": training_state(entries, epoch),
+        "compute": compute_spent(records),
         "claims": claims,
     }
 
@@ -264,6 +290,7 @@ def collect(
 __all__ = [
     "collect",
     "compactness",
+    "compute_spent",
     "epoch_length",
     "machine_summary",
     "mean_std",

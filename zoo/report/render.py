@@ -138,6 +138,21 @@ def _state_line(data: dict[str, Any]) -> list[str]:
     return [line + "."]
 
 
+def _compute_line(data: dict[str, Any]) -> list[str]:
+    """The table's training cost, the unit a compute budget is stated in (core-hours; accelerator-hours)."""
+    compute = data.get("compute") or {}
+    if not compute.get("runs"):
+        return []
+    spent = []
+    if compute["core_hours"] or not compute["device_hours"]:
+        spent.append(f"{compute['core_hours']:.1f} core-hours (training minutes × torch threads)")
+    if compute["device_hours"]:
+        spent.append(f"{compute['device_hours']:.2f} accelerator-hours")
+    shared = f", {compute['shared']} of them shared from another suite" if compute["shared"] else ""
+    runs = f"{compute['runs']} run{'s' if compute['runs'] != 1 else ''}"
+    return [f"Compute: {runs}{shared}, {' and '.join(spent)} of training; evaluation not counted."]
+
+
 def _missing_line(data: dict[str, Any]) -> list[str]:
     shared = [
         f"Shared with suite `{origin}` (the same runs: same budget and test references): {', '.join(runs)}."
@@ -160,6 +175,7 @@ def markdown(data: dict[str, Any], command: str) -> str:
         machine_line(data),
         _budget_line(data),
         *_state_line(data),
+        *_compute_line(data),
         "",
         "Quality is mean ± std over seeds of the test split (detokenized sacreBLEU / chrF, or ROUGE F1). "
         "Δ is the paired-bootstrap difference against the baseline trained with the same seed, one per seed "
