@@ -16,8 +16,8 @@ import torch
 from tests.conftest import smoke_overrides
 from tests.zoo_testing import REPO, compose_train
 from zoo.ght.constraint import dunn_index, group_constraint_loss, homogeneity_diversity, silhouette
-from zoo.ght.kmeans import canonical_labels, kmeans
-from zoo.ght.voting import fixed_groups, nearest_heads, select_heads
+from zoo.ght.kmeans import canonical_labels, kmeans, reseed_empty_groups
+from zoo.ght.voting import fixed_groups, head_votes, nearest_heads, select_heads
 from zoo.train import train
 
 
@@ -38,6 +38,51 @@ def test_kmeans_recovers_known_grouping_deterministically() -> None:
     assert torch.equal(a.labels, b.labels) and torch.equal(a.centres, b.centres)
     warm = kmeans(points, 3, init_labels=truth)
     assert torch.equal(warm.labels, canonical_labels(truth))
+
+
+def _canonical_reference(labels: list[int]) -> list[int]:
+    """Groups renumbered in order of first appearance, written as a loop."""
+    mapping: dict[int, int] = {}
+    return [mapping.setdefault(g, len(mapping)) for g in labels]
+
+
+def _reseed_reference(new: torch.Tensor, dist: torch.Tensor, k: int) -> torch.Tensor:
+    """Each empty group, in order, takes the point farthest from its centre among groups of ≥ 2 members."""
+    new = new.clone()
+    counts = torch.bincount(new, minlength=k)
+    for empty in (counts == 0).nonzero().flatten().tolist():
+        own = dist.gather(1, new[:, None]).squeeze(1)
+        movable = counts[new] > 1
+        if not movable.any():
+            break
+        far = int(torch.where(movable, own, torch.full_like(own, -1.0)).argmax())
+        counts[new[far]] -= 1
+        new[far] = empty
+        counts[empty] = 1
+    return new
+
+
+def test_tensor_only_kmeans_steps_equal_their_loop_references() -> None:
+    """The host-sync-free renumbering, empty-group re-seeding and voting equal the loops they replace, and
+    testing convergence at iterations 2, 4, 8, 16 (the GPU schedule) gives the labels of testing every one."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        k = int(torch.randint(2, 5, (1,), generator=gen))
+        labels = torch.randint(0, k, (8,), generator=gen)
+        assert canonical_labels(labels, k).tolist() == _canonical_reference(labels.tolist())
+        dist = torch.rand(8, k, generator=gen)
+        new = torch.randint(0, max(k - 2, 1), (8,), generator=gen)  # some groups empty
+        assert torch.equal(reseed_empty_groups(new, dist, k), _reseed_reference(new, dist, k))
+        points = torch.randn(8, 6, generator=gen)
+        every = kmeans(points, k, iters=20, seed=3, test_every_iteration=True)
+        sparse = kmeans(points, k, iters=20, seed=3, test_every_iteration=False)
+        assert torch.equal(every.labels, sparse.labels) and torch.equal(every.centres, sparse.centres)
+        groups = fixed_groups(points, every.labels.tolist(), k)
+        expected = torch.zeros(8)
+        for h in nearest_heads(points, groups):
+            expected[h] += 1
+        assert torch.equal(head_votes(points, groups), expected)
+    assert reseed_empty_groups(torch.zeros(8, dtype=torch.long), torch.rand(8, 3), 3).bincount().tolist() == [6, 1, 1]
 
 
 def test_group_constraint_gradient_steps_move_the_right_way() -> None:
@@ -115,8 +160,9 @@ def test_token_sum_is_the_official_scale_summed_over_modules_per_target_token() 
         model(batch.src, batch.tgt_in)
         points = proc._points(proc._masks(batch, 0))
         losses[norm], logs = proc.aux_loss(SimpleNamespace(bare=model), batch)  # the hook reads trainer.bare only
-        assert all(len(set(v)) == 2 for v in proc.labels.values())  # both groups populated
-        official = _official_constraint(points, proc.labels, 2, 0.7, 0.5)
+        labels = {name: v.tolist() for name, v in proc.labels.items()}
+        assert all(len(set(v)) == 2 for v in labels.values())  # both groups populated
+        official = _official_constraint(points, labels, 2, 0.7, 0.5)
         assert logs["gc_loss"] == pytest.approx(official / 3, rel=1e-5)  # logged per module either way
     assert float(losses["token_sum"].detach()) == pytest.approx(official / 10, rel=1e-5)
     assert float(losses["mean"].detach()) == pytest.approx(official / 3, rel=1e-5)

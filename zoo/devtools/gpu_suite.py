@@ -86,7 +86,9 @@ def start_runs(cmds: list[list[str]]) -> list[dict[str, Any]]:
 
 
 def monitor(runs: list[dict[str, Any]], deadline: float) -> None:
-    """Every 15 s: log each run's update; from 100 s on, shed a run when the slowest would miss the deadline."""
+    """Every 15 s: log each run's update; from 100 s on, shed the lowest-priority run among those projected to miss
+    the deadline (work lost anyway), so the others get its share of the GPU. A run projected to finish is never
+    shed: on 2026-11-26 shedding by priority alone killed lite baselines that would have finished."""
     ref: dict[int, tuple[float, int]] = {}
     ref_time = None
     last_shed = 0.0
@@ -104,19 +106,20 @@ def monitor(runs: list[dict[str, Any]], deadline: float) -> None:
             break
         if ref_time is None and now >= 100:
             ref_time, ref = now, {id(r): (now, steps[id(r)]) for r in runs}
-        elif ref_time is not None and now - max(ref_time, last_shed) >= 45 and len(alive) > 1:
-            ends = []  # projected ends of the runs whose rate is known (a run in its voting pass or test is skipped)
+        elif ref_time is not None and now >= deadline / 2 and now - max(ref_time, last_shed) >= 45 and len(alive) > 1:
+            # not before half the deadline: the short runs end by then and the long ones speed up
+            ends = {}  # projected ends of the runs whose rate is known (a run in its voting pass or test is skipped)
             for r in alive:
                 t_ref, s_ref = ref[id(r)]
                 rate = (steps[id(r)] - s_ref) / max(now - t_ref, 1e-6)
                 if rate > 0 and steps[id(r)] < r["updates"]:
-                    ends.append(
-                        now + (r["updates"] - steps[id(r)]) / rate + (90 if r["entry"].startswith("ght_ps") else 40)
-                    )
-            worst = max(ends, default=0.0)
+                    tail = 90 if r["entry"].startswith("ght_ps") else 40
+                    ends[id(r)] = now + (r["updates"] - steps[id(r)]) / rate + tail
+            worst = max(ends.values(), default=0.0)
             say(f"projected end of the slowest run: {worst:.0f}s (deadline {deadline:.0f}s)")
-            if worst > deadline:
-                victim = max((r for r in alive if steps[id(r)] < r["updates"]), key=lambda r: r["prio"])
+            late = [r for r in alive if ends.get(id(r), 0.0) > deadline]
+            if late:
+                victim = max(late, key=lambda r: r["prio"])
                 victim["proc"].kill()
                 say(f"shed {victim['entry']}/{victim['seed']} at update {steps[id(victim)]} to speed up the others")
                 last_shed = now

@@ -27,11 +27,10 @@ def homogeneity_diversity(points: Tensor, labels: Tensor, k: int) -> tuple[Tenso
     homogeneity = F.cosine_similarity(points, onehot @ centres, dim=-1).mean()
     present = (onehot.sum(0) > 0).to(points.dtype)  # [k]
     pair = torch.triu(present[:, None] * present[None, :], diagonal=1)  # [k, k] distinct present pairs
-    if float(pair.sum()) == 0:
-        return homogeneity, points.new_zeros(())
     c = F.normalize(centres, dim=-1)
     sims = c @ c.t()  # [k, k]
-    return homogeneity, (sims * pair).sum() / pair.sum()
+    # no pair (one group): 0 / 1 = 0, without reading the count back to the host on a GPU
+    return homogeneity, (sims * pair).sum() / pair.sum().clamp(min=1)
 
 
 def group_constraint_loss(

@@ -21,7 +21,7 @@ from zoo.data.batching import Batch, collate
 from zoo.ght.constraint import dunn_index, group_constraint_loss, homogeneity_diversity, silhouette
 from zoo.ght.features import MODULE_KINDS, head_points, module_kind
 from zoo.ght.kmeans import kmeans
-from zoo.ght.voting import RENAMED, SELECTIONS, fixed_groups, nearest_heads, plot_votes, select_heads
+from zoo.ght.voting import RENAMED, SELECTIONS, fixed_groups, head_votes, plot_votes, select_heads
 from zoo.model import Transformer
 from zoo.trainer import Procedure, Trainer, spread_sample
 
@@ -115,14 +115,14 @@ class GHTProcedure(Procedure):
     def __init__(self, options: GHTOptions, started_from_weights: bool = False) -> None:
         self.options = options
         self.stage = Stage(options.init_stage) if (started_from_weights and options.prune) else Stage.GCT
-        self.labels: dict[str, list[int]] = {}  # current training groups per module
+        self.labels: dict[str, Tensor] = {}  # current training groups per module, [H] on the model's device
         self.probe_labels: dict[str, list[int]] = {}
         self.probe_centres: dict[str, Tensor] = {}
         self.converged_checks = 0
         self.plan: dict[str, list[int]] = {}
         self.votes: dict[str, list[int]] = {}
         self.step = 0
-        self._frozen: list[tuple[Tensor, Tensor, Tensor]] = []  # (param, mask, frozen values)
+        self._frozen: list[tuple[Tensor, Tensor, Tensor]] = []  # (param, mask, param's values when frozen)
         self.trigger = ""  # why voting started: convergence, the vote_at fallback, or init_from weights
         self.voting_seconds = 0.0
 
@@ -152,8 +152,8 @@ class GHTProcedure(Procedure):
             out[name] = head_points(module, feature_map or self.options.feature_map, masks[q_side], masks[k_side])
         return out
 
-    def _cluster(self, points: Tensor, previous: list[int] | None) -> Any:
-        init = torch.tensor(previous) if previous is not None else None
+    def _cluster(self, points: Tensor, previous: list[int] | Tensor | None) -> Any:
+        init = torch.as_tensor(previous) if previous is not None else None
         o = self.options
         return kmeans(points, o.groups, iters=o.kmeans_iters, seed=o.seed, init_labels=init)
 
@@ -167,28 +167,27 @@ class GHTProcedure(Procedure):
         losses, homs, divs = [], [], []
         for name, p in points.items():
             if name not in self.labels or self.step % self.options.kmeans_every == 0:
-                self.labels[name] = self._cluster(p, self.labels.get(name)).labels.tolist()
-            loss, hom, div = group_constraint_loss(
-                p.float(), torch.tensor(self.labels[name], device=p.device), self.options.groups, alpha, beta
-            )
+                self.labels[name] = self._cluster(p, self.labels.get(name)).labels
+            labels = self.labels[name].to(p.device)  # no-op but after a resume with kmeans_every > 1
+            loss, hom, div = group_constraint_loss(p.float(), labels, self.options.groups, alpha, beta)
             losses.append(loss)
-            homs.append(float(hom))
-            divs.append(float(div))
+            homs.append(hom)
+            divs.append(div)
         for m in self.modules.values():
             m.captured = {}  # free the maps now that the loss holds what it needs
         per_module = torch.stack(losses)  # [modules]
-        logged = float(per_module.detach().mean())  # per module at α, β strength, comparable across settings
+        # one host read for the logged numbers (per module at α, β strength, comparable across settings)
+        # (in float64, where the float32 terms add exactly: the numbers a sum of floats gave before)
+        logged, hom_mean, div_mean = torch.stack(
+            [per_module.detach().mean().double(), torch.stack(homs).double().mean(), torch.stack(divs).double().mean()]
+        ).tolist()
         if self.options.loss_normalization == "token_sum":
             # the official criterion adds every module's terms into one sum on top of the token-summed task
             # loss, and fairseq divides the whole by the batch's target tokens
             total = per_module.sum() / max(batch.ntokens, 1)
         else:
             total = per_module.mean()
-        return total, {
-            "gc_loss": logged,
-            "gc_homogeneity": sum(homs) / len(homs),
-            "gc_diversity": sum(divs) / len(divs),
-        }
+        return total, {"gc_loss": logged, "gc_homogeneity": hom_mean, "gc_diversity": div_mean}
 
     # ------------------------------------------------------------------ stages
     def on_start(self, trainer: Trainer) -> None:
@@ -201,7 +200,7 @@ class GHTProcedure(Procedure):
     def after_optimizer_step(self, trainer: Trainer) -> None:
         with torch.no_grad():
             for param, mask, values in self._frozen:
-                param.data[mask] = values
+                param.data.copy_(torch.where(mask, values, param.data))  # a masked copy needs no host sync
 
     def after_update(self, trainer: Trainer) -> None:
         self.step = trainer.state.step
@@ -308,7 +307,9 @@ class GHTProcedure(Procedure):
         batches = trainer.sampler.batches(10_000 + trainer.state.epoch, rank=trainer.rank, world_size=trainer.world)
         if self.options.vote_batches:
             batches = batches[: self.options.vote_batches]
-        votes = {name: [0] * m.num_heads for name, m in self.modules.items()}
+        # [H] counts on the model's device, and the probe's groups there: no host read per batch
+        counts = {name: torch.zeros(m.num_heads, device=trainer.device) for name, m in self.modules.items()}
+        groups = {name: torch.tensor(self.probe_labels[name], device=trainer.device) for name in self.modules}
         maps = tuple(self.options.vote_maps)
         self._set_capture(True, maps)
         start = time.perf_counter()
@@ -321,10 +322,9 @@ class GHTProcedure(Procedure):
             masks = self._masks(batch, tok.pad_id)
             for feature_map in maps:
                 for name, p in self._points(masks, feature_map).items():
-                    groups = fixed_groups(p, self.probe_labels[name], self.options.groups)
-                    for h in nearest_heads(p, groups):
-                        votes[name][h] += 1
+                    counts[name] += head_votes(p, fixed_groups(p, groups[name], self.options.groups))
         self._set_capture(False)
+        votes = {name: [int(v) for v in c.tolist()] for name, c in counts.items()}
         self.voting_seconds = round(time.perf_counter() - start, 1)
         log.info("Voting-to-Stay: %d batches × %d maps in %.1f s", len(batches), len(maps), self.voting_seconds)
         names = list(votes)
@@ -373,7 +373,7 @@ class GHTProcedure(Procedure):
 
     def _freeze(self, param: Tensor, mask: Tensor) -> None:
         mask = mask.to(param.device).clone()
-        self._frozen.append((param, mask, param.detach()[mask].clone()))
+        self._frozen.append((param, mask, param.detach().clone()))
 
     def _write_report(self, trainer: Trainer, n_batches: int) -> None:
         out = trainer.run_dir / "ght"
@@ -397,7 +397,7 @@ class GHTProcedure(Procedure):
     def state_dict(self) -> dict[str, Any]:
         return {
             "stage": self.stage.value,
-            "labels": self.labels,
+            "labels": {k: v.tolist() for k, v in self.labels.items()},
             "probe_labels": self.probe_labels,
             "probe_centres": self.probe_centres,
             "converged_checks": self.converged_checks,
@@ -410,7 +410,7 @@ class GHTProcedure(Procedure):
         if not state:
             return
         self.stage = Stage(state["stage"])
-        self.labels = {k: list(v) for k, v in state["labels"].items()}
+        self.labels = {k: torch.tensor(list(v)) for k, v in state["labels"].items()}
         self.probe_labels = {k: list(v) for k, v in state["probe_labels"].items()}
         self.probe_centres = dict(state["probe_centres"])
         self.converged_checks = state["converged_checks"]

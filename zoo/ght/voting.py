@@ -20,22 +20,34 @@ SELECTIONS = ("per_group", "top_c", "random_in_group", "random_heads")
 RENAMED = {"random": "random_in_group (the paper's 'w/o PS stay') or random_heads (its 'w/o HUDS')"}
 
 
-def fixed_groups(points: Tensor, labels: list[int], k: int) -> KMeansResult:
+def fixed_groups(points: Tensor, labels: list[int] | Tensor, k: int) -> KMeansResult:
     """The given grouping with its centres in this batch's points: [H, F] points → centres [k, F]."""
-    label_tensor = torch.tensor(labels, dtype=torch.long, device=points.device)
+    label_tensor = torch.as_tensor(labels, dtype=torch.long).to(points.device)
     centres = group_means(points.detach().float(), label_tensor, k)
-    return KMeansResult(labels=label_tensor, centres=centres, inertia=0.0)
+    return KMeansResult(labels=label_tensor, centres=centres, inertia=points.new_zeros((), dtype=torch.float32))
+
+
+def _nearest_members(points: Tensor, result: KMeansResult) -> tuple[Tensor, Tensor]:
+    """([C] the member head nearest each group's centre, [C] whether the group has members), on the points'
+    device without a host read: Voting-to-Stay asks this of every module, map and batch of an epoch."""
+    d = torch.cdist(points.detach().float(), result.centres.float())  # [H, C]
+    groups = torch.arange(result.centres.shape[0], device=points.device)
+    member = result.labels[:, None] == groups[None, :]  # [H, C]
+    d = torch.where(member, d, torch.full_like(d, float("inf")))
+    return d.argmin(dim=0), member.any(dim=0)  # argmin takes the first of equal distances, as a loop would
 
 
 def nearest_heads(points: Tensor, result: KMeansResult) -> list[int]:
     """For each non-empty group, the member head nearest its centre."""
-    d = torch.cdist(points.detach().float(), result.centres.float())  # [H, C]
-    winners = []
-    for g in range(result.centres.shape[0]):
-        members = (result.labels == g).nonzero().flatten()
-        if len(members):
-            winners.append(int(members[d[members, g].argmin()]))
-    return winners
+    winners, present = _nearest_members(points, result)
+    return [int(h) for h, p in zip(winners.tolist(), present.tolist(), strict=True) if p]
+
+
+def head_votes(points: Tensor, result: KMeansResult) -> Tensor:
+    """[H] one vote for each head that is the nearest member of its (non-empty) group."""
+    winners, present = _nearest_members(points, result)
+    votes = torch.zeros(points.shape[0], device=points.device)
+    return votes.scatter_add(0, winners, present.to(votes.dtype))
 
 
 def select_heads(votes: list[int], groups: list[int], k: int, rule: str, seed: int = 0) -> list[int]:
