@@ -85,6 +85,27 @@ def test_tensor_only_kmeans_steps_equal_their_loop_references() -> None:
     assert reseed_empty_groups(torch.zeros(8, dtype=torch.long), torch.rand(8, 3), 3).bincount().tolist() == [6, 1, 1]
 
 
+def test_a_batch_of_modules_clusters_and_constrains_as_each_module_alone() -> None:
+    """[M, H, F] points (the modules of one shape, batched so a GPU launches one set of kernels for them) give each
+    module the labels, centres and loss terms it gets alone — warm-started and from k-means++."""
+    gen = torch.Generator().manual_seed(1)
+    points = torch.randn(5, 8, 12, generator=gen)
+    points[2] = points[2, :1] + 0.01 * points[2]  # one module whose heads nearly coincide
+    previous = torch.randint(0, 3, (5, 8), generator=gen)
+    for init in (None, previous):
+        batch = kmeans(points, 3, iters=20, seed=4, init_labels=init)
+        for i in range(5):
+            alone = kmeans(points[i], 3, iters=20, seed=4, init_labels=None if init is None else init[i])
+            assert torch.equal(batch.labels[i], alone.labels)
+            assert torch.allclose(batch.centres[i], alone.centres, atol=1e-6)
+            assert torch.allclose(batch.inertia[i], alone.inertia, rtol=1e-5)
+    loss, hom, div = group_constraint_loss(points, batch.labels, 3, alpha=0.7, beta=0.5)
+    assert loss.shape == hom.shape == div.shape == (5,)
+    for i in range(5):
+        alone = group_constraint_loss(points[i], batch.labels[i], 3, alpha=0.7, beta=0.5)
+        assert all(torch.allclose(a, b[i], atol=1e-6) for a, b in zip(alone, (loss, hom, div), strict=True))
+
+
 def test_group_constraint_gradient_steps_move_the_right_way() -> None:
     """Minimising the loss raises intra-group cosine and lowers inter-group cosine."""
     torch.manual_seed(0)

@@ -18,24 +18,26 @@ from zoo.ght.kmeans import group_means
 
 
 def homogeneity_diversity(points: Tensor, labels: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """(mean cos(head, its centre), mean cos between distinct non-empty centres); points [H, F].
+    """(mean cos(head, its centre), mean cos between distinct non-empty centres); points [H, F] with labels [H]
+    give two scalars, a batch of modules [M, H, F] with [M, H] gives two [M].
 
     Written with one-hot matmuls and masks instead of advanced indexing: indexing's backward
     accumulates with index_put, whose summation order is not reproducible on CPU."""
-    onehot = F.one_hot(labels, k).to(points.dtype)  # [H, k]
-    centres = group_means(points, labels, k)  # [k, F]
-    homogeneity = F.cosine_similarity(points, onehot @ centres, dim=-1).mean()
-    present = (onehot.sum(0) > 0).to(points.dtype)  # [k]
-    pair = torch.triu(present[:, None] * present[None, :], diagonal=1)  # [k, k] distinct present pairs
+    onehot = F.one_hot(labels, k).to(points.dtype)  # [..., H, k]
+    centres = group_means(points, labels, k)  # [..., k, F]
+    homogeneity = F.cosine_similarity(points, onehot @ centres, dim=-1).mean(-1)  # [...]
+    present = (onehot.sum(-2) > 0).to(points.dtype)  # [..., k]
+    pair = torch.triu(present[..., :, None] * present[..., None, :], diagonal=1)  # [..., k, k] distinct pairs
     c = F.normalize(centres, dim=-1)
-    sims = c @ c.t()  # [k, k]
+    sims = c @ c.transpose(-2, -1)  # [..., k, k]
     # no pair (one group): 0 / 1 = 0, without reading the count back to the host on a GPU
-    return homogeneity, (sims * pair).sum() / pair.sum().clamp(min=1)
+    return homogeneity, (sims * pair).sum((-2, -1)) / pair.sum((-2, -1)).clamp(min=1)
 
 
 def group_constraint_loss(
     points: Tensor, labels: Tensor, k: int, alpha: float, beta: float
 ) -> tuple[Tensor, Tensor, Tensor]:
+    """−α·homogeneity + β·diversity, with both terms detached beside it; [] for one module, [M] for a batch."""
     hom, div = homogeneity_diversity(points, labels, k)
     return -alpha * hom + beta * div, hom.detach(), div.detach()
 

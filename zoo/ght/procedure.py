@@ -164,22 +164,33 @@ class GHTProcedure(Procedure):
         points = self._points(self._masks(batch, trainer.bare.cfg.pad_id))
         alpha = self.options.alpha if self.options.homogenize else 0.0
         beta = self.options.beta if self.options.diversify else 0.0
-        losses, homs, divs = [], [], []
+        # modules whose points have one shape (the encoder's and the cross-attention's V, the decoder's) are
+        # clustered and constrained as one batch: on a shared GPU GHT's rate follows its number of kernels
+        by_shape: dict[tuple[int, ...], list[str]] = {}
         for name, p in points.items():
-            if name not in self.labels or self.step % self.options.kmeans_every == 0:
-                self.labels[name] = self._cluster(p, self.labels.get(name)).labels
-            labels = self.labels[name].to(p.device)  # no-op but after a resume with kmeans_every > 1
-            loss, hom, div = group_constraint_loss(p.float(), labels, self.options.groups, alpha, beta)
-            losses.append(loss)
+            by_shape.setdefault(tuple(p.shape), []).append(name)
+        module_losses: dict[str, Tensor] = {}
+        homs, divs = [], []
+        for names in by_shape.values():
+            stacked = torch.stack([points[n] for n in names]).float()  # [M, H, F]
+            known = all(n in self.labels for n in names)
+            if not known or self.step % self.options.kmeans_every == 0:
+                previous = torch.stack([self.labels[n].to(stacked.device) for n in names]) if known else None
+                labels = self._cluster(stacked, previous).labels  # [M, H]
+                self.labels.update(zip(names, labels.unbind(0), strict=True))
+            else:  # kept groups between k-means runs (.to: a no-op but after a resume)
+                labels = torch.stack([self.labels[n].to(stacked.device) for n in names])
+            loss, hom, div = group_constraint_loss(stacked, labels, self.options.groups, alpha, beta)  # [M] each
+            module_losses.update(zip(names, loss.unbind(0), strict=True))
             homs.append(hom)
             divs.append(div)
         for m in self.modules.values():
             m.captured = {}  # free the maps now that the loss holds what it needs
-        per_module = torch.stack(losses)  # [modules]
+        per_module = torch.stack([module_losses[n] for n in points])  # [modules], in module order
         # one host read for the logged numbers (per module at α, β strength, comparable across settings)
         # (in float64, where the float32 terms add exactly: the numbers a sum of floats gave before)
         logged, hom_mean, div_mean = torch.stack(
-            [per_module.detach().mean().double(), torch.stack(homs).double().mean(), torch.stack(divs).double().mean()]
+            [per_module.detach().mean().double(), torch.cat(homs).double().mean(), torch.cat(divs).double().mean()]
         ).tolist()
         if self.options.loss_normalization == "token_sum":
             # the official criterion adds every module's terms into one sum on top of the token-summed task
