@@ -173,13 +173,12 @@ class GHTProcedure(Procedure):
         homs, divs = [], []
         for names in by_shape.values():
             stacked = torch.stack([points[n] for n in names]).float()  # [M, H, F]
+            # the groups so far ([M, H]; .to: a no-op but after a resume), kept between k-means runs
             known = all(n in self.labels for n in names)
-            if not known or self.step % self.options.kmeans_every == 0:
-                previous = torch.stack([self.labels[n].to(stacked.device) for n in names]) if known else None
-                labels = self._cluster(stacked, previous).labels  # [M, H]
+            labels = torch.stack([self.labels[n] for n in names]).to(stacked.device) if known else None
+            if labels is None or self.step % self.options.kmeans_every == 0:
+                labels = self._cluster(stacked, labels).labels  # [M, H]
                 self.labels.update(zip(names, labels.unbind(0), strict=True))
-            else:  # kept groups between k-means runs (.to: a no-op but after a resume)
-                labels = torch.stack([self.labels[n].to(stacked.device) for n in names])
             loss, hom, div = group_constraint_loss(stacked, labels, self.options.groups, alpha, beta)  # [M] each
             module_losses.update(zip(names, loss.unbind(0), strict=True))
             homs.append(hom)
