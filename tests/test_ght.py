@@ -87,7 +87,8 @@ def test_tensor_only_kmeans_steps_equal_their_loop_references() -> None:
 
 def test_a_batch_of_modules_clusters_and_constrains_as_each_module_alone() -> None:
     """[M, H, F] points (the modules of one shape, batched so a GPU launches one set of kernels for them) give each
-    module the labels, centres and loss terms it gets alone — warm-started and from k-means++."""
+    module the labels, centres, loss terms and Voting-to-Stay votes it gets alone — warm-started and from
+    k-means++."""
     gen = torch.Generator().manual_seed(1)
     points = torch.randn(5, 8, 12, generator=gen)
     points[2] = points[2, :1] + 0.01 * points[2]  # one module whose heads nearly coincide
@@ -104,6 +105,10 @@ def test_a_batch_of_modules_clusters_and_constrains_as_each_module_alone() -> No
     for i in range(5):
         alone = group_constraint_loss(points[i], batch.labels[i], 3, alpha=0.7, beta=0.5)
         assert all(torch.allclose(a, b[i], atol=1e-6) for a, b in zip(alone, (loss, hom, div), strict=True))
+    votes = head_votes(points, fixed_groups(points, previous, 3))  # [M, H]; module 2's heads nearly tie
+    assert votes.shape == (5, 8)
+    for i in range(5):
+        assert torch.equal(votes[i], head_votes(points[i], fixed_groups(points[i], previous[i].tolist(), 3)))
 
 
 def test_group_constraint_gradient_steps_move_the_right_way() -> None:

@@ -164,15 +164,9 @@ class GHTProcedure(Procedure):
         points = self._points(self._masks(batch, trainer.bare.cfg.pad_id))
         alpha = self.options.alpha if self.options.homogenize else 0.0
         beta = self.options.beta if self.options.diversify else 0.0
-        # modules whose points have one shape (the encoder's and the cross-attention's V, the decoder's) are
-        # clustered and constrained as one batch: on a shared GPU GHT's rate follows its number of kernels
-        by_shape: dict[tuple[int, ...], list[str]] = {}
-        for name, p in points.items():
-            by_shape.setdefault(tuple(p.shape), []).append(name)
         module_losses: dict[str, Tensor] = {}
         homs, divs = [], []
-        for names in by_shape.values():
-            stacked = torch.stack([points[n] for n in names]).float()  # [M, H, F]
+        for names, stacked in _same_shape_batches(points):  # [M, H, F]
             # the groups so far ([M, H]; .to: a no-op but after a resume), kept between k-means runs
             known = all(n in self.labels for n in names)
             labels = torch.stack([self.labels[n] for n in names]).to(stacked.device) if known else None
@@ -331,8 +325,11 @@ class GHTProcedure(Procedure):
             model(batch.src, batch.tgt_in)
             masks = self._masks(batch, tok.pad_id)
             for feature_map in maps:
-                for name, p in self._points(masks, feature_map).items():
-                    counts[name] += head_votes(p, fixed_groups(p, groups[name], self.options.groups))
+                for names, stacked in _same_shape_batches(self._points(masks, feature_map)):  # [M, H, F]
+                    labels = torch.stack([groups[n] for n in names])  # [M, H]
+                    votes = head_votes(stacked, fixed_groups(stacked, labels, self.options.groups))  # [M, H]
+                    for name, v in zip(names, votes.unbind(0), strict=True):
+                        counts[name] += v
         self._set_capture(False)
         votes = {name: [int(v) for v in c.tolist()] for name, c in counts.items()}
         self.voting_seconds = round(time.perf_counter() - start, 1)
@@ -430,3 +427,12 @@ class GHTProcedure(Procedure):
         if self.plan:
             self._apply_plan(self.trainer.bare)  # weights already restored: re-arm the freeze
         self._set_capture(self.stage == Stage.GCT)
+
+
+def _same_shape_batches(points: dict[str, Tensor]) -> list[tuple[list[str], Tensor]]:
+    """Modules whose points have one shape (the encoder's and the cross-attention's V, the decoder's), each
+    set stacked as one batch ([M, H, F], float32): on a shared GPU GHT's rate follows its number of kernels."""
+    by_shape: dict[tuple[int, ...], list[str]] = {}
+    for name, p in points.items():
+        by_shape.setdefault(tuple(p.shape), []).append(name)
+    return [(names, torch.stack([points[n] for n in names]).float()) for names in by_shape.values()]

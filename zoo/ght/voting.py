@@ -21,20 +21,23 @@ RENAMED = {"random": "random_in_group (the paper's 'w/o PS stay') or random_head
 
 
 def fixed_groups(points: Tensor, labels: list[int] | Tensor, k: int) -> KMeansResult:
-    """The given grouping with its centres in this batch's points: [H, F] points → centres [k, F]."""
+    """The given grouping with its centres in this batch's points: [H, F] points and [H] labels → centres
+    [k, F] (or a batch of modules of one shape: [M, H, F] and [M, H] → [M, k, F])."""
     label_tensor = torch.as_tensor(labels, dtype=torch.long).to(points.device)
     centres = group_means(points.detach().float(), label_tensor, k)
-    return KMeansResult(labels=label_tensor, centres=centres, inertia=points.new_zeros((), dtype=torch.float32))
+    inertia = points.new_zeros(points.shape[:-2], dtype=torch.float32)
+    return KMeansResult(labels=label_tensor, centres=centres, inertia=inertia)
 
 
 def _nearest_members(points: Tensor, result: KMeansResult) -> tuple[Tensor, Tensor]:
-    """([C] the member head nearest each group's centre, [C] whether the group has members), on the points'
-    device without a host read: Voting-to-Stay asks this of every module, map and batch of an epoch."""
-    d = torch.cdist(points.detach().float(), result.centres.float())  # [H, C]
-    groups = torch.arange(result.centres.shape[0], device=points.device)
-    member = result.labels[:, None] == groups[None, :]  # [H, C]
+    """([C] the member head nearest each group's centre, [C] whether the group has members) — [M, C] each for
+    a batch of modules — on the points' device without a host read: Voting-to-Stay asks this of every module,
+    map and batch of an epoch."""
+    d = torch.cdist(points.detach().float(), result.centres.float())  # [..., H, C]
+    groups = torch.arange(result.centres.shape[-2], device=points.device)
+    member = result.labels[..., :, None] == groups  # [..., H, C]
     d = torch.where(member, d, torch.full_like(d, float("inf")))
-    return d.argmin(dim=0), member.any(dim=0)  # argmin takes the first of equal distances, as a loop would
+    return d.argmin(dim=-2), member.any(dim=-2)  # argmin takes the first of equal distances, as a loop would
 
 
 def nearest_heads(points: Tensor, result: KMeansResult) -> list[int]:
@@ -44,10 +47,10 @@ def nearest_heads(points: Tensor, result: KMeansResult) -> list[int]:
 
 
 def head_votes(points: Tensor, result: KMeansResult) -> Tensor:
-    """[H] one vote for each head that is the nearest member of its (non-empty) group."""
+    """[H] (or [M, H]) one vote for each head that is the nearest member of its (non-empty) group."""
     winners, present = _nearest_members(points, result)
-    votes = torch.zeros(points.shape[0], device=points.device)
-    return votes.scatter_add(0, winners, present.to(votes.dtype))
+    votes = torch.zeros(points.shape[:-1], device=points.device)
+    return votes.scatter_add(-1, winners, present.to(votes.dtype))
 
 
 def select_heads(votes: list[int], groups: list[int], k: int, rule: str, seed: int = 0) -> list[int]:
