@@ -61,6 +61,23 @@ def step_of(run: dict[str, Any]) -> int:
     return int(m.group(1)) if m else 0
 
 
+def has_voted(run: dict[str, Any]) -> bool:
+    """Whether a GHT-PS run has written its Voting-to-Stay report (written when the vote ends)."""
+    return bool(glob.glob(f"{run['root']}/{run['entry']}-*/*/ght/votes.json"))
+
+
+def projected_end(now: float, step: int, ref: tuple[float, int], updates: int, pending_vote: bool) -> float | None:
+    """When a run is projected to end: its rate since `ref` (time, update) over the updates left, plus its test
+    (≈ 40 s) and, before Voting-to-Stay, the vote (≈ 50 s more). None while the rate is unknown (a window under
+    15 s, no progress in it, or training done). A GHT-PS run's rate restarts at its vote: counting the vote's pause
+    into the rate and the vote again into the tail shed a run that would have finished (h200/README.md)."""
+    t_ref, s_ref = ref
+    if now - t_ref < 15 or step >= updates or step <= s_ref:
+        return None
+    rate = (step - s_ref) / (now - t_ref)
+    return now + (updates - step) / rate + (90 if pending_vote else 40)
+
+
 def start_runs(cmds: list[list[str]]) -> list[dict[str, Any]]:
     runs: list[dict[str, Any]] = [
         {
@@ -96,6 +113,11 @@ def monitor(runs: list[dict[str, Any]], deadline: float) -> None:
         now = time.time() - T0
         alive = [r for r in runs if r["proc"].poll() is None]
         steps = {id(r): step_of(r) for r in runs}
+        for r in alive:
+            if r["entry"].startswith("ght_ps") and not r.get("voted") and has_voted(r):
+                r["voted"] = True  # the fine-tuning rate starts now: the vote's pause is not in it
+                if ref_time is not None:
+                    ref[id(r)] = (now, steps[id(r)])
         say(" ".join(f"{r['entry']}/{r['seed']}:{steps[id(r)]}{'' if r['proc'].poll() is None else '*'}" for r in runs))
         if not alive:
             break
@@ -110,11 +132,10 @@ def monitor(runs: list[dict[str, Any]], deadline: float) -> None:
             # not before half the deadline: the short runs end by then and the long ones speed up
             ends = {}  # projected ends of the runs whose rate is known (a run in its voting pass or test is skipped)
             for r in alive:
-                t_ref, s_ref = ref[id(r)]
-                rate = (steps[id(r)] - s_ref) / max(now - t_ref, 1e-6)
-                if rate > 0 and steps[id(r)] < r["updates"]:
-                    tail = 90 if r["entry"].startswith("ght_ps") else 40
-                    ends[id(r)] = now + (r["updates"] - steps[id(r)]) / rate + tail
+                pending_vote = r["entry"].startswith("ght_ps") and not r.get("voted")
+                end = projected_end(now, steps[id(r)], ref[id(r)], r["updates"], pending_vote)
+                if end is not None:
+                    ends[id(r)] = end
             worst = max(ends.values(), default=0.0)
             say(f"projected end of the slowest run: {worst:.0f}s (deadline {deadline:.0f}s)")
             late = [r for r in alive if ends.get(id(r), 0.0) > deadline]
