@@ -29,5 +29,5 @@ def test_unknown_rate_is_not_projected(now: float, step: int, ref: tuple[float, 
 
 
 def test_run_just_past_its_vote_is_not_projected_late() -> None:
-    # the 2026-11-28 case: ght_ps seed 3 at 2900 at 321 s; after the vote its fine-tuning ran at ~20 upd/s
+    # the 2026-11-28 case: ght_ps seed 3 at 2900 at 321 s, just past its vote; the other two fine-tuned at ~20 upd/s
     assert projected_end(351.0, 3500, (321.0, 2900), 4800, pending_vote=False) < 560.0
