@@ -92,6 +92,7 @@ def start_runs(cmds: list[list[str]]) -> list[dict[str, Any]]:
     entries = list(dict.fromkeys(r["entry"] for r in runs))
     for r in runs:
         r["prio"] = (entries.index(r["entry"]), r["seed"])  # smaller = kept longer
+        r["vote_pending"] = r["entry"].startswith("ght_ps")  # GHT-PS pauses once to vote
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     for r in runs:
         r["err"] = LOGS / f"{r['entry']}-seed{r['seed']}.err"
@@ -114,8 +115,8 @@ def monitor(runs: list[dict[str, Any]], deadline: float) -> None:
         alive = [r for r in runs if r["proc"].poll() is None]
         steps = {id(r): step_of(r) for r in runs}
         for r in alive:
-            if r["entry"].startswith("ght_ps") and not r.get("voted") and has_voted(r):
-                r["voted"] = True  # the fine-tuning rate starts now: the vote's pause is not in it
+            if r["vote_pending"] and has_voted(r):
+                r["vote_pending"] = False  # the fine-tuning rate starts now: the vote's pause is not in it
                 if ref_time is not None:
                     ref[id(r)] = (now, steps[id(r)])
         say(" ".join(f"{r['entry']}/{r['seed']}:{steps[id(r)]}{'' if r['proc'].poll() is None else '*'}" for r in runs))
@@ -132,8 +133,7 @@ def monitor(runs: list[dict[str, Any]], deadline: float) -> None:
             # not before half the deadline: the short runs end by then and the long ones speed up
             ends = {}  # projected ends of the runs whose rate is known (a run in its voting pass or test is skipped)
             for r in alive:
-                pending_vote = r["entry"].startswith("ght_ps") and not r.get("voted")
-                end = projected_end(now, steps[id(r)], ref[id(r)], r["updates"], pending_vote)
+                end = projected_end(now, steps[id(r)], ref[id(r)], r["updates"], r["vote_pending"])
                 if end is not None:
                     ends[id(r)] = end
             worst = max(ends.values(), default=0.0)
