@@ -47,6 +47,7 @@ def _cli(tmp: Path, corpus: Path, *extra: str, reports_root: Path | None = None)
         "suite.speed.threads=1",
         "bootstrap_samples=50",
         "suite.speed.triton.duration_s=3",
+        "suite.speed.rounds=3",  # the suites' 5 rounds are for verdicts; this smoke run judges no claim
         "suite.speed.settings=[{name:b2,beam_size:2,batch:4,max_len_a:1.2,max_len_b:5}]",
         "suite.speed.claims=[]",
         f"reports_root={reports_root or tmp}",
@@ -139,6 +140,7 @@ def test_report_numbers_come_from_the_records(smoke_report: Path) -> None:
     [speed_file] = list(results.glob("speed-cpu-*.json"))
     speed = json.loads(speed_file.read_text())
     assert speed["suite"] == "quick" and speed["rounds"] == 3 and speed["sentences"] == 12
+    assert speed["format"] == 2 and "cpu_signature" in speed["machine"]
     section = text[text.index("## Speed") :]
     base = speed["entries"]["transformer"]["points"]
     for entry in ENTRIES:
@@ -148,13 +150,18 @@ def test_report_numbers_come_from_the_records(smoke_report: Path) -> None:
             rounds = points[key]["sentences_per_s"]
             assert len(rounds) == 3 and min(rounds) > 0 and min(points[key]["peak_rss_mb"]) > 0
             ratios = [a / b for a, b in zip(rounds, base[key]["sentences_per_s"], strict=True)]
-            assert f"{statistics.median(rounds):.1f} (×{statistics.median(ratios):.2f}" in row
-        # the rebuilt models decoded exactly the records' hypothesis lengths: the same tokens in both precisions
-        assert points["b2/fp32"]["output_tokens"] == points["b2/int8"]["output_tokens"]
+            assert f"{statistics.median(rounds):.1f} (×{statistics.geometric_mean(ratios):.2f})" in row
+            # every entry decoded the baseline's lengths: the same tokens, the same lengths' digest
+            assert points[key]["output_tokens"] == base[key]["output_tokens"]
+            assert points[key]["lengths_sha256"] == base[key]["lengths_sha256"]
         # served by a real tritonserver, each request one sentence with its forced length, 3 interleaved rounds
         served = speed["entries"][entry]["served"]
         assert len(served["sentences_per_s"]) == 3 and min(served["sentences_per_s"]) > 0 and served["errors"] == 0
         assert f"{statistics.median(served['sentences_per_s']):.1f} (×" in row
+    # the A/A control: the baseline's export timed again, in its own table
+    control = speed["entries"]["transformer@control"]
+    assert control["control_of"] == "transformer" and len(control["points"]["b2/fp32"]["sentences_per_s"]) == 3
+    assert "| `transformer@control` vs `transformer` |" in section[section.index("Negative controls") :]
     # the variant is compared with the baseline of the same seed, one paired bootstrap per seed, recomputed
     # from the records' hypotheses
     from zoo.metrics import paired_bootstrap

@@ -2,15 +2,20 @@
 interleaved timing rounds → `results/<suite>/speed-<machine>.json`. No run directory or checkpoint is needed.
 
 Steps, each resumable (what is on disk under reports/<suite>/speed/ is not redone):
-  inputs   the test sources and, per entry, its forced output lengths and a random-weight checkpoint
+  inputs   the test sources, the forced output lengths — the *baseline's* seed record's hypothesis lengths, one
+           workload for every entry, so a ratio of sent/s is a ratio of tokens/s and output length cannot leak
+           into speed — and per entry a random-weight checkpoint
   export   `python -m export` with the record's head plan, fp32 and quantize=true, one process each; kept under
            reports/speed-exports/<key>/, the key a hash of everything the export reads, so suites that time the
            same architecture on the same data (quick and heads share six entries) export it once
-  rounds   rounds × entries × settings × precisions, each a fresh `python -m zoo.report.speed` process; the entry
-           order rotates every round, so no entry always runs first or last on a warming machine
+  rounds   rounds × entries × settings × precisions, each a fresh `python -m zoo.report.speed` process; the entries
+           include `<baseline>@control`, the baseline's export timed again (speed_plan.py: the A/A noise floor);
+           the order rotates every round, so no entry always runs first or last on a warming machine; each point
+           must have decoded the baseline's lengths (their digest), else it is stored as an error
   served   every entry's fp32 export in one real tritonserver (`python -m serve.bench`), each request one sentence
-           carrying its forced length, `rounds` interleaved repeats
-  store    the measurements as taken, with the machine, settings and git sha
+           carrying the baseline's forced length, `rounds` interleaved repeats (the A/A control is not served:
+           serve.bench names a model by its export, so one export cannot be served twice)
+  store    the measurements as taken, with the machine (CPU family included), settings, controls and git sha
 """
 
 from __future__ import annotations
@@ -38,14 +43,16 @@ from zoo.report.speed_models import (
     speed_corpus,
     write_plan,
 )
-from zoo.report.speed_results import PRECISIONS, speed_path, write_speed
+from zoo.report.speed_plan import control_name, round_orders, with_control
+from zoo.report.speed_results import PRECISIONS, SPEED_FORMAT, speed_path, workload_mismatches, write_speed
 from zoo.report.suite import Suite
 from zoo.runs import git_sha
 
 log = logging.getLogger(__name__)
 WORKLOAD = (
-    "each sentence decoded to exactly as many tokens as the record's stored test hypothesis has (capped by the "
-    "setting's length limit), by a model rebuilt from the record's config and head plan with random weights"
+    "every entry decodes the same work: each sentence to exactly as many tokens as the baseline's seed record's "
+    "stored test hypothesis has (capped by the setting's length limit), by a model rebuilt from the entry's record's "
+    "config and head plan with random weights; the baseline's export is timed a second time as `<baseline>@control`"
 )
 
 
@@ -56,8 +63,9 @@ class _Entry:
     name: str
     record: str  # the record file it was rebuilt from
     size: dict[str, Any]
-    lengths: Path
+    lengths: Path  # the baseline's forced lengths: the same file for every entry
     exports: dict[str, Path | str]  # precision → export directory, or the export's error text
+    control_of: str | None = None  # the A/A control: the entry whose export it times again
 
 
 def _tail(proc: subprocess.CompletedProcess[str], lines: int = 3) -> str:
@@ -100,16 +108,27 @@ def export_key(
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _label(suite: Suite, name: str) -> str:
+    return f"results/{suite.name}/{name}-seed{suite.speed_seed}.json.gz"
+
+
+def _baseline_lengths(work: Path, suite: Suite, records: Mapping[str, dict[str, Any]], corpus: SpeedCorpus) -> Path:
+    """The one forced-lengths file every entry decodes: the baseline record's hypothesis lengths (rewritten on
+    every run — cheap — so a re-trained baseline record changes them, and with them the workload key)."""
+    path = work / f"lengths-{suite.baseline}-seed{suite.speed_seed}-{len(corpus.texts)}.json"
+    path.write_text(json.dumps(forced_lengths(records[suite.baseline], _label(suite, suite.baseline), corpus)) + "\n")
+    return path
+
+
 def _inputs(work: Path, suite: Suite, records: Mapping[str, dict[str, Any]], corpus: SpeedCorpus) -> list[_Entry]:
+    """Every timed entry (the A/A control included, halfway down the list), its exports and the shared lengths."""
     shared = work.parent.parent / "speed-exports"
-    entries = []
+    lengths = _baseline_lengths(work, suite, records, corpus)
+    entries = {}
     for name, record in tqdm(records.items(), desc="rebuild + export", unit="entry"):
-        label = f"results/{suite.name}/{name}-seed{suite.speed_seed}.json.gz"
+        label = _label(suite, name)
         directory = work / "models" / name
         directory.mkdir(parents=True, exist_ok=True)
-        lengths = directory / f"lengths-{len(corpus.texts)}.json"
-        if not lengths.is_file():
-            lengths.write_text(json.dumps(forced_lengths(record, label, corpus)) + "\n")
         checkpoint = directory / "rebuilt.pt"
         if not checkpoint.is_file():
             rebuild_checkpoint(record, label, corpus, checkpoint)
@@ -121,8 +140,12 @@ def _inputs(work: Path, suite: Suite, records: Mapping[str, dict[str, Any]], cor
             legacy = directory / p / name  # where exports were kept before they were shared between suites
             out = legacy if (legacy / "manifest.json").is_file() else shared / key / p / name
             exports[p] = _export(checkpoint, plan_file, out, p, suite.speed_threads)
-        entries.append(_Entry(name, label, record.get("pruned_size") or record["size"], lengths, exports))
-    return entries
+        entries[name] = _Entry(name, label, record.get("pruned_size") or record["size"], lengths, exports)
+    base = entries[suite.baseline]
+    entries[control_name(suite.baseline)] = _Entry(
+        control_name(suite.baseline), base.record, base.size, lengths, base.exports, control_of=suite.baseline
+    )
+    return [entries[n] for n in with_control(list(records), suite.baseline)]
 
 
 def _time(entry: _Entry, precision: str, setting: Any, texts: Path, threads: int | None, out: Path) -> None:
@@ -141,54 +164,81 @@ def _time(entry: _Entry, precision: str, setting: Any, texts: Path, threads: int
         out.write_text(json.dumps({"error": _tail(proc)}) + "\n")
 
 
-def _workload_key(suite: Suite) -> str:
-    """Names the measurements of one workload (sentences, threads, settings): a changed suite is measured anew."""
-    spec = {"n": suite.speed_sentences, "t": suite.speed_threads, "s": [asdict(s) for s in suite.speed_settings]}
+def _workload_key(suite: Suite, lengths: Path) -> str:
+    """Names the measurements of one workload (format, sentences, threads, settings, the forced lengths every entry
+    decodes): a changed suite or baseline record is measured anew, and rounds of format 1 — each entry its own
+    lengths, no control — are never reused."""
+    spec = {
+        "format": SPEED_FORMAT,
+        "lengths": hashlib.sha256(lengths.read_bytes()).hexdigest(),
+        "control": control_name(suite.baseline),
+        "n": suite.speed_sentences,
+        "t": suite.speed_threads,
+        "s": [asdict(s) for s in suite.speed_settings],
+    }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
 
 
+def _collect(work: Path, suite: Suite, entry: str) -> dict[str, Any]:
+    """One entry's points from its round files: sent/s, peak RSS and the lengths' digest per round, or an error."""
+    points: dict[str, Any] = {}
+    for setting in suite.speed_settings:
+        for precision in PRECISIONS:
+            name = f"{entry}-{setting.name}-{precision}.json"
+            taken = [json.loads((work / f"round{r + 1}" / name).read_text()) for r in range(suite.speed_rounds)]
+            errors = [t["error"] for t in taken if "error" in t]
+            digests = {t.get("lengths_sha256") for t in taken if "error" not in t}
+            if not errors and len(digests) != 1:
+                errors = [f"the rounds decoded different lengths ({sorted(map(str, digests))})"]
+            points[f"{setting.name}/{precision}"] = (
+                {"error": errors[0]}
+                if errors
+                else {
+                    "sentences_per_s": [t["sentences_per_s"] for t in taken],
+                    "peak_rss_mb": [t["peak_rss_mb"] for t in taken],
+                    "output_tokens": taken[0]["output_tokens"],
+                    "lengths_sha256": taken[0]["lengths_sha256"],
+                }
+            )
+    return points
+
+
 def _rounds(work: Path, suite: Suite, entries: list[_Entry], texts: Path) -> dict[str, dict[str, Any]]:
-    """Every (round, entry, setting, precision) once, entries rotated per round; the points per entry."""
-    work = work / f"rounds-{_workload_key(suite)}"
-    plan = []
-    for r in range(suite.speed_rounds):
-        shift = r % len(entries)
-        for entry in entries[shift:] + entries[:shift]:
-            plan += [(r, entry, s, p) for s in suite.speed_settings for p in PRECISIONS]
+    """Every (round, entry, setting, precision) once, entries rotated per round; the points per entry, a point
+    that decoded other lengths than the baseline's at the same point turned into an error."""
+    work = work / f"rounds-{_workload_key(suite, entries[0].lengths)}"
+    by_name = {e.name: e for e in entries}
+    plan = [
+        (r, by_name[name], s, p)
+        for r, order in enumerate(round_orders([e.name for e in entries], suite.speed_rounds))
+        for name in order
+        for s in suite.speed_settings
+        for p in PRECISIONS
+    ]
     for r, entry, setting, precision in tqdm(plan, desc="speed rounds", unit="point"):
         out = work / f"round{r + 1}" / f"{entry.name}-{setting.name}-{precision}.json"
         if not out.is_file():
             out.parent.mkdir(parents=True, exist_ok=True)
             _time(entry, precision, setting, texts, suite.speed_threads, out)
-    points: dict[str, dict[str, Any]] = {}
-    for entry in entries:
-        for setting in suite.speed_settings:
-            for precision in PRECISIONS:
-                name = f"{entry.name}-{setting.name}-{precision}.json"
-                taken = [json.loads((work / f"round{r + 1}" / name).read_text()) for r in range(suite.speed_rounds)]
-                key = f"{setting.name}/{precision}"
-                errors = [t["error"] for t in taken if "error" in t]
-                points.setdefault(entry.name, {})[key] = (
-                    {"error": errors[0]}
-                    if errors
-                    else {
-                        "sentences_per_s": [t["sentences_per_s"] for t in taken],
-                        "peak_rss_mb": [t["peak_rss_mb"] for t in taken],
-                        "output_tokens": taken[0]["output_tokens"],
-                    }
-                )
+    points = {e.name: _collect(work, suite, e.name) for e in entries}
+    for bad in workload_mismatches(points, suite.baseline):
+        entry, key = bad.split(" ", 1)
+        log.warning("%s %s decoded other lengths than the baseline %s: not compared", entry, key, suite.baseline)
+        points[entry][key] = {"error": f"decoded other lengths than the baseline {suite.baseline} (a smaller limit?)"}
     return points
 
 
 def _served(work: Path, suite: Suite, entries: list[_Entry], texts: Path) -> dict[str, dict[str, Any]]:
     """Served sentences/s per entry and round (or the error), from one serve.bench run over every fp32 export."""
     cfg = suite.triton
-    exports = {e.name: e.exports["fp32"] for e in entries if not isinstance(e.exports["fp32"], str)}
+    exports = {
+        e.name: e.exports["fp32"] for e in entries if not isinstance(e.exports["fp32"], str) and not e.control_of
+    }
     if not cfg.get("enabled") or not exports:
         return {}
-    out = work / f"served-{_workload_key(suite)}"
+    out = work / f"served-{_workload_key(suite, entries[0].lengths)}"
     if not (out / "results.json").is_file():
-        lengths = [str(e.lengths) for e in entries if e.name in exports]
+        lengths = [str(e.lengths) for e in entries if e.name in exports]  # the baseline's file, for every entry
         cmd = [sys.executable, "-m", "serve.bench", f"exports=[{','.join(str(x) for x in exports.values())}]"]
         cmd += [f"sentences={texts}", f"lengths=[{','.join(lengths)}]", "client_batch=[1]", "tool=ours"]
         cmd += [f"protocols=[{cfg.get('protocol', 'grpc')}]", f"concurrency=[{int(cfg.get('concurrency', 16))}]"]
@@ -214,6 +264,17 @@ def _served(work: Path, suite: Suite, entries: list[_Entry], texts: Path) -> dic
             if point["errors"]:
                 served[point["model"]]["error"] = f"{point['errors']} failed requests: {point['first_error']}"
     return served
+
+
+def _controls(suite: Suite) -> list[dict[str, Any]]:
+    """The file's negative controls: the automatic A/A control, then the suite's `speed.controls`."""
+    aa = {
+        "system": control_name(suite.baseline),
+        "baseline": suite.baseline,
+        "points": None,  # every in-process point (not served: see the module docstring)
+        "why": "A/A: the baseline's own export timed twice in each round — the measurement's noise floor",
+    }
+    return [aa, *(asdict(c) for c in suite.speed_controls)]
 
 
 def run_speed(report_dir: Path, results_dir: Path, suite: Suite) -> Path | None:
@@ -255,6 +316,7 @@ def run_speed(report_dir: Path, results_dir: Path, suite: Suite) -> Path | None:
             "workload": WORKLOAD,
             "settings": [asdict(s) for s in suite.speed_settings],
             "served_settings": suite.triton if served else None,
+            "controls": _controls(suite),
             "entries": {
                 e.name: {
                     "record": e.record,
@@ -262,6 +324,7 @@ def run_speed(report_dir: Path, results_dir: Path, suite: Suite) -> Path | None:
                     "exports": {p: str(x) if isinstance(x, str) else "ok" for p, x in e.exports.items()},
                     "points": points[e.name],
                     "served": served.get(e.name),
+                    **({"control_of": e.control_of} if e.control_of else {}),
                 }
                 for e in entries
             },

@@ -2,15 +2,18 @@
 
 `python -m zoo.report.speed --model <export dir> --texts <file> --lengths <file.json> --batch 32 --beam-size 5`
 prints (and with --out writes) one JSON line. One process per measurement, so `peak_rss_mb` (the process's
-peak resident set, VmHWM) belongs to that model alone; it never imports torch. Every sentence is decoded to exactly
-its forced length (`--lengths`: output tokens per sentence, e.g. the trained model's hypotheses) capped by the
-search's own length limit (`--max-len-a/--max-len-b`), in length-sorted batches of `--batch`, after one untimed
-warm-up batch (allocator and session warm-up).
+peak resident set, VmHWM) belongs to that model alone; it never imports torch (nor zoo). Every sentence is decoded
+to exactly its forced length (`--lengths`: output tokens per sentence — the speed stage gives every entry the suite
+baseline's hypothesis lengths) capped by the search's own length limit (`--max-len-a/--max-len-b`), in
+length-sorted batches of `--batch`, after one untimed warm-up batch (allocator and session warm-up). The record
+names the decoded lengths by their digest (`lengths_sha256`), so the stage can check that every entry it compares
+did the same work.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -25,11 +28,17 @@ from export.rss_probe import vm_hwm
 
 
 def workload_lengths(
-    model: export.ExportedModel, encoded: list[list[int]], lengths: Sequence[int], search: export.Search
+    max_positions: int, encoded: list[list[int]], lengths: Sequence[int], search: export.Search
 ) -> list[int]:
-    """Each sentence's forced output tokens: its given length, at most what the search's limit lets it emit."""
-    limits = export.runtime.max_lengths(np.array([len(e) for e in encoded]), search, model.max_positions)
+    """Each sentence's forced output tokens: its given length, at most what the search's limit lets it emit
+    (a model's position limit enters only through `max_positions`, so equal limits give equal work)."""
+    limits = export.runtime.max_lengths(np.array([len(e) for e in encoded]), search, max_positions)
     return [min(int(n), int(limit) - 1) for n, limit in zip(lengths, limits, strict=True)]
+
+
+def lengths_digest(lengths: Sequence[int]) -> str:
+    """Names a list of forced lengths: two measurements with the same digest decoded the same work."""
+    return hashlib.sha256(json.dumps([int(n) for n in lengths]).encode()).hexdigest()[:16]
 
 
 def measure(
@@ -85,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except export.runtime.ExportRuntimeError as exc:
         parser.error(str(exc))
     encoded = model.encode_texts(texts)
-    forced = workload_lengths(model, encoded, lengths, search)
+    forced = workload_lengths(model.max_positions, encoded, lengths, search)
     record = {
         "batch": args.batch,
         "threads": args.threads,
@@ -93,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_len_a": search.max_len_a,
         "max_len_b": search.max_len_b,
         **measure(model, encoded, forced, search, args.batch),
+        "lengths_sha256": lengths_digest(forced),
         "peak_rss_mb": round(vm_hwm() / 2**20, 1),  # VmHWM: ru_maxrss would keep the forking parent's peak
     }
     line = json.dumps(record)

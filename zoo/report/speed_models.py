@@ -2,10 +2,11 @@
 
 Decoding speed is a property of the architecture, the head plan and how many tokens are produced — not of the
 trained weights. So each record's stored config gives a random-initialised model of the same shape (its stored
-head plan removes the same heads at export), and its stored test hypotheses give, per sentence, how many tokens
-the trained model produced: the timed search is forced to produce exactly that many (export.runtime's
-`forced_limits`), so the work is what the trained model did. Sources and hypotheses are tokenized by the tokenizer
-training builds from the (reproducible) corpus cache with the speed seed.
+head plan removes the same heads at export), and the suite *baseline's* stored test hypotheses give, per sentence,
+how many tokens to produce: every entry's timed search is forced to produce exactly that many (export.runtime's
+`forced_limits`), so every entry does the same work and a ratio of sentences/s is a ratio of tokens/s — an entry
+that writes shorter outputs is not counted faster for it (measure.py). Sources and hypotheses are tokenized by the
+tokenizer training builds from the (reproducible) corpus cache with the speed seed.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def speed_corpus(record: dict[str, Any], label: str, sentences: int, cache_dir: 
 
 
 def forced_lengths(record: dict[str, Any], label: str, corpus: SpeedCorpus) -> list[int]:
-    """Tokens per stored hypothesis of the decoded sentences (without eos): what each sentence is forced to."""
+    """Tokens per stored hypothesis of the decoded sentences (without eos): what each sentence is forced to (the
+    speed stage takes them from the baseline's record, for every entry)."""
     hypotheses = record.get("hypotheses") or []
     if len(hypotheses) < len(corpus.texts):
         raise SpeedInputError(

@@ -100,6 +100,18 @@ class SpeedClaim:
 
 
 @dataclass(frozen=True)
+class SpeedControl:
+    """A negative control of the speed measurement: two entries whose decoding work is the same by construction
+    (`ght` has the transformer's exact shapes; only the weights differ), so their ratio must stay within the
+    speed rule's margin at every point (`points`: the listed ones, None: every measured point)."""
+
+    system: str
+    baseline: str
+    why: str
+    points: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
 class Suite:
     name: str
     task: str
@@ -115,12 +127,13 @@ class Suite:
     speed_seed: int = 1
     speed_sentences: int = 512
     speed_threads: int | None = None
-    speed_rounds: int = 3
+    speed_rounds: int = 5
     speed_settings: tuple[SpeedSetting, ...] = field(default_factory=tuple)
     triton: dict[str, Any] = field(default_factory=dict)
     variants: dict[str, Variant] = field(default_factory=dict)
     claims: tuple[Claim, ...] = ()
     speed_claims: tuple[SpeedClaim, ...] = ()
+    speed_controls: tuple[SpeedControl, ...] = ()
     equivalence_margin: float | None = None
 
     @property
@@ -154,9 +167,9 @@ def available_entries(conf_dir: Path) -> list[str]:
 
 
 def _rounds(value: Any) -> int:
-    """speed.rounds: how often every entry is timed (medians and per-round ratios need at least 3)."""
+    """speed.rounds: how often every entry is timed (a speed verdict needs at least 5: zoo/report/speed_rule.py)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SuiteError(f"suite.speed.rounds={value!r}: give a positive integer (3 or more for a verdict)")
+        raise SuiteError(f"suite.speed.rounds={value!r}: give a positive integer (5 or more for a verdict)")
     return value
 
 
@@ -212,8 +225,9 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
         speed_seed=speed_seed,
         speed_sentences=int(speed.get("sentences", 512)),
         speed_threads=speed.get("threads"),
-        speed_rounds=_rounds(speed.get("rounds", 3)),
+        speed_rounds=_rounds(speed.get("rounds", 5)),
         speed_claims=_speed_claims(str(raw["name"]), speed.get("claims") or [], settings, list(raw["entries"])),
+        speed_controls=_speed_controls(str(raw["name"]), speed.get("controls") or [], settings, list(raw["entries"])),
         speed_settings=settings,
         triton=dict(speed.get("triton") or {}),  # type: ignore[arg-type]
         variants={n: v for n, v in variants.items() if n in raw["entries"]},
@@ -306,6 +320,27 @@ def _speed_claims(
         if c["system"] in entries and c["baseline"] in entries:
             claims.append(SpeedClaim(*(str(c[k]) for k in keys), source=source))
     return tuple(claims)
+
+
+def _speed_controls(
+    suite: str, raw: list[Any], settings: tuple[SpeedSetting, ...], entries: list[str]
+) -> tuple[SpeedControl, ...]:
+    """`speed.controls`: each names two entries of the same decoding work, why it is, and optionally its points;
+    kept only when both entries are in this (possibly narrowed) suite."""
+    known = {f"{s.name}/{p}" for s in settings for p in ("fp32", "int8")} | {"served"}
+    controls = []
+    for i, c in enumerate(raw):
+        keys = ("system", "baseline", "why")
+        if not isinstance(c, dict) or any(not c.get(k) for k in keys):
+            raise SuiteError(f"suite {suite}: speed.controls[{i}] needs {', '.join(keys)}; got {c!r}")
+        points = c.get("points")
+        bad = [p for p in points or () if p not in known]
+        if bad:
+            raise SuiteError(f"suite {suite}: speed.controls[{i}].points {bad}; choose from {sorted(known)}")
+        if c["system"] in entries and c["baseline"] in entries:
+            pts = tuple(str(p) for p in points) if points else None
+            controls.append(SpeedControl(str(c["system"]), str(c["baseline"]), " ".join(str(c["why"]).split()), pts))
+    return tuple(controls)
 
 
 def _source(suite: str, i: int, claim: dict[str, Any]) -> Source | None:
