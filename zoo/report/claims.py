@@ -2,24 +2,28 @@
 
 A claim row quotes the paper's sentence, says how the comparison is designed, and shows the measured numbers:
 per seed the paired bootstrap of the two runs trained with that seed (sacreBLEU, test sentences resampled);
-over seeds Δ̄, the mean of the seeds' corpus-BLEU differences, with its 95% interval; the budget and whether
-the runs had stopped climbing; and a verdict that follows from those numbers by this rule (issue 37):
+over seeds Δ̄, the mean of the seeds' corpus-score differences, with its intervals; the budget and whether the
+runs had stopped climbing; and a verdict whose words follow from the numbers beside it by this rule (issue 60):
 
-* **Uncertainty of Δ̄: seeds and sentences.** Two seeds of one model differ by more than most claimed effects, so
-  Δ̄'s standard error comes from a two-way bootstrap: draw n seeds with replacement, then the test sentences
-  with replacement — one draw for both systems and every drawn seed, as all were scored on the one test set —
-  recompute each drawn seed's corpus BLEU from per-sentence statistics and average. The bootstrap variance is
-  scaled by n/(n−1) (resampling n seeds sees (n−1)/n of their variance) and read against Student's t with n−1
-  degrees of freedom rather than the bootstrap's percentiles: with 3–5 seeds a percentile interval is no wider
-  than the seeds' own spread and covers far less than 95%. A plain t-interval over per-seed Δs was not chosen
-  because it misses the test-set sampling all seeds share.
+* **Variance of Δ̄: two components.** Var(Δ̄) = S²/n + c̄. S² is the sample variance of the n per-seed Δs (n − 1
+  degrees of freedom): seed-to-seed variation, plus the part of the test-set noise that differs between seeds. c̄
+  is the part every seed shares, because all were scored on one test set: the mean covariance between two seeds'
+  Δs when the test sentences are resampled (one bootstrap draw for both systems and every seed), estimated from
+  the sentences (their count − 1 degrees of freedom). The two parts add to Var(Δ̄) without counting anything twice.
+  The interval and p read the statistic against Cochran–Cox's reference (zoo/report/stats.py: the components'
+  t critical values averaged with their variances as weights), shown as an effective df: near n − 1 when seeds
+  dominate, large when the test set does. Welch–Satterthwaite was simulated too and rejected: at 3 seeds its
+  estimated df rises when S² is small by chance, giving a 7.6% false-positive rate (tests/test_verdicts.py).
 * **Each expectation is a region for the true Δ**: better (0, ∞), worse (−∞, 0), match (−m, m) — an equivalence
   test —, not_worse (−m, ∞) "comparable or better", not_better (−∞, m) "does not improve"; m is the suite's
-  `equivalence_margin` or the claim's `margin`. The claim **holds** when the interval lies inside its region and
-  **does not hold** when it lies outside — the same strength of evidence either way. The claim's p is twice the
-  smaller of the two one-sided p-values (for being inside, for being outside); a table's claims are
-  Holm-corrected together at α = 0.05. Short of that: "no significant difference at this budget" (better,
-  worse) or "inconclusive" with the interval and the margin it crosses.
+  `equivalence_margin` or the claim's `margin`. The claim's p is twice the smaller of the one-sided p-values for
+  being inside the region (every bound passed) and outside it (some bound passed the other way).
+* **One Holm family per paper** (a paper's claims in one suite; our own questions are one more family), at
+  α = 0.05. The claim's test runs at its Holm step level α/(m − rank); the interval at 1 − that level is shown
+  beside the 95% one. **holds** / **does not hold**: the Holm-adjusted p is below α — then that interval lies
+  inside / outside the region. Otherwise **inconclusive**, naming the bound its interval crosses and what would
+  decide it: about how many seeds (if Δ̄ and the seeds' spread stay), or that the test set's own sampling error
+  is larger than the distance to the bound, so no number of seeds can.
 * **At least 3 seeds** per verdict: fewer render "too few seeds (n)", the per-seed numbers still shown.
 * **State**: a verdict from runs whose validation BLEU still rose by ≥ 0.5 over their last 20% of updates says
   they were still climbing. A claim with Voting-to-Stay runs is judged only when the GHT paper's precondition
@@ -38,64 +42,53 @@ from typing import Any
 import numpy as np
 
 from zoo.metrics import bleu_from_stats
+from zoo.report.stats import TwoComponents, holm, holm_levels, t_quantile
 from zoo.report.suite import Claim, Suite
 
-HOLDS, FAILS = "holds", "does not hold"
-NO_DIFFERENCE = "no significant difference at this budget"
-ALPHA = 0.05  # family-wise, per table (Holm)
-LEVEL = 0.95  # the interval shown beside each claim
+HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
+ALPHA = 0.05  # family-wise, per paper and suite (Holm)
+LEVEL = 0.95  # the plain interval shown beside each claim
 MIN_SEEDS = 3
+HINT_MAX_SEEDS = 30  # "≈ n seeds would decide it" is said up to this many
+RESOLUTION = 0.005  # a Δ̄ this close to a region bound sits on it: half the tables' last printed digit
 BOOTSTRAP_SEED = 12345  # one fixed stream: a re-render reproduces every number
 CLIMBING_GAIN = 0.5  # validation BLEU gained over the last 20% of updates that counts as still climbing
 COMPACT_SILHOUETTE = 0.25  # end-of-GCT mean silhouette below which the groups did not compact
 FALLBACK_TRIGGER = "reached vote_at"  # zoo/ght/procedure.py's reason when voting ran at the budget fallback
+OURS_FAMILY = "our questions"
 
 Score = Callable[[np.ndarray], np.ndarray]  # summed per-sentence statistics [..., k] -> corpus score [...]
-
-
-# ---------------------------------------------------------------------------------------------- Student's t
-def t_cdf(t: float, df: int) -> float:
-    """P(T ≤ t) for Student's t with an integer df ≥ 1: the finite series of Abramowitz & Stegun 26.7.3–4
-    (no scipy in the dependencies)."""
-    if math.isinf(t):
-        return 1.0 if t > 0 else 0.0
-    theta = math.atan(t / math.sqrt(df))
-    s, c = math.sin(theta), math.cos(theta)
-    series, term = 0.0, c if df % 2 else 1.0
-    for k in range((df - 1) // 2 if df % 2 else df // 2):
-        if k:
-            term *= c * c * ((2 * k) / (2 * k + 1) if df % 2 else (2 * k - 1) / (2 * k))
-        series += term
-    a = 2 / math.pi * (theta + s * series) if df % 2 else s * series
-    return 0.5 + 0.5 * a
-
-
-def t_quantile(q: float, df: int) -> float:
-    """The q-quantile of Student's t (bisection on `t_cdf`)."""
-    lo, hi = -1e6, 1e6
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_cdf(mid, df) < q else (lo, mid)
-    return (lo + hi) / 2
 
 
 # ---------------------------------------------------------------------------------------------- Δ over seeds
 @dataclass(frozen=True)
 class DeltaTest:
-    """A claim's Δ = system − baseline, the mean over seeds of per-seed corpus-score differences, and its
-    standard error from the two-way bootstrap (seeds, then sentences)."""
+    """A claim's Δ = system − baseline, the mean over seeds of per-seed corpus-score differences, and the two
+    components of its variance: `seed_var` = S²/n (n − 1 df) and `sentence_var` = c̄, the test-set noise all seeds
+    share (`sentences` − 1 df)."""
 
     mean: float
-    se: float
     per_seed: tuple[float, ...]
+    seed_var: float
+    sentence_var: float
+    sentences: int
 
     @property
     def seeds(self) -> int:
         return len(self.per_seed)
 
     @property
-    def df(self) -> int:
-        return self.seeds - 1
+    def components(self) -> TwoComponents:
+        return TwoComponents(self.seed_var, self.seeds - 1, self.sentence_var, self.sentences - 1)
+
+    @property
+    def se(self) -> float:
+        return math.sqrt(self.seed_var + self.sentence_var)
+
+    @property
+    def df(self) -> float:
+        """Effective degrees of freedom of the 95% interval (inf: the normal's)."""
+        return self.components.effective_df(0.5 + LEVEL / 2)
 
     def p_above(self, x: float) -> float:
         """One-sided p-value for "the true Δ is above x" (null: Δ ≤ x)."""
@@ -103,7 +96,7 @@ class DeltaTest:
             return 0.0 if x < 0 else 1.0
         if self.se == 0:
             return 0.0 if self.mean > x else 1.0
-        return 1.0 - t_cdf((self.mean - x) / self.se, self.df)
+        return 1.0 - self.components.cdf((self.mean - x) / self.se)
 
     def p_below(self, x: float) -> float:
         """One-sided p-value for "the true Δ is below x" (null: Δ ≥ x)."""
@@ -111,10 +104,10 @@ class DeltaTest:
             return 0.0 if x > 0 else 1.0
         if self.se == 0:
             return 0.0 if self.mean < x else 1.0
-        return t_cdf((self.mean - x) / self.se, self.df)
+        return self.components.cdf((self.mean - x) / self.se)
 
     def interval(self, level: float = LEVEL) -> tuple[float, float]:
-        half = t_quantile(0.5 + level / 2, self.df) * self.se
+        half = self.components.critical(0.5 + level / 2) * self.se
         return self.mean - half, self.mean + half
 
 
@@ -124,11 +117,10 @@ def delta_test(
     samples: int = 1000,
     seed: int = BOOTSTRAP_SEED,
 ) -> DeltaTest:
-    """Δ̄ and its standard error from (system, baseline) per-sentence statistics [N, k], one pair per seed:
-    each replicate draws n seeds with replacement and one multinomial resample of the N sentences shared by
-    every drawn seed and both systems (the test set is one sample for all of them); the replicates' variance ×
-    n/(n−1) is Δ̄'s squared standard error. `score` turns summed statistics into a corpus score (BLEU by default;
-    the tests use a mean of per-sentence scores)."""
+    """Δ̄ and its variance components from (system, baseline) per-sentence statistics [N, k], one pair per seed:
+    S²/n from the per-seed Δs, and c̄ from `samples` multinomial resamples of the N sentences, each shared by
+    every seed and both systems (the test set is one sample for all of them). `score` turns summed statistics
+    into a corpus score (BLEU by default; the tests use a mean of per-sentence scores)."""
     n = len(pairs)
     if n < 2:
         raise ValueError(f"a test over seeds needs at least 2 seeds, got {n}")
@@ -138,14 +130,16 @@ def delta_test(
     (size,) = sentences
     rng = np.random.default_rng(seed)
     weights = rng.multinomial(size, np.full(size, 1.0 / size), size=samples).astype(np.float64)  # [B, N]
-    observed = np.array([score(sys.sum(axis=0)) - score(base.sum(axis=0)) for sys, base in pairs])
+    observed = np.array([score(sys.sum(axis=0)) - score(base.sum(axis=0)) for sys, base in pairs])  # [n]
     resampled = np.stack([score(weights @ sys) - score(weights @ base) for sys, base in pairs])  # [n, B]
-    draws = rng.integers(0, n, size=(samples, n))
-    means = resampled[draws, np.arange(samples)[:, None]].mean(axis=1)
+    cov = np.cov(resampled)  # [n, n]: the seeds' Δs co-vary through the shared test sentences
+    shared = (float(cov.sum()) - float(np.trace(cov))) / (n * (n - 1))
     return DeltaTest(
         mean=float(observed.mean()),
-        se=math.sqrt(float(means.var(ddof=1)) * n / (n - 1)),
         per_seed=tuple(float(d) for d in observed),
+        seed_var=float(observed.var(ddof=1)) / n,
+        sentence_var=max(0.0, shared),
+        sentences=size,
     )
 
 
@@ -175,16 +169,6 @@ def decision_p(test: DeltaTest, expect: str, margin: float | None = None) -> tup
     return min(1.0, 2 * min(inside, outside)), HOLDS if inside <= outside else FAILS
 
 
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values: a table's verdicts are wrong with probability ≤ α together."""
-    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
-    adjusted, running = [1.0] * len(p_values), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
-        adjusted[i] = running
-    return adjusted
-
-
 @dataclass(frozen=True)
 class Question:
     """One claim as the rule sees it: the expectation, its margin, the measured Δ over seeds (None below 2
@@ -201,42 +185,82 @@ class Question:
 class Judgement:
     verdict: str
     p: float | None = None  # the claim's own p-value (None: not tested)
-    p_holm: float | None = None  # Holm-adjusted over the table's tested claims
+    p_holm: float | None = None  # Holm-adjusted over its family's tested claims
+    level: float | None = None  # the confidence level of the interval the test ran at (1 − Holm step level)
+    interval: tuple[float, float] | None = None  # Δ̄'s interval at `level`
+    family_size: int = 0  # tested claims in its Holm family
 
 
 def judge(questions: Sequence[Question], alpha: float = ALPHA) -> list[Judgement]:
-    """The verdicts of one table's claims: those with ≥ MIN_SEEDS seeds and their preconditions met form the
-    Holm family; a verdict needs its adjusted p below α."""
+    """The verdicts of one Holm family (one paper's claims in a suite): the claims with ≥ MIN_SEEDS seeds and their
+    preconditions met are tested; a definite verdict needs the adjusted p below α."""
     tested = {
         i: q.test for i, q in enumerate(questions) if q.unmet is None and q.seeds >= MIN_SEEDS and q.test is not None
     }
     decisions = {i: decision_p(test, questions[i].expect, questions[i].margin) for i, test in tested.items()}
-    adjusted = dict(zip(tested, holm([decisions[i][0] for i in tested]), strict=True))
+    ps = [decisions[i][0] for i in tested]
+    adjusted = dict(zip(tested, holm(ps), strict=True))
+    steps = dict(zip(tested, holm_levels(ps, alpha), strict=True))
     out = []
     for i, q in enumerate(questions):
         few = f"too few seeds ({q.seeds})" if q.seeds < MIN_SEEDS else None
         if q.unmet or few:
             out.append(Judgement("; ".join(t for t in (q.unmet, few) if t)))
             continue
-        p, side = decisions[i]
-        out.append(Judgement(_verdict(q, side if adjusted[i] < alpha else None, p, adjusted[i], alpha), p, adjusted[i]))
+        test, (p, side) = tested[i], decisions[i]
+        level = 1.0 - steps[i]
+        interval = test.interval(level)
+        words = _verdict(q, side, p, adjusted[i], steps[i], interval, alpha)
+        out.append(Judgement(words, p, adjusted[i], level, interval, len(tested)))
     return out
 
 
-def _verdict(q: Question, side: str | None, p: float, p_holm: float, alpha: float) -> str:
+def _verdict(
+    q: Question, side: str, p: float, p_holm: float, step: float, interval: tuple[float, float], alpha: float
+) -> str:
+    """The verdict's words, from the numbers shown beside it: the adjusted p, and the interval at the step level."""
     assert q.test is not None
-    if side == FAILS and q.expect == "match":
-        return f"{FAILS} (Δ {'above' if q.test.mean > 0 else 'below'} the ±{q.margin:g} margin)"
-    if side is not None:
+    if p_holm < alpha:
+        if side == FAILS and q.expect == "match":
+            return f"{FAILS} (Δ {'above' if q.test.mean > 0 else 'below'} the ±{q.margin:g} margin)"
         return side
-    text = NO_DIFFERENCE if q.expect in ("better", "worse") else _crosses(q)
-    return text + (f" after Holm (p={p:.3f}, adjusted {p_holm:.3f})" if p < alpha else "")
-
-
-def _crosses(q: Question) -> str:
+    if p < step:  # its own test passed at its step, but Holm stopped at a smaller p of the family before it
+        return f"{INCONCLUSIVE}: Holm stops at a claim of this paper with a smaller p (adjusted p {p_holm:.3f})"
     lo, hi = region(q.expect, q.margin)
-    bounds = " and ".join(f"{b:+g}" for b in (lo, hi) if not math.isinf(b))
-    return f"inconclusive: the {LEVEL:.0%} interval crosses {bounds}"
+    crossed = [b for b in (lo, hi) if not math.isinf(b) and interval[0] < b < interval[1]]
+    bound = min(crossed or [b for b in (lo, hi) if not math.isinf(b)], key=lambda b: abs(q.test.mean - b))
+    where = " and ".join(_bound(b) for b in crossed) or _bound(bound)
+    return f"{INCONCLUSIVE}: the {percent(1 - step)} interval crosses {where}; {what_would_decide(q.test, bound, step)}"
+
+
+def _bound(b: float) -> str:
+    return "0" if b == 0 else f"{b:+g}"
+
+
+def percent(level: float) -> str:
+    """0.9875 → `98.8%`, 0.95 → `95%`: an interval's level as the tables print it."""
+    return f"{level:.1%}".replace(".0%", "%")
+
+
+def what_would_decide(test: DeltaTest, bound: float, step: float) -> str:
+    """What would move the interval (at level 1 − step) off `bound`, if Δ̄ and the seeds' spread stayed: the seeds
+    needed, or that the test set's shared sampling error alone is wider than the distance to the bound."""
+    u = 1.0 - step / 2
+    gap = abs(test.mean - bound)
+    floor = t_quantile(u, test.sentences - 1) * math.sqrt(test.sentence_var)
+    if gap < RESOLUTION:
+        return f"Δ̄ sits on {_bound(bound)} (within {RESOLUTION:g}), so no number of seeds decides it"
+    if gap <= floor:
+        return (
+            f"the test set's sampling error alone (±{floor:.2f}) exceeds |Δ̄ − ({bound:+g})| = {gap:.2f}, so no "
+            "number of seeds decides it: a larger effect, budget or test set would"
+        )
+    s2 = test.seed_var * test.seeds
+    for n in range(test.seeds + 1, HINT_MAX_SEEDS + 1):
+        comp = TwoComponents(s2 / n, n - 1, test.sentence_var, test.sentences - 1)
+        if comp.critical(u) * math.sqrt(comp.total) < gap:
+            return f"≈ {n} seeds would decide it if Δ̄ and the seeds' spread (s = {math.sqrt(s2):.2f}) stay"
+    return f"more than {HINT_MAX_SEEDS} seeds: Δ̄ is small against the seeds' spread (s = {math.sqrt(s2):.2f})"
 
 
 # ---------------------------------------------------------------------------------------------- state
@@ -296,17 +320,26 @@ def collect_claims(
     epoch_batches: float | None = None,
 ) -> list[dict[str, Any]]:
     """One row per claim: the claim and its source, both sides' quality and size, per-seed Δ, Δ̄ over seeds, the
-    budget and state, and the verdict — papers' claims and our questions each judged as one table.
+    budget and state, and the verdict — each paper's claims one Holm family, our questions another.
     `bootstrap(system, seed, baseline)` is the per-seed paired bootstrap, `stats(entry, seed)` a run's
     per-segment statistics (BLEU's, or per-document ROUGE) that `score` turns into a corpus score, `epoch_batches`
     the training batches in one epoch (None: unknown)."""
     rows = [_claim_row(c, entries, seeds, bootstrap, stats, score, samples, epoch_batches) for c in suite.claims]
-    for ours in (False, True):
-        table = [r for r in rows if r["ours"] == ours]
-        for row, judged in zip(table, judge([r.pop("question") for r in table]), strict=True):
+    for name in dict.fromkeys(r["family"] for r in rows):
+        family = [r for r in rows if r["family"] == name]
+        for row, judged in zip(family, judge([r.pop("question") for r in family]), strict=True):
             verdict = with_state(judged.verdict, row["state"], "BLEU" if suite.task == "translation" else "ROUGE-L")
-            row.update(verdict=verdict, p=judged.p, p_holm=judged.p_holm)
+            row.update(verdict=verdict, p=judged.p, p_holm=judged.p_holm, family_size=judged.family_size)
+            if row["delta"] and judged.interval is not None:
+                row["delta"].update(level=judged.level, adj_low=judged.interval[0], adj_high=judged.interval[1])
     return rows
+
+
+def family_of(claim: Claim) -> str:
+    """The claim's Holm family: the paper it quotes (its source), or our own questions."""
+    if claim.ours:
+        return OURS_FAMILY
+    return claim.source.paper if claim.source else claim.paper
 
 
 def _claim_row(
@@ -333,6 +366,7 @@ def _claim_row(
     return {
         "paper": claim.paper,
         "ours": claim.ours,
+        "family": family_of(claim),
         "claim": claim.claim,
         "source": vars(claim.source) if claim.source else None,
         "design": claim.design,
@@ -350,10 +384,20 @@ def _claim_row(
 
 
 def _delta(test: DeltaTest | None) -> dict[str, Any] | None:
+    """Δ̄, its variance components and effective df, and the 95% interval (from MIN_SEEDS seeds)."""
     if test is None:
         return None
     low, high = test.interval() if test.seeds >= MIN_SEEDS else (None, None)
-    return {"mean": test.mean, "se": test.se, "seeds": test.seeds, "low": low, "high": high}
+    return {
+        "mean": test.mean,
+        "se": test.se,
+        "seeds": test.seeds,
+        "low": low,
+        "high": high,
+        "seed_se": math.sqrt(test.seed_var),
+        "sentence_se": math.sqrt(test.sentence_var),
+        "df": df if test.seeds >= MIN_SEEDS and math.isfinite(df := test.df) else None,
+    }
 
 
 def _budget(runs: Sequence[Mapping[str, Any]], epoch_batches: float | None) -> dict[str, Any]:
@@ -372,8 +416,9 @@ __all__ = [
     "COMPACT_SILHOUETTE",
     "FAILS",
     "HOLDS",
+    "INCONCLUSIVE",
     "MIN_SEEDS",
-    "NO_DIFFERENCE",
+    "OURS_FAMILY",
     "DeltaTest",
     "Judgement",
     "Question",
@@ -381,11 +426,11 @@ __all__ = [
     "collect_claims",
     "decision_p",
     "delta_test",
-    "holm",
+    "family_of",
     "judge",
+    "percent",
     "precondition",
     "region",
-    "t_cdf",
-    "t_quantile",
+    "what_would_decide",
     "with_state",
 ]

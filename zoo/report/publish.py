@@ -14,6 +14,7 @@ from zoo.report.records import load_records, sibling_records
 from zoo.report.render import markdown, readme_block, render
 from zoo.report.speed_results import read_speed_files, summarize
 from zoo.report.suite import Suite
+from zoo.report.tally import verdict_counts
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ def publish(
         "speed_claims": [asdict(c) for c in suite.speed_claims],
         "speed_enabled": suite.speed_enabled,
     }
+    data["verdict_counts"] = verdict_counts(data)
     command = render_command(suite, results_dir)
     block = readme_block(data, render_command(suite, results_dir, readme=True))
     if write:
