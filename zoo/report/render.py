@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt
 from zoo.flops import format_count, format_flops
 from zoo.ght.voting import plot_votes
 from zoo.report.claims import ALPHA, CLIMBING_GAIN, COMPACT_SILHOUETTE, LEVEL, MIN_SEEDS, percent
-from zoo.report.render_speed import plot_quality_vs_speed, readme_speed_column, speed_section
+from zoo.report.render_speed import plot_quality_vs_speed, readme_speed_column, speed_section, widest_file
 
 LABELS = {"bleu": "BLEU", "chrf": "chrF", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}
 PNG_METADATA = {"Software": None}  # no library version in the file: a re-render with another matplotlib is no diff
@@ -527,7 +527,8 @@ def render(out_dir: Path, data: dict[str, Any], command: str) -> Path:
         "parameters excl. embeddings (M)",
     )
     if data["speed"]:
-        plot_quality_vs_speed(data, data["speed"][0], out_dir / "quality_vs_speed.png", LABELS[data["headline"]])
+        figure = out_dir / "quality_vs_speed.png"
+        plot_quality_vs_speed(data, widest_file(data["speed"]), figure, LABELS[data["headline"]])
     _plot_learning_curves(data, out_dir / "learning_curves.png")
     for entry, rec in data["entries"].items():
         for seed, run in rec["seeds"].items():

@@ -286,17 +286,22 @@ def efficiency_claims(
     return [*lines, ""]
 
 
-def readme_speed_column(speeds: list[dict[str, Any]]) -> tuple[str, dict[str, str]] | None:
-    """The README table's speed column: the first fp32 point of the speed file that times the most entries (a
-    re-measurement may time only the entries a claim needs), per entry; its header says when that file was
-    measured under the old rule."""
-    if not speeds:
-        return None
+def widest_file(speeds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The speed file that times the most entries (ties: the current rule's) — what the README column and the
+    quality-vs-speed figure show, as a re-measurement may time only the entries a claim needs."""
 
     def timed(s: dict[str, Any]) -> int:
         return sum(not rec.get("control_of") for rec in s["entries"].values())
 
-    speed = max(speeds, key=lambda s: (timed(s), s["judged"]))  # ties: the current rule's file
+    return max(speeds, key=lambda s: (timed(s), s["judged"]))
+
+
+def readme_speed_column(speeds: list[dict[str, Any]]) -> tuple[str, dict[str, str]] | None:
+    """The README table's speed column: the first fp32 point of `widest_file`, per entry; its header says when
+    that file was measured under the old rule."""
+    if not speeds:
+        return None
+    speed = widest_file(speeds)
     key = f"{speed['settings'][0]['name']}/fp32"
     cells = {
         entry: speed_cell(rec["points"].get(key), [], entry, speed["judged"])
@@ -355,4 +360,5 @@ __all__ = [
     "settings_text",
     "speed_cell",
     "speed_section",
+    "widest_file",
 ]
