@@ -212,6 +212,14 @@ def _p_text(p: float | None) -> str:
     return "—" if p is None else "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
+def judge_speed_claims(
+    speed: dict[str, Any], claims: Sequence[dict[str, Any]]
+) -> tuple[list[RatioTest | None], list[SpeedJudgement]]:
+    """Each claim's test at its point of this file and the rule's verdicts, Holm per source paper."""
+    tests = [pair_test(speed, c["system"], c["baseline"], c["point"]) for c in claims]
+    return tests, judge_claims(tests, [c["source"]["paper"] for c in claims])
+
+
 def control_checks(speed: dict[str, Any]) -> list[tuple[dict[str, Any], str, RatioTest | None, str, str]]:
     """(control, point, test, status, words) for every negative control of the file at every point it names
     (default: every point its system was measured at)."""
@@ -259,9 +267,8 @@ def efficiency_claims(
     file of an old format: the claims, judged by nothing)."""
     if not claims:
         return []
-    tests = [pair_test(speed, c["system"], c["baseline"], c["point"]) for c in claims]
+    tests, judgements = judge_speed_claims(speed, claims)
     if speed["judged"]:
-        judgements = judge_claims(tests, [c["source"]["paper"] for c in claims])
         intro = [f"The papers' efficiency claims on this machine. {RULE_TEXT}", ""]
     else:
         judgements = [SpeedJudgement(NOT_JUDGED) for _ in claims]
@@ -353,6 +360,7 @@ def plot_quality_vs_speed(data: dict[str, Any], speed: dict[str, Any], out: Path
 __all__ = [
     "control_checks",
     "efficiency_claims",
+    "judge_speed_claims",
     "negative_controls",
     "pair_test",
     "plot_quality_vs_speed",

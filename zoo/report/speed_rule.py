@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from zoo.report.stats import holm, t_cdf, t_quantile
 
@@ -30,12 +29,6 @@ MAX_ROUNDS_HINT = 60  # beyond this many rounds, "more rounds" is no practical a
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
 NOT_MEASURED = "not measured"
 CONTROL_OK, CONTROL_WIDE, CONTROL_FAILED = "passes", "passes, but wide", "FAILS"
-
-
-@lru_cache(maxsize=256)
-def _t_crit(df: int, q: float = 1 - ALPHA) -> float:
-    """t quantile, cached: the rule asks for the same few df thousands of times in a simulation."""
-    return t_quantile(q, df)
 
 
 @dataclass(frozen=True)
@@ -74,7 +67,7 @@ class RatioTest:
 
     def interval(self) -> tuple[float, float]:
         """The 95 % interval of the true ratio (both ends as ratios)."""
-        half = _t_crit(self.n - 1) * self.se
+        half = t_quantile(1 - ALPHA, self.n - 1) * self.se
         return math.exp(self.mean - half), math.exp(self.mean + half)
 
     def p_at_most(self, ratio: float = MARGIN) -> float:
@@ -117,7 +110,7 @@ def rounds_to_decide(test: RatioTest) -> int | None:
     if test.sd == 0.0:
         return test.n if gap > 0 else None
     for n in range(max(test.n, MIN_ROUNDS), MAX_ROUNDS_HINT + 1):
-        if gap > _t_crit(n - 1) * test.sd / math.sqrt(n):
+        if gap > t_quantile(1 - ALPHA, n - 1) * test.sd / math.sqrt(n):
             return n
     return None
 

@@ -11,8 +11,7 @@ from collections import Counter
 from typing import Any
 
 from zoo.report.claims import FAILS, HOLDS, INCONCLUSIVE
-from zoo.report.render_speed import pair_test
-from zoo.report.speed_rule import judge_claims
+from zoo.report.render_speed import judge_speed_claims
 
 KINDS = (HOLDS, FAILS, INCONCLUSIVE, "untested")
 
@@ -33,8 +32,7 @@ def verdict_counts(data: dict[str, Any]) -> dict[str, dict[str, int]]:
     if current is None:
         speed = Counter({"untested": len(claims)}) if claims else Counter()
     else:
-        tests = [pair_test(current, c["system"], c["baseline"], c["point"]) for c in claims]
-        speed = Counter(_kind(j.verdict) for j in judge_claims(tests, [c["source"]["paper"] for c in claims]))
+        speed = Counter(_kind(j.verdict) for j in judge_speed_claims(current, claims)[1])
     return {name: {k: n[k] for k in KINDS} for name, n in (("quality", quality), ("speed", speed))}
 
 
