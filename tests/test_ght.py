@@ -196,6 +196,120 @@ def test_token_sum_is_the_official_scale_summed_over_modules_per_target_token() 
         GHTOptions.from_config({"loss_normalization": "sum"})
 
 
+def _tiny_ght_model():
+    from zoo.model import ModelConfig, build_model
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=40,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        num_heads=4,
+        ffn_dim=48,
+        dropout=0.0,
+        max_positions=32,
+    )
+    return build_model(cfg).eval()
+
+
+def test_constraint_scale_multiplies_the_normalised_weight() -> None:
+    """The scan's axis: ×s on `token_sum`'s weight is s × the official term; the logged terms do not change."""
+    from zoo.data.batching import collate
+    from zoo.ght.procedure import GHTOptions, GHTProcedure
+
+    model = _tiny_ght_model()
+    batch = collate([([5, 6, 7, 8], [9, 10, 11]), ([12, 13], [14, 15, 16, 17, 18])], 0, 1, 2)
+    out = {}
+    for scale in (1.0, 16.0):
+        proc = GHTProcedure(GHTOptions(groups=2, alpha=0.7, beta=0.5, constraint_scale=scale))
+        proc.modules = dict(model.attention_modules())
+        proc._set_capture(True)
+        model(batch.src, batch.tgt_in)
+        out[scale] = proc.aux_loss(SimpleNamespace(bare=model), batch)
+    assert float(out[16.0][0].detach()) == pytest.approx(16 * float(out[1.0][0].detach()), rel=1e-6)
+    assert out[16.0][1] == out[1.0][1]
+    for bad in ({"constraint_scale": 0}, {"vote_trigger": "silhouette"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            GHTOptions.from_config(bad)
+
+
+def test_centres_pass_the_constraint_gradient_to_every_member() -> None:
+    """As the official kmeans_pytorch allows, the centres are means of the members *with* gradient: the
+    gradient of −α·mean cos(x_i, c_g(i)) reaches x_i through c_g(i) too, so it differs from the same loss with
+    the centres detached (checked against autograd of the formula written out with either)."""
+    torch.manual_seed(3)
+    points = torch.randn(6, 5, requires_grad=True)
+    labels = torch.tensor([0, 0, 1, 1, 1, 0])
+    loss, _, _ = group_constraint_loss(points, labels, 2, alpha=0.7, beta=0.0)
+    (ours,) = torch.autograd.grad(loss, points)
+
+    def formula(detached: bool) -> torch.Tensor:
+        x = points
+        cents = [x[labels == g].mean(0) for g in range(2)]
+        cents = [c.detach() for c in cents] if detached else cents
+        cos = [torch.nn.functional.cosine_similarity(x[i], cents[int(labels[i])], dim=0) for i in range(6)]
+        return -0.7 * torch.stack(cos).mean()
+
+    (through,) = torch.autograd.grad(formula(False), points)
+    (detached,) = torch.autograd.grad(formula(True), points)
+    assert torch.allclose(ours, through, atol=1e-6)
+    assert not torch.allclose(ours, detached, atol=1e-4)
+
+
+def test_probe_measures_the_partition_the_loss_trained(tmp_path) -> None:
+    """The probe's compactness is that of the trained partition (the groups the loss used at the last update),
+    computed on the probe batch's maps — equal to a direct computation from the captured maps and those labels;
+    the probe batch's own k-means stays a second, labelled view, and the check records the update's
+    gc_homogeneity / gc_diversity and how often the trained partition changed since the last check."""
+    from zoo.data.batching import collate
+    from zoo.ght.features import head_points
+    from zoo.ght.procedure import GHTOptions, GHTProcedure
+
+    model = _tiny_ght_model()
+    train_batch = collate([([5, 6, 7, 8], [9, 10, 11]), ([12, 13], [14, 15, 16, 17, 18])], 0, 1, 2)
+    valid = [([20, 21, 22], [23, 24]), ([25, 26, 27, 28, 29], [30, 31, 32])]
+    tok = SimpleNamespace(pad_id=0, bos_id=1, eos_id=2)
+    trainer = SimpleNamespace(
+        bare=model, tokenizer=tok, valid_pairs=valid, device=torch.device("cpu"), run_dir=tmp_path
+    )
+    proc = GHTProcedure(GHTOptions(groups=2, alpha=0.7, beta=0.5, probe_sentences=2, feature_map="V"))
+    proc.modules = dict(model.attention_modules())
+    first = proc._probe(trainer)  # before any update: no trained partition yet, and it says so
+    assert all(m["partition"].startswith("probe") for m in first["modules"].values())
+    logs = []
+    for _ in range(3):
+        proc._set_capture(True)
+        model(train_batch.src, train_batch.tgt_in)
+        _, logged = proc.aux_loss(trainer, train_batch)
+        logs.append(logged)
+        proc.step += 1
+    report = proc._probe(trainer)
+
+    probe_batch = collate(valid, 0, 1, 2)
+    proc._set_capture(True)
+    model(probe_batch.src, probe_batch.tgt_in)
+    masks = {"src": probe_batch.src.ne(0), "tgt": probe_batch.tgt_out.ne(0)}
+    for name, module in proc.modules.items():
+        q, k = ("src", "src") if name.startswith("encoder") else ("tgt", "src" if "cross" in name else "tgt")
+        x = head_points(module, "V", masks[q], masks[k]).detach().float()  # [H, F]
+        trained = proc.labels[name]
+        row = report["modules"][name]
+        assert row["partition"] == "trained" and row["groups"] == trained.tolist()
+        centres = {g: x[trained == g].mean(0) for g in trained.unique().tolist()}
+        intra = torch.stack(
+            [torch.nn.functional.cosine_similarity(x[i], centres[int(trained[i])], dim=0) for i in range(4)]
+        )
+        assert row["intra_cos"] == pytest.approx(float(intra.mean()), abs=1e-4)
+        assert row["silhouette"] == pytest.approx(silhouette(x, trained), abs=1e-4)
+        assert row["changes"] == 0  # one batch, warm-started: the partition stays
+        assert set(row["probe"]) == {"groups", "intra_cos", "inter_cos", "silhouette"}
+    mean_hom = sum(r["gc_homogeneity"] for r in report["modules"].values()) / len(report["modules"])
+    assert mean_hom == pytest.approx(sum(logged["gc_homogeneity"] for logged in logs) / 3, abs=1e-3)
+    lines = (tmp_path / "ght" / "compactness.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [0, 3]
+
+
 @pytest.mark.parametrize(
     ("option", "message"),
     [
@@ -282,7 +396,14 @@ def test_ght_ps_runs_all_stages_and_freezes_pruned_heads(tmp_path, smoke_corpus)
     assert votes["vote_maps"] == ["V", "A", "O"] and votes["voting_batches"] == 6
     assert all(sum(v) == 6 * 3 * 2 for v in votes["votes"].values())
     assert votes["trigger"] == "reached vote_at=12" and votes["voting_seconds"] > 0
-    assert (run / "ght" / "compactness.jsonl").read_text().count("\n") >= 2
+    checks = [json.loads(line) for line in (run / "ght" / "compactness.jsonl").read_text().splitlines()]
+    assert len(checks) >= 2
+    # the record holds the trained partition at every check after update 0, and that partition voted
+    for check in checks[1:]:
+        for row in check["modules"].values():
+            assert row["partition"] == "trained" and {"groups", "changes", "gc_homogeneity", "probe"} <= set(row)
+    assert votes["groups_source"] == "trained"
+    assert votes["final_groups"] == {name: row["groups"] for name, row in checks[-1]["modules"].items()}
     voted, last = _ckpt(run / "checkpoints" / "voted.pt"), _ckpt(run / "checkpoints" / "last.pt")
     assert last["model_config"]["head_plan"] == plan and not last["model_config"]["heads_removed"]
     assert last["train_state"]["step"] == 30 and last["procedure"]["stage"] == "finetune"

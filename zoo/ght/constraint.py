@@ -43,6 +43,20 @@ def group_constraint_loss(
 
 
 @torch.no_grad()
+def compactness(points: Tensor, labels: Tensor, k: int) -> dict:
+    """One module's partition and its compactness on [H, F] points with [H] labels: mean cos of a head to its
+    group's centre, mean cos between centres, silhouette and Dunn index (rounded: what a record stores)."""
+    hom, div = homogeneity_diversity(points.float(), labels, k)
+    return {
+        "groups": [int(g) for g in labels.tolist()],
+        "intra_cos": round(float(hom), 4),
+        "inter_cos": round(float(div), 4),
+        "silhouette": round(silhouette(points, labels), 4),
+        "dunn": round(dunn_index(points, labels), 4),
+    }
+
+
+@torch.no_grad()
 def silhouette(points: Tensor, labels: Tensor) -> float:
     """Mean silhouette coefficient (Euclidean; a singleton's s is 0, Rousseeuw's convention)."""
     points = points.float()

@@ -18,15 +18,16 @@ from tqdm import tqdm
 from zoo import distributed as dist
 from zoo.checkpoint import save_checkpoint
 from zoo.data.batching import Batch, collate
-from zoo.ght.constraint import dunn_index, group_constraint_loss, homogeneity_diversity, silhouette
+from zoo.ght.constraint import compactness, group_constraint_loss
 from zoo.ght.features import MODULE_KINDS, head_points, module_kind
-from zoo.ght.kmeans import kmeans
+from zoo.ght.kmeans import group_means, kmeans
 from zoo.ght.voting import RENAMED, SELECTIONS, fixed_groups, head_votes, plot_votes, select_heads
 from zoo.model import Transformer
 from zoo.trainer import Procedure, Trainer, spread_sample
 
 log = logging.getLogger("zoo.ght")
 LOSS_NORMALIZATIONS = ("mean", "token_sum")
+VOTE_TRIGGERS = ("fixed", "converged")
 
 
 class Stage(str, Enum):
@@ -54,11 +55,15 @@ class GHTOptions:
     #   divided by the batch's target tokens, exactly as the official fairseq criterion adds them to a
     #   token-summed loss that fairseq divides by the token count | mean: the mean over modules at full strength
     #   against the per-token task loss (a per-token, per-module option)
+    constraint_scale: float = 1.0  # multiplier on the normalised constraint weight (the ght_scan suite's axis);
+    #   1 = the official scale under token_sum
     homogenize: bool = True  # ablation: False drops the −α term
     diversify: bool = True  # ablation: False drops the +β term
     prune: bool = False  # GHT-PS: vote and fine-tune
     vote_at: float = 0.6  # vote at this update (≥ 1) or fraction of the budget (< 1: of max_updates, or of
-    #                       max_minutes when that ends first), unless converged earlier
+    #                       max_minutes when that ends first): the analogue of the official epoch_start_to_prune
+    vote_trigger: str = "fixed"  # fixed: vote at vote_at, compact or not (the official schedule) | converged:
+    #                              earlier when the trained groups' centres stop moving on the probe batch
     check_every: int = 100  # probe-batch convergence checks every N updates
     shift_threshold: float = 0.05  # relative centre shift that counts as converged
     patience: int = 3  # consecutive converged checks needed
@@ -104,6 +109,10 @@ class GHTOptions:
             raise ValueError("model.ght.groups must be >= 1")
         if opts.init_stage not in {stage.value for stage in Stage}:
             raise ValueError(f"model.ght.init_stage={opts.init_stage!r}: use one of {[stage.value for stage in Stage]}")
+        if opts.vote_trigger not in VOTE_TRIGGERS:
+            raise ValueError(f"model.ght.vote_trigger={opts.vote_trigger!r}: use one of {list(VOTE_TRIGGERS)}")
+        if not opts.constraint_scale > 0:
+            raise ValueError(f"model.ght.constraint_scale={opts.constraint_scale}: use a positive multiplier")
         if opts.loss_normalization not in LOSS_NORMALIZATIONS:
             raise ValueError(
                 f"model.ght.loss_normalization={opts.loss_normalization!r}: use one of {list(LOSS_NORMALIZATIONS)}"
@@ -115,15 +124,22 @@ class GHTProcedure(Procedure):
     def __init__(self, options: GHTOptions, started_from_weights: bool = False) -> None:
         self.options = options
         self.stage = Stage(options.init_stage) if (started_from_weights and options.prune) else Stage.GCT
-        self.labels: dict[str, Tensor] = {}  # current training groups per module, [H] on the model's device
-        self.probe_labels: dict[str, list[int]] = {}
-        self.probe_centres: dict[str, Tensor] = {}
+        self.labels: dict[str, Tensor] = {}  # the trained partition: the groups the loss uses, [H] per module
+        self.probe_labels: dict[str, list[int]] = {}  # the probe batch's own k-means partition (a second view)
+        self.probe_centres: dict[str, Tensor] = {}  # the trained partition's centres on the probe batch
+        self.trained_at_check: dict[str, list[int]] = {}  # the trained partition at the previous check
+        # per module since the last check: Σ gc_homogeneity, Σ gc_diversity, updates whose k-means changed
+        # the trained partition (device tensors, read at the check), and the number of updates summed
+        self.since_check: dict[str, Tensor] = {}
+        self.updates_since_check = 0
         self.converged_checks = 0
         self.plan: dict[str, list[int]] = {}
         self.votes: dict[str, list[int]] = {}
         self.step = 0
         self._frozen: list[tuple[Tensor, Tensor, Tensor]] = []  # (param, mask, param's values when frozen)
-        self.trigger = ""  # why voting started: convergence, the vote_at fallback, or init_from weights
+        self.trigger = ""  # why voting started: vote_at, convergence, or init_from weights
+        self.final_groups: dict[str, list[int]] = {}  # the groups that voted
+        self.groups_source = ""
         self.voting_seconds = 0.0
 
     # ------------------------------------------------------------------ wiring
@@ -170,10 +186,15 @@ class GHTProcedure(Procedure):
             # the groups so far ([M, H]; .to: a no-op but after a resume), kept between k-means runs
             known = all(n in self.labels for n in names)
             labels = torch.stack([self.labels[n] for n in names]).to(stacked.device) if known else None
+            changed = torch.zeros(len(names), device=stacked.device)  # [M]
             if labels is None or self.step % self.options.kmeans_every == 0:
-                labels = self._cluster(stacked, labels).labels  # [M, H]
+                new = self._cluster(stacked, labels).labels  # [M, H]
+                if labels is not None:
+                    changed = (new != labels).any(-1).to(changed.dtype)
+                labels = new
                 self.labels.update(zip(names, labels.unbind(0), strict=True))
             loss, hom, div = group_constraint_loss(stacked, labels, self.options.groups, alpha, beta)  # [M] each
+            self._accumulate(names, torch.stack([hom.float(), div.float(), changed], dim=1))  # [M, 3]
             module_losses.update(zip(names, loss.unbind(0), strict=True))
             homs.append(hom)
             divs.append(div)
@@ -191,7 +212,32 @@ class GHTProcedure(Procedure):
             total = per_module.sum() / max(batch.ntokens, 1)
         else:
             total = per_module.mean()
-        return total, {"gc_loss": logged, "gc_homogeneity": hom_mean, "gc_diversity": div_mean}
+        self.updates_since_check += 1
+        return total * self.options.constraint_scale, {
+            "gc_loss": logged,
+            "gc_homogeneity": hom_mean,
+            "gc_diversity": div_mean,
+        }
+
+    def _accumulate(self, names: list[str], values: Tensor) -> None:
+        """Add one update's [M, 3] (homogeneity, diversity, partition changed) to the sums since the check."""
+        for name, row in zip(names, values.detach().unbind(0), strict=True):
+            self.since_check[name] = self.since_check[name] + row if name in self.since_check else row.clone()
+
+    def _read_since_check(self) -> dict[str, dict[str, float]]:
+        """Per module: mean gc_homogeneity / gc_diversity over the updates since the last check and the number of
+        those updates whose k-means changed the trained partition; resets the sums."""
+        n = max(self.updates_since_check, 1)
+        out = {}
+        for name, sums in self.since_check.items():
+            hom, div, changes = sums.tolist()
+            out[name] = {
+                "gc_homogeneity": round(hom / n, 4),
+                "gc_diversity": round(div / n, 4),
+                "changes": int(changes),
+            }
+        self.since_check, self.updates_since_check = {}, 0
+        return out
 
     # ------------------------------------------------------------------ stages
     def on_start(self, trainer: Trainer) -> None:
@@ -221,8 +267,8 @@ class GHTProcedure(Procedure):
         minutes = trainer.cfg.max_minutes or 0
         vote_at = self.options.vote_at
         out_of_time = vote_at < 1 and minutes > 0 and trainer.state.elapsed_s >= vote_at * minutes * 60
-        if self.converged_checks >= self.options.patience:
-            why = "group centres converged on the probe batch"
+        if self.options.vote_trigger == "converged" and self.converged_checks >= self.options.patience:
+            why = "trained groups' centres converged on the probe batch"
         elif self.step >= limit:
             why = f"reached vote_at={self.options.vote_at}"
         elif out_of_time:
@@ -242,7 +288,9 @@ class GHTProcedure(Procedure):
     # ------------------------------------------------------------------ convergence probe
     @torch.no_grad()
     def _probe(self, trainer: Trainer) -> dict[str, Any]:
-        """Group the fixed probe batch; track partition changes and centre shift."""
+        """Compactness of the trained partition (the groups the loss pulls together) on a fixed probe batch, with
+        the probe batch's own k-means partition beside it as a second view; the trained centres' shift since
+        the last check feeds the optional convergence trigger."""
         model = trainer.bare
         was_training = model.training
         model.eval()
@@ -255,31 +303,43 @@ class GHTProcedure(Procedure):
         self._set_capture(self.stage == Stage.GCT)
         model.train(was_training)
         report: dict[str, Any] = {"step": self.step, "modules": {}}
+        training = self._read_since_check()
         stable, shifts = True, []
+        n_groups = self.options.groups
         for name, p in points.items():
-            p = p.float()
-            res = self._cluster(p, self.probe_labels.get(name))
-            labels = res.labels.tolist()
-            hom, div = homogeneity_diversity(p, res.labels, self.options.groups)
-            if name in self.probe_centres and self.probe_labels.get(name) == labels:
-                old = self.probe_centres[name]
-                shifts.append(float((res.centres - old).norm() / old.norm().clamp(min=1e-12)))
+            p = p.float()  # [H, F]
+            own = self._cluster(p, self.probe_labels.get(name))
+            self.probe_labels[name] = own.labels.tolist()
+            trained = name in self.labels
+            labels = self.labels[name].to(p.device) if trained else own.labels  # [H]
+            row = compactness(p, labels, n_groups)
+            row["partition"] = "trained" if trained else "probe (no training update yet)"
+            if trained:
+                row.update(training.get(name, {}))
+                centres = group_means(p, labels, n_groups)  # [C, F]
+                listed = labels.tolist()
+                if name in self.probe_centres and self.trained_at_check.get(name) == listed:
+                    old = self.probe_centres[name]
+                    shifts.append(float((centres - old).norm() / old.norm().clamp(min=1e-12)))
+                else:
+                    stable = False
+                self.trained_at_check[name], self.probe_centres[name] = listed, centres
             else:
                 stable = False
-            self.probe_labels[name], self.probe_centres[name] = labels, res.centres
-            report["modules"][name] = {
-                "groups": labels,
-                "intra_cos": round(float(hom), 4),
-                "inter_cos": round(float(div), 4),
-                "silhouette": round(silhouette(p, res.labels), 4),
-                "dunn": round(dunn_index(p, res.labels), 4),
-            }
+            own_row = compactness(p, own.labels, n_groups)
+            row["probe"] = {key: own_row[key] for key in ("groups", "intra_cos", "inter_cos", "silhouette")}
+            report["modules"][name] = row
         shift = max(shifts) if shifts else float("inf")
         self.converged_checks = self.converged_checks + 1 if stable and shift < self.options.shift_threshold else 0
+        rows = list(report["modules"].values())
         means = {
-            k: sum(m[k] for m in report["modules"].values()) / max(len(points), 1)
-            for k in ("intra_cos", "inter_cos", "silhouette", "dunn")
+            key: sum(m[key] for m in rows) / max(len(rows), 1)
+            for key in ("intra_cos", "inter_cos", "silhouette", "dunn")
         }
+        means["probe_silhouette"] = sum(m["probe"]["silhouette"] for m in rows) / max(len(rows), 1)
+        changes = [m["changes"] for m in rows if "changes" in m]
+        if changes:
+            means["changes"] = sum(changes)  # updates × modules whose trained partition changed since the last check
         report.update(centre_shift=shift, converged_checks=self.converged_checks, mean=means)
         log.info(
             "GHT probe @%d: intra cos %.3f inter cos %.3f silhouette %.3f dunn %.3f shift %.3g (%d/%d)",
@@ -311,14 +371,15 @@ class GHTProcedure(Procedure):
         batches = trainer.sampler.batches(10_000 + trainer.state.epoch, rank=trainer.rank, world_size=trainer.world)
         if self.options.vote_batches:
             batches = batches[: self.options.vote_batches]
-        # [H] counts on the model's device, and the probe's groups there: no host read per batch
+        # [H] counts on the model's device, and the voting groups there: no host read per batch
         counts = {name: torch.zeros(m.num_heads, device=trainer.device) for name, m in self.modules.items()}
-        groups = {name: torch.tensor(self.probe_labels[name], device=trainer.device) for name in self.modules}
+        self.final_groups, self.groups_source = self._voting_groups()
+        groups = {name: torch.tensor(self.final_groups[name], device=trainer.device) for name in self.modules}
         maps = tuple(self.options.vote_maps)
         self._set_capture(True, maps)
         start = time.perf_counter()
         shown = trainer.cfg.progress and dist.is_main()
-        # Algorithm 1: every batch, every module, every map votes, with the probe's groups
+        # Algorithm 1: every batch, every module, every map votes, with the trained groups
         for ids in tqdm(batches, desc=f"voting ({'/'.join(maps)})", unit="batch", disable=not shown):
             batch = collate([trainer.train_pairs[i] for i in ids], tok.pad_id, tok.bos_id, tok.eos_id)
             batch = batch.to(trainer.device)
@@ -344,7 +405,7 @@ class GHTProcedure(Procedure):
         self.votes = votes
         o = self.options
         self.plan = {
-            n: select_heads(votes[n], self.probe_labels[n], o.groups, o.selection, o.seed + i)
+            n: select_heads(votes[n], self.final_groups[n], o.groups, o.selection, o.seed + i)
             for i, n in enumerate(names)
         }  # a seed per module: random ablations differ across modules
         self._apply_plan(model)
@@ -357,6 +418,13 @@ class GHTProcedure(Procedure):
             self._write_report(trainer, len(batches))
             save_checkpoint(trainer.ckpt_dir / "voted.pt", trainer.model_payload())
         trainer.save_last()
+
+    def _voting_groups(self) -> tuple[dict[str, list[int]], str]:
+        """The groups that vote: the partition the loss trained (the official code votes with its training
+        clusters); weights from init_from= bring no trained partition, so there the probe batch's own k-means."""
+        if all(name in self.labels for name in self.modules):
+            return {name: [int(g) for g in self.labels[name].tolist()] for name in self.modules}, "trained"
+        return {name: list(self.probe_labels[name]) for name in self.modules}, "probe batch k-means (no trained groups)"
 
     def _apply_plan(self, model: Transformer) -> None:
         """Gate pruned heads off and freeze their slices of q/k/v rows and out_proj columns."""
@@ -393,7 +461,9 @@ class GHTProcedure(Procedure):
             "voting_batches": n_batches,
             "voting_seconds": self.voting_seconds,
             "trigger": self.trigger,
-            "final_groups": self.probe_labels,
+            "final_groups": self.final_groups,
+            "groups_source": self.groups_source,
+            "probe_groups": self.probe_labels,
             "votes": self.votes,
             "plan": self.plan,
         }
@@ -408,6 +478,11 @@ class GHTProcedure(Procedure):
             "probe_labels": self.probe_labels,
             "probe_centres": self.probe_centres,
             "converged_checks": self.converged_checks,
+            "trained_at_check": self.trained_at_check,
+            "since_check": {k: v.tolist() for k, v in self.since_check.items()},
+            "updates_since_check": self.updates_since_check,
+            "final_groups": self.final_groups,
+            "groups_source": self.groups_source,
             "plan": self.plan,
             "votes": self.votes,
             "step": self.step,
@@ -421,6 +496,13 @@ class GHTProcedure(Procedure):
         self.probe_labels = {k: list(v) for k, v in state["probe_labels"].items()}
         self.probe_centres = dict(state["probe_centres"])
         self.converged_checks = state["converged_checks"]
+        # (checkpoints written before the trained partition was recorded have none of these)
+        self.trained_at_check = {k: list(v) for k, v in state.get("trained_at_check", {}).items()}
+        device = next(self.trainer.bare.parameters()).device
+        self.since_check = {k: torch.tensor(v, device=device) for k, v in state.get("since_check", {}).items()}
+        self.updates_since_check = state.get("updates_since_check", 0)
+        self.final_groups = {k: list(v) for k, v in state.get("final_groups", {}).items()}
+        self.groups_source = state.get("groups_source", "")
         self.plan = {k: list(v) for k, v in state["plan"].items()}
         self.votes = {k: list(v) for k, v in state["votes"].items()}
         self.step = state["step"]
