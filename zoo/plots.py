@@ -1,9 +1,22 @@
-"""Learning-curve plot written next to metrics.csv (people look at curves, not CSV files)."""
+"""Learning-curve plot written next to metrics.csv (people look at curves, not CSV files), and how the report's
+figures are saved."""
 
 from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import Any
+
+PNG_METADATA = {"Software": None}  # no library version in the file: a re-render with another matplotlib is no diff
+
+
+def save_report_figure(fig: Any, out: Path) -> None:
+    """Save a report figure so that re-rendering the same records gives the same bytes, and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(out, dpi=90, metadata=PNG_METADATA)
+    plt.close(fig)
 
 
 def plot_learning_curve(metrics_csv: Path, out_png: Path, quality_key: str = "valid_bleu") -> None:

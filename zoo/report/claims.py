@@ -26,10 +26,11 @@ runs had stopped climbing; and a verdict whose words follow from the numbers bes
   is larger than the distance to the bound, so no number of seeds can.
 * **At least 3 seeds** per verdict: fewer render "too few seeds (n)", the per-seed numbers still shown.
 * **State**: a verdict from runs whose validation BLEU still rose by ≥ 0.5 over their last 20% of updates says
-  they were still climbing. A claim with Voting-to-Stay runs is judged only when the GHT paper's precondition
-  held — groups compact at the end of GCT (mean silhouette ≥ 0.25; below it a clustering has "no substantial
-  structure", Kaufman & Rousseeuw) and voting triggered by converged group centres, not the `vote_at` fallback —
-  else the verdict is "precondition not met (…)" with those numbers.
+  they were still climbing. GHT and GHT-PS claims are judged as the paper's procedure runs — Voting-to-Stay at a
+  fixed point of the budget, compact groups or not (the official code has no compactness test; issue 62) — and
+  the compaction of the trained groups at the vote (GHT: at the end of training) stands beside the verdict as a
+  diagnostic: mean silhouette and intra-group cos of the partition the loss trained; silhouette ≥ 0.25 reads
+  "compact" (below it a clustering has "no substantial structure", Kaufman & Rousseeuw).
 """
 
 from __future__ import annotations
@@ -53,8 +54,7 @@ HINT_MAX_SEEDS = 30  # "≈ n seeds would decide it" is said up to this many
 RESOLUTION = 0.005  # a Δ̄ this close to a region bound sits on it: half the tables' last printed digit
 BOOTSTRAP_SEED = 12345  # one fixed stream: a re-render reproduces every number
 CLIMBING_GAIN = 0.5  # validation BLEU gained over the last 20% of updates that counts as still climbing
-COMPACT_SILHOUETTE = 0.25  # end-of-GCT mean silhouette below which the groups did not compact
-FALLBACK_TRIGGER = "reached vote_at"  # zoo/ght/procedure.py's reason when voting ran at the budget fallback
+COMPACT_SILHOUETTE = 0.25  # mean silhouette of the trained groups from which they read "compact"
 OURS_FAMILY = "our questions"
 
 Score = Callable[[np.ndarray], np.ndarray]  # summed per-sentence statistics [..., k] -> corpus score [...]
@@ -171,14 +171,13 @@ def decision_p(test: DeltaTest, expect: str, margin: float | None = None) -> tup
 
 @dataclass(frozen=True)
 class Question:
-    """One claim as the rule sees it: the expectation, its margin, the measured Δ over seeds (None below 2
-    seeds) and, when a precondition of the claim failed, why ("precondition not met (…)")."""
+    """One claim as the rule sees it: the expectation, its margin and the measured Δ over seeds (None below 2
+    seeds)."""
 
     expect: str
     seeds: int
     test: DeltaTest | None = None
     margin: float | None = None
-    unmet: str | None = None
 
 
 @dataclass(frozen=True)
@@ -192,20 +191,17 @@ class Judgement:
 
 
 def judge(questions: Sequence[Question], alpha: float = ALPHA) -> list[Judgement]:
-    """The verdicts of one Holm family (one paper's claims in a suite): the claims with ≥ MIN_SEEDS seeds and their
-    preconditions met are tested; a definite verdict needs the adjusted p below α."""
-    tested = {
-        i: q.test for i, q in enumerate(questions) if q.unmet is None and q.seeds >= MIN_SEEDS and q.test is not None
-    }
+    """The verdicts of one Holm family (one paper's claims in a suite): the claims with ≥ MIN_SEEDS seeds are
+    tested; a definite verdict needs the adjusted p below α."""
+    tested = {i: q.test for i, q in enumerate(questions) if q.seeds >= MIN_SEEDS and q.test is not None}
     decisions = {i: decision_p(test, questions[i].expect, questions[i].margin) for i, test in tested.items()}
     ps = [decisions[i][0] for i in tested]
     adjusted = dict(zip(tested, holm(ps), strict=True))
     steps = dict(zip(tested, holm_levels(ps, alpha), strict=True))
     out = []
     for i, q in enumerate(questions):
-        few = f"too few seeds ({q.seeds})" if q.seeds < MIN_SEEDS else None
-        if q.unmet or few:
-            out.append(Judgement("; ".join(t for t in (q.unmet, few) if t)))
+        if i not in tested:
+            out.append(Judgement(f"too few seeds ({q.seeds})"))
             continue
         test, (p, side) = tested[i], decisions[i]
         level = 1.0 - steps[i]
@@ -272,28 +268,38 @@ def climbing(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"runs": len(gains), "climbing": len(up), "max_gain": max(gains) if gains else None}
 
 
-def precondition(runs: Sequence[Mapping[str, Any]]) -> str | None:
-    """GHT-PS's precondition for Voting-to-Stay — compact groups at converged GCT — on every run of the
-    comparison that voted; None when it held or nothing voted, else "precondition not met (…)"."""
-    voted = [r for r in runs if r.get("voting") and r["voting"].get("step") is not None]
-    if not voted:
+def compaction(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The diagnostic beside a GHT / GHT-PS verdict: over the comparison's runs that trained groups, the range of
+    the last check's mean silhouette and intra-group cos (at the vote for GHT-PS, at the end for GHT), which
+    partition they describe (`trained`; records before issue 62: the probe batch's own k-means) and how many
+    runs read compact. None when no run trained groups."""
+    grouped = [r["compactness"] for r in runs if r.get("compactness")]
+    if not grouped:
         return None
-    silhouettes = [r["compactness"]["after"]["silhouette"] for r in voted if r.get("compactness")]
-    fallback = sum(str(r["voting"].get("trigger") or "").startswith(FALLBACK_TRIGGER) for r in voted)
-    loose = len(silhouettes) < len(voted) or min(silhouettes) < COMPACT_SILHOUETTE
-    if not loose and not fallback:
-        return None
-    parts = []
-    if silhouettes:
-        lo, hi = min(silhouettes), max(silhouettes)
-        parts.append(f"silhouette {lo:.2f}" + (f"–{hi:.2f}" if f"{hi:.2f}" != f"{lo:.2f}" else ""))
-    if len(silhouettes) < len(voted):
-        parts.append(f"no compactness probe in {len(voted) - len(silhouettes)} of {len(voted)} runs")
-    if fallback:
-        parts.append(
-            "voted at the vote_at fallback" + (f" in {fallback} of {len(voted)} runs" if fallback < len(voted) else "")
-        )
-    return f"precondition not met ({', '.join(parts)})"
+    sil = [c["after"]["silhouette"] for c in grouped]
+    intra = [c["after"]["intra_cos"] for c in grouped]
+    kinds = sorted({c.get("partition", "probe") for c in grouped})
+    return {
+        "runs": len(grouped),
+        "silhouette": (min(sil), max(sil)),
+        "intra_cos": (min(intra), max(intra)),
+        "compact": sum(v >= COMPACT_SILHOUETTE for v in sil),
+        "partition": "/".join(kinds),
+        "at_vote": any(r.get("voting") and r["voting"].get("step") is not None for r in runs),
+    }
+
+
+def compaction_text(d: Mapping[str, Any]) -> str:
+    """'groups at the vote: silhouette 0.01–0.05, intra cos 0.49–0.50 (trained partition), compact in 0 of 3 runs'."""
+
+    def span(lo: float, hi: float) -> str:
+        return f"{lo:.2f}" + (f"–{hi:.2f}" if f"{hi:.2f}" != f"{lo:.2f}" else "")
+
+    where = "at the vote" if d["at_vote"] else "at the end"
+    return (
+        f"groups {where}: silhouette {span(*d['silhouette'])}, intra cos {span(*d['intra_cos'])} "
+        f"({d['partition']} partition), compact (≥ {COMPACT_SILHOUETTE}) in {d['compact']} of {d['runs']} runs"
+    )
 
 
 def with_state(verdict: str, state: Mapping[str, Any], validation: str = "BLEU") -> str:
@@ -379,7 +385,8 @@ def _claim_row(
         "bootstrap": rows,
         "delta": _delta(test),
         "state": state,
-        "question": Question(claim.expect, len(paired), test, claim.margin, precondition(runs)),
+        "compaction": compaction(runs),
+        "question": Question(claim.expect, len(paired), test, claim.margin),
     }
 
 
@@ -424,12 +431,13 @@ __all__ = [
     "Question",
     "climbing",
     "collect_claims",
+    "compaction",
+    "compaction_text",
     "decision_p",
     "delta_test",
     "family_of",
     "judge",
     "percent",
-    "precondition",
     "region",
     "what_would_decide",
     "with_state",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -34,15 +35,35 @@ def mean_std(values: Sequence[float | None]) -> dict[str, float] | None:
 
 
 def compactness(record: Mapping[str, Any]) -> dict[str, Any] | None:
-    """GHT's cluster-quality probes: the first (update 0: before GCT) and the last (end of GCT) means."""
+    """GHT's cluster-quality probes: the first (update 0: before GCT) and the last (end of GCT) means, and which
+    partition they describe."""
     probes = (record.get("ght") or {}).get("probes") or []
     if not probes:
         return None
+    last = probes[-1]["modules"].values()
     return {
         "before": {"step": probes[0]["step"], **probes[0]["mean"]},
         "after": {"step": probes[-1]["step"], **probes[-1]["mean"]},
         "probes": len(probes),
+        # the groups the loss trained (issue 62), or, in older records, the probe batch's own k-means
+        "partition": "trained" if last and all(m.get("partition") == "trained" for m in last) else "probe",
     }
+
+
+def compaction_curve(record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every check of a GHT run: its update, the means over modules and each module's silhouette and intra-group
+    cos (of the trained partition; older records: of the probe batch's own k-means) — the compaction plots."""
+    return [
+        {
+            "step": probe["step"],
+            "mean": probe["mean"],
+            "modules": {
+                name: {"silhouette": m["silhouette"], "intra_cos": m["intra_cos"]}
+                for name, m in probe["modules"].items()
+            },
+        }
+        for probe in (record.get("ght") or {}).get("probes") or []
+    ]
 
 
 def run_summary(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -57,6 +78,7 @@ def run_summary(record: Mapping[str, Any]) -> dict[str, Any]:
         "head_plan": record.get("head_plan"),
         "test": record["test"],
         "compactness": compactness(record),
+        "compaction_curve": compaction_curve(record),
         "votes": {"votes": voting["votes"], "plan": voting["plan"]} if voting else None,
         "voting": {
             k: voting.get(k) for k in ("step", "trigger", "voting_batches", "vote_maps", "voting_seconds", "selection")
@@ -284,11 +306,13 @@ def collect(
         "state": training_state(entries, epoch),
         "compute": compute_spent(records),
         "claims": claims,
+        "compaction_rule": asdict(suite.compaction) if suite.compaction else None,
     }
 
 
 __all__ = [
     "collect",
+    "compaction_curve",
     "compactness",
     "compute_spent",
     "epoch_length",

@@ -18,12 +18,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from zoo.flops import format_count, format_flops
-from zoo.ght.voting import plot_votes
-from zoo.report.claims import ALPHA, CLIMBING_GAIN, COMPACT_SILHOUETTE, LEVEL, MIN_SEEDS, percent
+from zoo.plots import save_report_figure as _save
+from zoo.report.claims import ALPHA, CLIMBING_GAIN, COMPACT_SILHOUETTE, LEVEL, MIN_SEEDS, compaction_text, percent
+from zoo.report.render_ght import compaction_table, ght_section, plot_compaction, plot_vote_maps
 from zoo.report.render_speed import plot_quality_vs_speed, readme_speed_column, speed_section, widest_file
 
 LABELS = {"bleu": "BLEU", "chrf": "chrF", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}
-PNG_METADATA = {"Software": None}  # no library version in the file: a re-render with another matplotlib is no diff
 
 
 def _pm(stat: dict[str, float] | None, digits: int = 2) -> str:
@@ -200,7 +200,8 @@ def markdown(data: dict[str, Any], command: str) -> str:
     lines += claims_section(data)
     lines += speed_section(data["speed"], data["baseline"], data["speed_claims"], data["speed_enabled"])
     lines += _per_source_section(data)
-    lines += _ght_section(data)
+    lines += compaction_table(data)
+    lines += ght_section(data)
     lines += [
         "## Plots",
         "",
@@ -271,8 +272,6 @@ def _delta_cell(c: dict[str, Any]) -> str:
         return f"{d['mean']:+.2f} ({d['seeds']} seeds: no interval)"
     df = f"df {d['df']:.0f}" if d.get("df") is not None else "df ∞"
     plain = f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}] ({df})"
-    if c.get("p") is None:  # an interval, but no test: the verdict cell says why (e.g. an unmet precondition)
-        return f"{plain}; not tested"
     adjusted = ""
     if d.get("level") is not None and c.get("family_size", 0) > 1:
         adjusted = f"; at the Holm level {percent(d['level'])}: [{d['adj_low']:+.2f}, {d['adj_high']:+.2f}]"
@@ -288,6 +287,11 @@ def _state_cell(state: dict[str, Any]) -> str:
         else f"stopped climbing (≤ {state['max_gain']:+.1f} over the last 20%)"
     )
     return f"{budget_text(state)}; {climbing}"
+
+
+def _compaction_cell(c: dict[str, Any]) -> str:
+    """'; groups at the vote: silhouette …' for a claim with GHT runs (a diagnostic, not a gate), else ''."""
+    return f"; {compaction_text(c['compaction'])}" if c.get("compaction") else ""
 
 
 def _source_cell(source: dict[str, str] | None, quote: bool = True) -> str:
@@ -344,9 +348,10 @@ def _rule_text(data: dict[str, Any], compact: bool) -> str:
         "stay; or that the test set's own sampling error is wider than the distance to the bound, so no number "
         f'of seeds can). A verdict needs ≥ {MIN_SEEDS} seeds; fewer render "too few seeds (n)". '
         f"Runs whose validation {_validation(data)} rose by ≥ {CLIMBING_GAIN} over their last 20% of updates "
-        "were still climbing, and the verdict says so. A claim with Voting-to-Stay runs is judged only under the GHT "
-        f"paper's precondition — end-of-GCT silhouette ≥ {COMPACT_SILHOUETTE} and voting triggered by converged "
-        f"group centres, not the `vote_at` fallback. The per-seed column is {_per_seed_test(data)} of each "
+        "were still climbing, and the verdict says so. GHT and GHT-PS are judged as the paper's procedure runs "
+        "(voting at a fixed point of the budget, compact groups or not); the compaction of the groups the loss "
+        f"trained stands beside their verdicts as a diagnostic (silhouette ≥ {COMPACT_SILHOUETTE}: compact). "
+        f"The per-seed column is {_per_seed_test(data)} of each "
         f"seed's two runs (test {_segments(data)} only; `*` = p < 0.05). "
         "Params are non-embedding, FLOPs at source length 30."
     )
@@ -399,10 +404,11 @@ def _claims_table(
             )
             row = [c["paper"], c["claim"], *([_source_cell(c["source"])] if source else [])]
             row += [f"{c['design']}; {_size_cell(c['size'])}", pair, quality, _bootstrap_cell(c["bootstrap"])]
-            row += [_delta_cell(c), _state_cell(c["state"])]
+            row += [_delta_cell(c), _state_cell(c["state"]) + _compaction_cell(c)]
         else:
             short = [f"{c['paper']} ({_source_cell(c['source'], quote=False)})"] if source else []
-            row = [*short, c["claim"], pair, _bootstrap_cell(c["bootstrap"]), _delta_cell(c), budget_text(c["state"])]
+            budget = budget_text(c["state"]) + _compaction_cell(c)
+            row = [*short, c["claim"], pair, _bootstrap_cell(c["bootstrap"]), _delta_cell(c), budget]
         lines.append("| " + " | ".join(row) + f" | **{c['verdict']}** |")
     return [*lines, ""]
 
@@ -426,60 +432,6 @@ def _per_source_section(data: dict[str, Any]) -> list[str]:
             + " |"
         )
     return [*lines, ""]
-
-
-def _ght_section(data: dict[str, Any]) -> list[str]:
-    lines: list[str] = []
-    for entry, rec in data["entries"].items():
-        for seed, run in rec["seeds"].items():
-            if not run.get("head_plan") and not run.get("compactness"):
-                continue
-            if not lines:
-                lines += ["## GHT: head plans and compactness", ""]
-            lines.append(f"### `{entry}` seed {seed}")
-            comp = run.get("compactness")
-            if comp:
-                b, a = comp["before"], comp["after"]
-                lines += [
-                    "",
-                    "| probe | update | intra-group cos | inter-group cos | silhouette | Dunn |",
-                    "|---|---|---|---|---|---|",
-                ]
-                first = "before GCT" if b["step"] == 0 else "first probe of GCT"
-                for label, p in ((first, b), ("end of GCT", a)):
-                    lines.append(
-                        f"| {label} | {p['step']} | {p['intra_cos']:.3f} | {p['inter_cos']:.3f} | "
-                        f"{p['silhouette']:.3f} | {p['dunn']:.3f} |"
-                    )
-            voting = run.get("voting")
-            if voting and voting.get("step") is not None:
-                maps = "/".join(voting.get("vote_maps") or []) or "?"
-                seconds = voting.get("voting_seconds")
-                trigger = voting.get("trigger") or "trigger not recorded"
-                lines += [
-                    "",
-                    f"Voting-to-Stay at update {voting['step']} ({trigger}): "
-                    f"{voting.get('voting_batches')} batches × maps {maps}"
-                    + (f" in {seconds / 60:.1f} min" if seconds else "")
-                    + f", selection `{voting.get('selection')}`.",
-                ]
-            plan = run.get("head_plan")
-            if plan:
-                lines += [
-                    "",
-                    "Kept heads per module: "
-                    + ", ".join(f"`{name.replace('.layers.', '.')}` {kept}" for name, kept in plan.items()),
-                ]
-            if run.get("votes"):
-                lines += ["", f"![votes {entry} seed {seed}](votes-{entry}-seed{seed}.png)"]
-            lines.append("")
-    return lines
-
-
-def _save(fig: Any, out: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(out, dpi=90, metadata=PNG_METADATA)
-    plt.close(fig)
 
 
 def _plot_scatter(data: dict[str, Any], out: Path, x_of: Callable[[dict[str, Any]], float | None], xlabel: str) -> None:
@@ -530,10 +482,8 @@ def render(out_dir: Path, data: dict[str, Any], command: str) -> Path:
         figure = out_dir / "quality_vs_speed.png"
         plot_quality_vs_speed(data, widest_file(data["speed"]), figure, LABELS[data["headline"]])
     _plot_learning_curves(data, out_dir / "learning_curves.png")
-    for entry, rec in data["entries"].items():
-        for seed, run in rec["seeds"].items():
-            if run.get("votes"):
-                plot_votes(run["votes"]["votes"], run["votes"]["plan"], str(out_dir / f"votes-{entry}-seed{seed}.png"))
+    plot_vote_maps(data, out_dir)
+    plot_compaction(data, out_dir)
     path = out_dir / "REPORT.md"
     path.write_text(markdown(data, command))
     return path

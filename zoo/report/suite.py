@@ -112,6 +112,30 @@ class SpeedControl:
 
 
 @dataclass(frozen=True)
+class CompactionScan:
+    """One axis of a compaction scan: `entries` from the weakest constraint to the strongest, and the `reference`
+    run (×1) whose validation quality a chosen setting may not lose more than the rule allows against."""
+
+    name: str
+    reference: str
+    entries: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CompactionRule:
+    """How a compaction scan picks its setting (issue 62): the weakest one whose trained groups end with a mean
+    silhouette ≥ `silhouette`, without collapse (mean intra-group cos ≥ `collapse_intra` with inter-group cos
+    ≤ `collapse_inter`: every module's heads on two antipodal directions) and with a final validation quality at
+    most `max_quality_loss` below the reference's."""
+
+    silhouette: float
+    collapse_intra: float
+    collapse_inter: float
+    max_quality_loss: float
+    scans: tuple[CompactionScan, ...]
+
+
+@dataclass(frozen=True)
 class Suite:
     name: str
     task: str
@@ -135,6 +159,7 @@ class Suite:
     speed_claims: tuple[SpeedClaim, ...] = ()
     speed_controls: tuple[SpeedControl, ...] = ()
     equivalence_margin: float | None = None
+    compaction: CompactionRule | None = None
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -233,6 +258,30 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
         variants={n: v for n, v in variants.items() if n in raw["entries"]},
         claims=claims,
         equivalence_margin=margin,
+        compaction=_compaction(raw.get("compaction"), list(raw["entries"])),
+    )
+
+
+def _compaction(raw: dict[str, Any] | None, entries: list[str]) -> CompactionRule | None:
+    if not raw:
+        return None
+    keys = {"silhouette", "collapse_intra", "collapse_inter", "max_quality_loss", "scans"}
+    if set(raw) != keys:
+        raise SuiteError(f"suite.compaction needs exactly {sorted(keys)}; got {sorted(raw)}")
+    scans = []
+    for i, scan in enumerate(raw["scans"]):
+        if set(scan) != {"name", "reference", "entries"}:
+            raise SuiteError(f"suite.compaction.scans[{i}] needs name, reference and entries (weakest first)")
+        listed = [scan["reference"], *scan["entries"]]
+        if unknown := [e for e in listed if e not in entries]:
+            raise SuiteError(f"suite.compaction.scans[{i}] names {unknown}, which are not in suite.entries")
+        scans.append(CompactionScan(str(scan["name"]), str(scan["reference"]), tuple(scan["entries"])))
+    return CompactionRule(
+        silhouette=float(raw["silhouette"]),
+        collapse_intra=float(raw["collapse_intra"]),
+        collapse_inter=float(raw["collapse_inter"]),
+        max_quality_loss=float(raw["max_quality_loss"]),
+        scans=tuple(scans),
     )
 
 

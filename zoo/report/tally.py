@@ -20,7 +20,7 @@ def _kind(verdict: str) -> str:
     for kind in (FAILS, HOLDS, INCONCLUSIVE):  # "does not hold" before "holds": neither is a prefix of the other
         if verdict.startswith(kind):
             return kind
-    return "untested"  # too few seeds / rounds, precondition not met, not measured
+    return "untested"  # too few seeds / rounds, not measured
 
 
 def verdict_counts(data: dict[str, Any]) -> dict[str, dict[str, int]]:
