@@ -301,6 +301,7 @@ def _graph_metadata(source: _Source, exported: _Exported) -> dict[str, str]:
         "entry": str(source.payload.get("entry")),
         "attention": exported.model.cfg.attention,
         "head_plan": json.dumps(exported.plan),
+        "max_positions": str(exported.model.cfg.max_positions),  # the position table: the runtime checks against it
         "producer": "attention-zoo export",
     }
 

@@ -315,7 +315,7 @@ def _launch(
     check = subprocess.run([*cmd, "-t"], capture_output=True, text=True, check=False)
     if check.returncode != 0:
         raise ProxyError(f"nginx rejected its config {conf}: {check.stderr.strip()[-500:]}")
-    with (state / "stdout.log").open("wb") as out:
+    with (state / "stdout.log").open("ab") as out:  # O_APPEND: the supervisor truncates it in place when big
         process = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=detach
         )

@@ -35,10 +35,15 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from serve.errors import ServeError
-from serve.proxy import ProxySettings, start_proxy, stop_proxy
+from serve.gate import GateConfig, start_gate
+from serve.proxy import PROXY_DIR, ProxySettings, start_proxy, stop_proxy
+from serve.request_limits import RequestLimits
+from serve.state_lock import StateLock, StateLocked, acquire, request_stop
+from serve.supervisor import PROXY_LOG_BYTES, SERVER_LOG_BYTES, RestartPolicy, Supervisor
 
 SHM_DIR = Path("/dev/shm")
 PYTHON_BACKEND_SHM = "triton_python_backend_shm_region"  # the python backend's default region prefix
+SHM_PREFIX_ARG = "--backend-config=python,shm-region-prefix-name="
 OUR_SHM = "zoo_triton_"  # prefix of the regions of servers started here (+ a random id per server)
 STATE_FILE = "server.json"
 LOGS_KEPT = 5  # server.log of this start, server.log.1 of the one before, … server.log.5
@@ -74,6 +79,9 @@ class ServerInfo:
     metrics: bool = True  # Triton's Prometheus endpoint (GET /metrics on metrics_port) is on
     triton_metrics_port: int | None = None  # Triton's own metrics listener (loopback) when nginx serves metrics_port
     triton_grpc_port: int | None = None  # Triton's own gRPC listener (loopback) when nginx serves grpc_port
+    gate_pid: int | None = None  # the validating gate between nginx and Triton (serve/gate.py)
+    state: str = "starting"  # starting | ready | restarting (the supervisor restarts a crashed tritonserver)
+    launcher_pid: int | None = None  # the process supervising it (serve.start, or whoever called Server.start)
 
     @property
     def http_url(self) -> str:
@@ -153,6 +161,12 @@ def server_env() -> dict[str, str]:
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in [libdir, env.get("LD_LIBRARY_PATH", "")] if p)
     env.setdefault("OMP_NUM_THREADS", "1")  # ORT sets its own pools; keep numpy/BLAS in the stubs single-threaded
+    # glibc keeps freed memory in per-thread arenas and raises its mmap threshold after the first large free, so
+    # tritonserver's request buffers (2 MB gRPC messages) stayed resident: 36 MB grew to a ~545 MB plateau (issue
+    # 61). A fixed threshold maps every buffer over 256 kB on its own and unmaps it when freed; fewer arenas
+    # keep less of the rest.
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(256 << 10))
+    env.setdefault("MALLOC_ARENA_MAX", "2")
     return env
 
 
@@ -298,6 +312,9 @@ class ServerSettings:
     restrict: bool = True  # RESTRICTED_APIS need the admin key
     proxy: ProxySettings | None = field(default_factory=ProxySettings)  # nginx in front; None: Triton listens itself
     metrics: bool = True  # Triton's Prometheus endpoint on metrics_port
+    gate: bool = True  # behind the proxy, requests pass the validating gate (serve/gate.py) before Triton
+    supervise: bool = True  # restart a crashed tritonserver / gate, rotate logs by size (serve/supervisor.py)
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
 
 
 @dataclass(frozen=True)
@@ -311,6 +328,8 @@ class Ports:
     triton_http: int
     triton_metrics: int
     triton_grpc: int
+    gate_http: int | None = None  # the gate's loopback listeners (None: no gate)
+    gate_grpc: int | None = None
 
 
 def pick_ports(settings: ServerSettings) -> Ports:
@@ -327,15 +346,19 @@ def pick_ports(settings: ServerSettings) -> Ports:
     unset = [key for key, port in ports.items() if not port]
     ports.update(zip(unset, free_ports(len(unset), host, avoid=set(ports.values())), strict=True))
     proxied, metrics, grpc = settings.proxy is not None, settings.metrics, _grpc_proxied(settings)
+    gated = proxied and settings.gate
     count = int(proxied) + int(proxied and metrics) + int(grpc)
-    inner = free_ports(count, "127.0.0.1", avoid=set(ports.values()))
+    inner = free_ports(count + int(gated) + int(gated and grpc), "127.0.0.1", avoid=set(ports.values()))
+    gate_ports = inner[count:]
     return Ports(
         http=ports["http_port"],
         grpc=ports["grpc_port"],
         metrics=ports["metrics_port"],
         triton_http=inner[0] if proxied else ports["http_port"],
         triton_metrics=inner[1] if proxied and metrics else ports["metrics_port"],
-        triton_grpc=inner[-1] if grpc else ports["grpc_port"],
+        triton_grpc=inner[count - 1] if grpc else ports["grpc_port"],
+        gate_http=gate_ports[0] if gated else None,
+        gate_grpc=gate_ports[1] if gated and grpc else None,
     )
 
 
@@ -343,17 +366,34 @@ def _grpc_proxied(settings: ServerSettings) -> bool:
     return settings.proxy is not None and settings.proxy.grpc
 
 
-def claim_state_dir(repo: Path, state_dir: str | Path | None) -> Path:
-    """The server's state dir, created; a ServerError while a server started from it still runs (its
+def claim_state_dir(repo: Path, state_dir: str | Path | None) -> tuple[Path, StateLock]:
+    """The server's state dir, created, and its lock (serve/state_lock.py) held; a ServerError naming the running
+    server's pids and ports while another start holds it, or while a server started from it still runs (its
     server.json, pid file and admin key would be overwritten)."""
     state = Path(state_dir).resolve() if state_dir else state_dir_for(repo)
     state.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = acquire(state, repo)
+    except StateLocked as exc:
+        raise ServerError(str(exc)) from None
     previous = read_info(state)
     if previous and _alive(previous.pid) and _is_tritonserver(previous.pid):
+        lock.release()
         raise ServerError(
-            f"a server (pid {previous.pid}) already runs from {state}; stop it with `python -m serve.stop repo={repo}`"
+            f"a server already runs from {state} (tritonserver pid {previous.pid}, HTTP {previous.http_url}, "
+            f"gRPC {previous.grpc_url}); stop it with `python -m serve.stop repo={repo}`"
         )
-    return state
+    return state, lock
+
+
+def repository_limits(repo: Path) -> RequestLimits:
+    """The gate's limits for this repository: inputs and outputs per request at most what its models declare
+    (at least 4), the other limits at their defaults (serve/request_limits.py says why each fits)."""
+    inputs = outputs = 4
+    for config in repo.glob("*/config.pbtxt"):
+        parsed = text_format.Parse(config.read_text(), model_config_pb2.ModelConfig())
+        inputs, outputs = max(inputs, len(parsed.input)), max(outputs, len(parsed.output))
+    return RequestLimits(max_inputs=inputs, max_outputs=outputs)
 
 
 def triton_command(repo: Path, state: Path, settings: ServerSettings, ports: Ports, shm_prefix: str) -> list[str]:
@@ -374,7 +414,7 @@ def triton_command(repo: Path, state: Path, settings: ServerSettings, ports: Por
         f"--metrics-port={ports.triton_metrics}",
         "--allow-gpu-metrics=false",
         "--pinned-memory-pool-byte-size=0",
-        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+        f"{SHM_PREFIX_ARG}{shm_prefix}",
         "--strict-readiness=true",
         "--exit-on-error=true",
         f"--log-verbose={int(settings.log_verbose)}",
@@ -400,7 +440,12 @@ def launch_triton(cmd: list[str], log: Path, detach: bool) -> subprocess.Popen:
     is the state dir (the log's): the Python stubs it starts put their working directory first on sys.path, so
     a library-named file wherever the server was started from would be imported in the library's place."""
     rotate_log(log)
-    with log.open("wb") as out:
+    return relaunch_triton(cmd, log, detach)
+
+
+def relaunch_triton(cmd: list[str], log: Path, detach: bool) -> subprocess.Popen:
+    """Run `cmd` appending to `log` (O_APPEND: the supervisor may truncate it in place when it is too big)."""
+    with log.open("ab") as out:
         return subprocess.Popen(
             cmd,
             stdout=out,
@@ -419,6 +464,13 @@ class Server:
         self.info = info
         self.process = process
         self.proxy_process: subprocess.Popen | None = None
+        self.gate_process: subprocess.Popen | None = None
+        self.supervisor: Supervisor | None = None
+        self._lock: StateLock | None = None
+        self._command: list[str] = []
+        self._settings = ServerSettings()
+        self._gate_config: GateConfig | None = None
+        self._old_prefixes: list[str] = []
 
     @classmethod
     def start(
@@ -436,12 +488,17 @@ class Server:
         settings = replace(settings or ServerSettings(), **overrides)
         repo = Path(repo).resolve()
         models = check_repository(repo)
-        state = claim_state_dir(repo, settings.state_dir)
-        ports = pick_ports(settings)
-        clean_stale_shm()
-        prefix = f"{OUR_SHM}{secrets.token_hex(4)}_"
-        log = state / "server.log"
-        process = launch_triton(triton_command(repo, state, settings, ports, prefix), log, settings.detach)
+        state, lock = claim_state_dir(repo, settings.state_dir)
+        try:
+            ports = pick_ports(settings)
+            clean_stale_shm()
+            prefix = f"{OUR_SHM}{secrets.token_hex(4)}_"
+            log = state / "server.log"
+            command = triton_command(repo, state, settings, ports, prefix)
+            process = launch_triton(command, log, settings.detach)
+        except BaseException:
+            lock.release()
+            raise
         proxied = settings.proxy is not None
         info = ServerInfo(
             pid=process.pid,
@@ -459,18 +516,94 @@ class Server:
             metrics=settings.metrics,
             triton_metrics_port=ports.triton_metrics if proxied and settings.metrics else None,
             triton_grpc_port=ports.triton_grpc if _grpc_proxied(settings) else None,
+            launcher_pid=os.getpid(),
         )
         server = cls(info, process)
+        server._lock, server._command, server._settings = lock, command, settings
         try:  # from here on, any failure or interrupt stops what was started
             server.save_state()
             (state / "server.pid").write_text(f"{process.pid}\n")
+            if settings.proxy is not None and ports.gate_http is not None:  # starts while Triton loads its models
+                server.add_gate(ports, repository_limits(repo), settings.proxy)
             server.wait_ready(settings.timeout, cancelled)
             if settings.proxy is not None:
                 server.add_proxy(settings.proxy, ports, detach=settings.detach)
+            server.set_state("ready")
+            if settings.supervise:
+                server.supervisor = Supervisor(server, state, log, settings.restart)
+                server.supervisor.start()
         except BaseException:
             server.stop()
             raise
         return server
+
+    def add_gate(self, ports: Ports, limits: RequestLimits, proxy: ProxySettings) -> None:
+        """The validating gate (serve/gate.py) on loopback, forwarding to Triton's own listeners."""
+        assert ports.gate_http is not None
+        self._gate_config = GateConfig(
+            http_port=ports.gate_http,
+            triton_http_port=ports.triton_http,
+            grpc_port=ports.gate_grpc,
+            triton_grpc_port=ports.triton_grpc if ports.gate_grpc else None,
+            max_body_bytes=int(proxy.max_body_mb * 1024 * 1024),
+            limits=limits,
+            log=str(Path(self.info.state_dir) / "gate.log"),
+        )
+        self.gate_process = start_gate(Path(self.info.state_dir), self._gate_config, detach=self._settings.detach)
+        self.info.gate_pid = self.gate_process.pid
+        self.save_state()
+
+    # ------------------------------------------------------------------ what the supervisor needs (Supervised)
+    def children(self) -> dict[str, Callable[[], int | None]]:
+        watched: dict[str, Callable[[], int | None]] = {}
+        if self.process is not None:
+            watched["tritonserver"] = self.process.poll
+        if self.gate_process is not None:
+            watched["gate"] = self.gate_process.poll
+        return watched
+
+    def restart_child(self, name: str, cancelled: Callable[[], bool]) -> None:
+        """Start the gate, or tritonserver (a fresh shm prefix: the dead server's stubs may still map the old
+        regions), again with the same command, ports and admin key; wait until it serves."""
+        state = Path(self.info.state_dir)
+        if name == "gate":
+            assert self._gate_config is not None
+            self.gate_process = start_gate(state, self._gate_config, detach=self._settings.detach)
+            self.info.gate_pid = self.gate_process.pid
+            self.save_state()
+            return
+        old = self.info.shm_prefix
+        prefix = f"{OUR_SHM}{secrets.token_hex(4)}_"
+        self._command = [a.replace(old, prefix) if a.startswith(SHM_PREFIX_ARG) else a for a in self._command]
+        self._old_prefixes.append(old)
+        remove_unmapped_shm(old)
+        self.process = relaunch_triton(self._command, Path(self.info.log), self._settings.detach)
+        self.info.pid, self.info.shm_prefix = self.process.pid, prefix
+        self.save_state()
+        (state / "server.pid").write_text(f"{self.process.pid}\n")
+        try:
+            self.wait_ready(self._settings.timeout, cancelled)
+        except BaseException:
+            stop_pid(self.process.pid, 10, self.process)
+            raise
+
+    def set_state(self, state: str) -> None:
+        """Record the serving state in server.json (starting, ready, restarting) for clients and operators."""
+        self.info.state = state
+        if (Path(self.info.state_dir) / STATE_FILE).exists():
+            self.save_state()
+
+    def log_paths(self) -> dict[Path, tuple[int, int]]:
+        state = Path(self.info.state_dir)
+        proxy_logs = (state / PROXY_DIR / "error.log", state / PROXY_DIR / "stdout.log", state / "gate.stdout.log")
+        return {Path(self.info.log): (SERVER_LOG_BYTES, LOGS_KEPT), **{p: (PROXY_LOG_BYTES, 3) for p in proxy_logs}}
+
+    def finished(self) -> bool:
+        """Whether serving has ended for good: the supervisor gave up watching (stopped), or, unsupervised,
+        tritonserver exited."""
+        if self.supervisor is not None:
+            return not self.supervisor.is_alive()
+        return not self.alive()
 
     def save_state(self) -> None:
         """Write server.json: what `serve.stop`, clients and the next start read."""
@@ -482,9 +615,12 @@ class Server:
         metrics = (ports.metrics, ports.triton_metrics) if self.info.metrics else None
         grpc = (ports.grpc, ports.triton_grpc) if proxy.grpc else None
         state, host = Path(self.info.state_dir), self.info.host
-        nginx = start_proxy(
-            state, host, ports.http, ports.triton_http, proxy, detach=detach, metrics=metrics, grpc=grpc
-        )
+        if ports.gate_http is not None:  # nginx → gate → Triton
+            grpc = (ports.grpc, ports.gate_grpc) if proxy.grpc and ports.gate_grpc else grpc
+            upstream = ports.gate_http
+        else:
+            upstream = ports.triton_http
+        nginx = start_proxy(state, host, ports.http, upstream, proxy, detach=detach, metrics=metrics, grpc=grpc)
         self.proxy_process, self.info.proxy_pid = nginx, nginx.pid
         self.save_state()
 
@@ -524,14 +660,25 @@ class Server:
         return _alive(self.info.pid)
 
     def stop(self, timeout: float = 30.0) -> int | None:
-        """The proxy first (no new requests), then SIGTERM to Triton (it unloads models and exits), SIGKILL after
-        `timeout`; then remove its shm regions."""
+        """The supervisor first (nothing is restarted; from another process: the stop marker), the proxy (no new
+        requests), the gate, then SIGTERM to Triton (it unloads models and exits), SIGKILL after `timeout`; then
+        remove its shm regions and release the state's lock."""
+        state = Path(self.info.state_dir)
+        with contextlib.suppress(OSError):
+            request_stop(state)
+        if self.supervisor is not None:
+            self.supervisor.stop(timeout)
         if self.info.proxy_pid:
-            stop_proxy(self.info.proxy_pid, Path(self.info.state_dir))
+            stop_proxy(self.info.proxy_pid, state)
             if self.proxy_process is not None:
                 self.proxy_process.wait(timeout)
+        if self.info.gate_pid:
+            stop_gate(self.info.gate_pid, self.gate_process)
         code = stop_pid(self.info.pid, timeout, self.process)
-        remove_shm(self.info.shm_prefix)
+        for prefix in (*self._old_prefixes, self.info.shm_prefix):
+            remove_shm(prefix)
+        if self._lock is not None:
+            self._lock.release()
         with contextlib.suppress(FileNotFoundError):
             (Path(self.info.state_dir) / STATE_FILE).unlink()
         with contextlib.suppress(FileNotFoundError):
@@ -576,6 +723,27 @@ def admin_headers(info: ServerInfo, protocol: str = "http") -> dict[str, str]:
     return {GRPC_ADMIN_HEADER if protocol == "grpc" else ADMIN_HEADER: key}
 
 
+def stop_gate(pid: int, process: subprocess.Popen | None = None, timeout: float = 10.0) -> None:
+    """SIGTERM to the gate (SIGKILL after `timeout`); a pid no longer running `serve.gate` is never signalled."""
+    if process is None:
+        try:
+            if b"serve.gate" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return
+        except OSError:
+            return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (process.poll() is not None) if process is not None else not _alive(pid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    if process is not None:
+        process.wait(5)
+
+
 def stop_pid(pid: int, timeout: float, process: subprocess.Popen | None = None) -> int | None:
     if process is None and not (_alive(pid) and _is_tritonserver(pid)):
         return None  # gone already (or the pid was reused by something else: never signal that)
@@ -612,6 +780,18 @@ def _mapped_shm() -> set[str]:
                 if "/dev/shm/" in line:
                     mapped.add(line.split("/dev/shm/", 1)[1].split(" (deleted)")[0].strip())
     return mapped
+
+
+def remove_unmapped_shm(prefix: str) -> list[str]:
+    """Remove this prefix's regions that no process maps (a dead server's; its stubs may still hold some)."""
+    mapped = _mapped_shm()
+    removed = []
+    for path in SHM_DIR.glob(f"{prefix}*"):
+        if path.name not in mapped:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed.append(path.name)
+    return removed
 
 
 def remove_shm(prefix: str) -> list[str]:

@@ -1,14 +1,22 @@
 """`python -m serve.start repo=<dir> [http_port=8000 grpc_port=8001 host=127.0.0.1 detach=false]`
 
 Thin Hydra entry point around `serve.server.Server.start` (conf/start.yaml → ServerSettings): launches the
-wheel's tritonserver, waits until every model is ready, prints the endpoints, then (unless detach=true) stays in
-the foreground and stops the server cleanly on Ctrl-C / SIGTERM — or returns when `python -m serve.stop` ended it.
+wheel's tritonserver, waits until every model is ready, prints the endpoints, then stays in the foreground
+supervising it (serve/supervisor.py: a crashed tritonserver is restarted, logs are bounded) and stops the server
+cleanly on Ctrl-C / SIGTERM — or returns when `python -m serve.stop` ended it. `detach=true` runs exactly that
+foreground launcher in the background (its own session, output in `<state>/launcher.log`) and returns once it
+reports ready, so a detached server is supervised too.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 from types import FrameType
 
 import hydra
@@ -16,7 +24,7 @@ from omegaconf import DictConfig
 
 from serve.errors import ServeError
 from serve.proxy import ProxySettings
-from serve.server import ADMIN_HEADER, RESTRICTED_APIS, Server, ServerSettings
+from serve.server import ADMIN_HEADER, RESTRICTED_APIS, Server, ServerError, ServerSettings, state_dir_for
 from zoo.errors import one_line_errors
 
 
@@ -31,7 +39,7 @@ def settings_from(cfg: DictConfig) -> ServerSettings:
         state_dir=cfg.state_dir,
         timeout=float(cfg.timeout_s),
         log_verbose=int(cfg.log_verbose),
-        detach=bool(cfg.detach),
+        detach=False,  # detach=true runs this launcher in the background instead (run_in_background)
         restrict=bool(cfg.restrict_apis),
         proxy=proxy_settings(cfg) if cfg.proxy else None,
         metrics=bool(cfg.metrics),
@@ -50,8 +58,45 @@ def proxy_settings(cfg: DictConfig) -> ProxySettings:
     )
 
 
+READY = "tritonserver ready"
+LAUNCHER_LOG = "launcher.log"
+
+
+def run_in_background(cfg: DictConfig, argv: list[str]) -> None:
+    """Start this command with detach=false in its own session (it survives this terminal and keeps
+    supervising the server), wait until it prints READY, echo what it printed, return. A launcher that fails
+    is a ServerError with its message."""
+    state = Path(cfg.state_dir).resolve() if cfg.state_dir else state_dir_for(Path(cfg.repo))
+    state.mkdir(parents=True, exist_ok=True)
+    log = state / LAUNCHER_LOG
+    args = [a for a in argv if not a.startswith(("detach=", "+detach=", "++detach="))]
+    with log.open("wb") as out:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "serve.start", *args, "detach=false"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + float(cfg.timeout_s) + 60
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        if READY in text:
+            print(text.rstrip() + f"\n  supervised by pid {launcher.pid} (output: {log})", flush=True)
+            return
+        if launcher.poll() is not None:
+            lines = [ln for ln in text.splitlines() if ln.strip()]
+            raise ServerError(lines[-1].removeprefix("error: ") if lines else f"serve.start exited ({log})")
+        time.sleep(0.2)
+    raise ServerError(f"the background serve.start (pid {launcher.pid}) did not report ready; see {log}")
+
+
 @hydra.main(config_path="../conf", config_name="start", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    if cfg.detach:
+        with one_line_errors(ServeError):
+            run_in_background(cfg, sys.argv[1:])
+        return
     # The handlers only set a flag (raising from a handler could land between two statements and orphan the
     # server); they are installed before launching, so a SIGTERM/SIGINT at any moment ends in a clean stop.
     stop = threading.Event()
@@ -70,7 +115,7 @@ def main(cfg: DictConfig) -> None:
         else "  admin APIs are NOT restricted (restrict_apis=false)"
     )
     print(
-        f"tritonserver ready (pid {info.pid}): models {', '.join(info.models)}\n"
+        f"{READY} (pid {info.pid}, supervised by pid {os.getpid()}): models {', '.join(info.models)}\n"
         f"  HTTP http://{info.http_url}   gRPC {info.grpc_url}   log {info.log}\n"
         + (f"  metrics http://{info.metrics_url}/metrics\n" if info.metrics else "")
         + f"{admin}\n"
@@ -78,15 +123,13 @@ def main(cfg: DictConfig) -> None:
         f"  stop: python -m serve.stop repo={info.repo}",
         flush=True,
     )
-    if cfg.detach and not stop.is_set():
-        return
-    while server.alive() and not stop.wait(0.5):
+    while not server.finished() and not stop.wait(0.5):
         pass
     if stop.is_set():
         print("stopping tritonserver …", flush=True)
-    else:
-        print(f"tritonserver exited (code {server.process.poll() if server.process else '?'})", flush=True)
-    server.stop()
+    code = server.stop()
+    if not stop.is_set():
+        print(f"tritonserver stopped by serve.stop (exit code {code})", flush=True)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,14 @@ servers (owned by you, mapped by no process).
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from serve.server import Server, clean_stale_shm, read_info, state_dir_for
+from serve.state_lock import held
 
 
 @hydra.main(config_path="../conf", config_name="stop", version_base="1.3")
@@ -24,8 +26,11 @@ def main(cfg: DictConfig) -> None:
         if info is None:
             print(f"error: no server recorded in {state} (already stopped?)", file=sys.stderr)
             sys.exit(1)
-        code = Server(info).stop(float(cfg.timeout_s))
+        code = Server(info).stop(float(cfg.timeout_s))  # writes the stop marker first: nothing is restarted
         print(f"stopped tritonserver pid {info.pid}" + ("" if code is None else f" (exit code {code})"))
+        deadline = time.monotonic() + 10  # the launcher supervising it (serve.start) sees the marker and exits
+        while held(state) and time.monotonic() < deadline:
+            time.sleep(0.1)
     removed = clean_stale_shm()
     if removed:
         print(f"removed {len(removed)} stale shared-memory region(s): {', '.join(removed)}")

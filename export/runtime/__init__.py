@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import ExportedModelError, ExportRuntimeError
+from .errors import ExportedModelError, ExportRuntimeError, GraphRunError
 from .manifest import (
     MANIFEST,
     MANIFEST_KEYS,
@@ -106,6 +106,7 @@ __all__ = [
     "ExportedModelError",
     "GenerationDefaults",
     "GraphInfo",
+    "GraphRunError",
     "Graphs",
     "HeadsInfo",
     "Hypothesis",

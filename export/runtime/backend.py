@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnxruntime as ort
 
-from .errors import ExportedModelError, ExportRuntimeError
+from .errors import ExportedModelError, ExportRuntimeError, GraphRunError
 from .manifest import Manifest, SharedWeight
 from .stores import release_free_heap, use_shared_cpu_arena
 
@@ -136,13 +136,44 @@ class OrtBackend:
         )
         release_free_heap()  # the parsed graph files are gone now; glibc keeps their pages unless asked
         self.decoder_inputs = frozenset(i.name for i in self.decoder.get_inputs())
+        check_position_table(self.encoder, manifest, graphs["encoder"]["file"])
 
     def encode(self, outputs: list[str], src: np.ndarray) -> list[np.ndarray]:
-        return self.encoder.run(outputs, {"src_tokens": src})
+        return run_graph(self.encoder, "encoder", outputs, {"src_tokens": src})
 
     def decode(self, outputs: list[str], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         """numpy in, numpy out (`InferenceSession.run`): onnxruntime reads contiguous arrays in place and hands its
         outputs over as arrays, which costs less per call than wrapping each input in an OrtValue from Python
         (the state lives on the host between steps, so there is nothing to keep as OrtValues).
         Measured: results/runtime/docstring_figures.md."""
-        return self.decoder.run(outputs, inputs)
+        return run_graph(self.decoder, "decoder", outputs, inputs)
+
+
+def check_position_table(session: ort.InferenceSession, manifest: Manifest, file: str) -> None:
+    """ExportedModelError when the manifest's max_positions is over the position table the graph was exported
+    with (its metadata `max_positions`; exports before it recorded none: read_manifest's check against
+    model_config is what there is). Sources are cut to max_positions/2 tokens, so a larger value made every
+    source longer than the table fail inside onnxruntime."""
+    table = session.get_modelmeta().custom_metadata_map.get("max_positions", "")
+    if table.isascii() and table.isdigit() and manifest["max_positions"] > int(table):
+        raise ExportedModelError(
+            f"manifest.json: max_positions={manifest['max_positions']} is over the position table of {file} "
+            f"({table} positions); set it to at most {table}, or re-export the model"
+        )
+
+
+def run_graph(
+    session: ort.InferenceSession, which: str, outputs: list[str], feeds: dict[str, np.ndarray]
+) -> list[np.ndarray]:
+    """`session.run`, with onnxruntime's own failures as one GraphRunError line naming the graph and the input
+    shapes — not its internal node names."""
+    try:
+        return session.run(outputs, feeds)
+    except Exception as exc:
+        if not type(exc).__module__.startswith("onnxruntime"):
+            raise
+        shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in list(feeds.items())[:3])
+        raise GraphRunError(
+            f"the {which} graph failed ({type(exc).__name__}) on inputs {shapes}; the export's manifest may not "
+            "match its graphs (max_positions?): re-export the model"
+        ) from exc

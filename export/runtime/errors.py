@@ -9,3 +9,9 @@ class ExportRuntimeError(Exception):
 
 class ExportedModelError(ExportRuntimeError):
     """An export directory that cannot be loaded (missing, corrupt or from a newer exporter)."""
+
+
+class GraphRunError(ExportRuntimeError):
+    """onnxruntime failed while running a graph. One line without onnxruntime's node names (internal detail a
+    client should not see; the original stays chained for the log): usually a manifest that does not match its
+    graphs."""

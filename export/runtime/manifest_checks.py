@@ -161,7 +161,14 @@ def check_numbers(m: dict[str, Any]) -> None:
     size = bounded(lookup(m, "vocab.size"), "vocab.size", *MANIFEST_LIMITS["vocab.size"])
     for key in VOCAB_IDS:
         bounded(lookup(m, key), key, 0, size - 1)
-    bounded(lookup(m, "max_positions"), "max_positions", *MANIFEST_LIMITS["max_positions"])
+    positions = bounded(lookup(m, "max_positions"), "max_positions", *MANIFEST_LIMITS["max_positions"])
+    table = m["model_config"].get("max_positions") if isinstance(m.get("model_config"), dict) else None
+    if isinstance(table, int) and not isinstance(table, bool) and positions > table:
+        # sources are cut to max_positions/2 tokens: beyond the graphs' table every longer one would fail in ORT
+        raise bad(
+            f"max_positions={positions}",
+            f"is over the exported position table (model_config.max_positions={table}); set it to at most {table}",
+        )
     if not _model_name(m["name"]):
         shown = repr(m["name"])[:60]
         raise bad(

@@ -30,11 +30,11 @@ Cost limits (one client must not starve the others): a translation's cost is row
 tokens + eos per row; both computed before anything runs. Over `max_request_cost` a request is refused
 (INVALID_ARGUMENT, naming the budget). `execute` only parses and prices: a request costing at most `express_cost`
 goes to the express lane, any other to the bulk lane (model_lanes.py); each lane runs batches of up to
-`max_execute_cost` in arrival order, the two at once, and answers through the requests' response senders, so a
-cheap request never waits behind a heavy one. A lane holding `max_queued_cost` of work answers the next request
-UNAVAILABLE (retry). Texts are cut to what the model can use in characters before tokenising (a
-300 MB text costs no more than a long sentence) and tokenised once. Client mistakes are answered
-INVALID_ARGUMENT (HTTP 400), never INTERNAL.
+`max_execute_cost` in arrival order (the express lane: smaller batches, cheapest first), the two at once, and
+answers through the requests' response senders, so a cheap request never waits behind a heavy one. A lane
+holding `max_queued_cost` of work answers the next request UNAVAILABLE (retry). Texts are cut to what the model
+can use in characters before tokenising (a 300 MB text costs no more than a long sentence) and tokenised once.
+Client mistakes are answered INVALID_ARGUMENT (HTTP 400), never INTERNAL.
 
 Metrics (model_metrics.py): every request answered or refused is counted in the zoo_* series of /metrics; a
 request's latency runs from its `execute` to its response.
@@ -50,7 +50,7 @@ from typing import Any
 import export_runtime  # the verbatim copy of the package export/runtime/ beside this file
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from model_lanes import Lane, Ticket
+from model_lanes import EXPRESS_BATCHES, Lane, Ticket
 from model_metrics import ModelMetrics
 
 INPUT = "TEXT"
@@ -208,7 +208,11 @@ class TextModel:
         self.metrics = ModelMetrics(args["model_name"], args["model_version"])
         self.express_cost = int(params.get("express_cost", DEFAULT_EXPRESS_COST))
         queued = int(params.get("max_queued_cost", QUEUED_BATCHES * self.max_execute_cost))
-        self.lanes = {name: Lane(name, self.max_execute_cost, queued, self._run) for name in (EXPRESS, BULK)}
+        express_batch = max(1, min(self.max_execute_cost, EXPRESS_BATCHES * self.express_cost))
+        self.lanes = {
+            EXPRESS: Lane(EXPRESS, express_batch, queued, self._run, cheapest_first=True),
+            BULK: Lane(BULK, self.max_execute_cost, queued, self._run),
+        }
 
     # ------------------------------------------------------------------ parsing and pricing
     def _encode_sources(self, texts: list[str], keep_empty: bool) -> tuple[list[list[int] | None], list[bool]]:
