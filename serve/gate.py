@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from serve.errors import ServeError
+from serve.log_collapse import receive_syslog
 from serve.request_limits import (
     RequestLimits,
     RequestRefused,
@@ -49,6 +50,24 @@ RESTARTING = "tritonserver is not reachable (restarting after a crash?); retry i
 UNREACHABLE = ("failed to connect", "connection refused", "socket closed", "connection reset", "unavailable for")
 
 
+GRPC_RETRY = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{}],
+                "retryPolicy": {
+                    "maxAttempts": 3,
+                    "initialBackoff": "0.2s",
+                    "maxBackoff": "0.5s",
+                    "backoffMultiplier": 2.5,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
+
+
 class GateError(ServeError, RuntimeError):
     """The gate could not start; the message names the cause and the fix."""
 
@@ -64,6 +83,8 @@ class GateConfig:
     max_body_bytes: int
     limits: RequestLimits
     log: str
+    nginx_log_port: int | None = None  # nginx's error log arrives here as syslog (loopback UDP) …
+    nginx_log: str | None = None  # … and is written here, repeats collapsed (serve/log_collapse.py)
 
     @classmethod
     def read(cls, path: Path) -> GateConfig:
@@ -78,7 +99,7 @@ class GateConfig:
 # ---------------------------------------------------------------------------------------------- HTTP
 def http_app(config: GateConfig) -> Any:
     """An aiohttp application forwarding every request to Triton's HTTP listener, infer bodies checked first."""
-    from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+    from aiohttp import ClientConnectionError, ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
     upstream = f"http://127.0.0.1:{config.triton_http_port}"
     sessions: list[ClientSession] = []
@@ -114,14 +135,21 @@ def http_app(config: GateConfig) -> Any:
         metadata = request.method == "GET" and request.path.rstrip("/") == "/v2"
         if metadata:
             headers.pop("Accept-Encoding", None)  # the answer is rewritten, so it must come uncompressed
-        try:
-            async with sessions[0].request(
-                request.method, upstream + request.path_qs, data=body or None, headers=headers
-            ) as answer:
-                data = await answer.read()
-                status, answer_headers = answer.status, answer.headers
-        except (ClientError, asyncio.TimeoutError):  # Triton down (restarting) or gone mid-answer
-            return refuse(503, RESTARTING)
+        for attempt in range(2):
+            try:
+                async with sessions[0].request(
+                    request.method, upstream + request.path_qs, data=body or None, headers=headers
+                ) as answer:
+                    data = await answer.read()
+                    status, answer_headers = answer.status, answer.headers
+                break
+            except ClientConnectionError:
+                # a pooled keep-alive connection Triton had closed, or Triton restarting: once more on a fresh
+                # connection (every request the gate passes is side-effect free: inference, metadata, health)
+                if attempt:
+                    return refuse(503, RESTARTING)
+            except (ClientError, asyncio.TimeoutError):  # an answer that broke off
+                return refuse(503, RESTARTING)
         if metadata and status == 200:
             data = _served_metadata(data)
         out = {k: v for k, v in answer_headers.items() if k.lower() not in HOP}
@@ -158,6 +186,10 @@ def grpc_server(config: GateConfig) -> Any:
             ("grpc.initial_reconnect_backoff_ms", 200),
             ("grpc.min_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", 1000),
+            # a call that never reached Triton (connection reset, Triton restarting) is tried again, up to 3 times
+            # within ~0.7 s: every method the gate passes is side-effect free
+            ("grpc.enable_retries", 1),
+            ("grpc.service_config", GRPC_RETRY),
         ],
     )
     invalid = grpc.StatusCode.INVALID_ARGUMENT
@@ -267,12 +299,22 @@ async def serve(config: GateConfig) -> None:
     grpc = grpc_server(config) if config.grpc_port else None
     if grpc is not None:
         await grpc.start()
+    nginx_log = None
+    if config.nginx_log_port is not None and config.nginx_log is not None:
+        transport, nginx_log = await receive_syslog(config.nginx_log_port, Path(config.nginx_log))
     logging.getLogger("serve.gate").warning("gate listening: HTTP %s, gRPC %s", config.http_port, config.grpc_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    while not stop.is_set():
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=5.0)
+        if nginx_log is not None:  # a flood's summary line is written when its window ends, flood over or not
+            nginx_log.close_windows(time.monotonic())
+    if nginx_log is not None:
+        transport.close()
+        nginx_log.close_all()
     if grpc is not None:
         await grpc.stop(2)
     await runner.cleanup()

@@ -169,16 +169,26 @@ def nginx_config(
     settings: ProxySettings,
     metrics: tuple[int, int] | None = None,
     grpc: tuple[int, int] | None = None,
+    log_port: int | None = None,
 ) -> str:
     """The proxy's nginx.conf: pid and logs in `state`, request-body buffers in `tmp`; `metrics` = (public port,
     Triton's loopback metrics port) adds the Prometheus listener, `grpc` = (public port, Triton's loopback gRPC
     port) the gRPC one. Request bodies sent compressed (`Content-Encoding`, `grpc-encoding`) are refused: Triton
-    inflates them itself, and a 1 MB gzip body inflated to 1000 MB there."""
+    inflates them itself, and a 1 MB gzip body inflated to 1000 MB there. `log_port`: nginx's error log goes as
+    syslog to the gate on that loopback UDP port, which writes it to error.log with repeated messages collapsed
+    (serve/log_collapse.py; a client can make nginx log a line per request); only `crit` and worse are written
+    directly."""
     limit = settings.per_client_requests
+    error_log = f"error_log {state / 'error.log'} warn;"
+    if log_port is not None:
+        error_log = (
+            f"error_log {state / 'error.log'} crit;\n"
+            f"error_log syslog:server=127.0.0.1:{log_port},nohostname,tag=nginx warn;"
+        )
     return f"""worker_processes 1;
 worker_rlimit_nofile {2 * settings.max_connections + 64};
 pid {state / "nginx.pid"};
-error_log {state / "error.log"} warn;
+{error_log}
 events {{ worker_connections {settings.max_connections}; }}
 http {{
     access_log off;
@@ -281,6 +291,7 @@ def start_proxy(
     timeout: float = 20.0,
     metrics: tuple[int, int] | None = None,
     grpc: tuple[int, int] | None = None,
+    log_port: int | None = None,
 ) -> subprocess.Popen:
     """Run nginx in the foreground of a child process (it dies with `stop_proxy`); wait until it listens.
     `metrics` = (public port, Triton's loopback metrics port) also serves GET /metrics, `grpc` = (public port,
@@ -290,7 +301,9 @@ def start_proxy(
     binary = nginx_binary()
     buffers = _buffer_dir(state)
     try:
-        return _launch(binary, state, buffers, host, port, upstream_port, settings, detach, timeout, metrics, grpc)
+        return _launch(
+            binary, state, buffers, host, port, upstream_port, settings, detach, timeout, metrics, grpc, log_port
+        )
     except BaseException:
         _remove_buffers(state)
         raise
@@ -308,9 +321,10 @@ def _launch(
     timeout: float,
     metrics: tuple[int, int] | None,
     grpc: tuple[int, int] | None,
+    log_port: int | None,
 ) -> subprocess.Popen:
     conf = state / "nginx.conf"
-    conf.write_text(nginx_config(state, buffers, host, port, upstream_port, settings, metrics, grpc))
+    conf.write_text(nginx_config(state, buffers, host, port, upstream_port, settings, metrics, grpc, log_port))
     cmd = [str(binary), "-p", str(state), "-c", str(conf), "-e", str(state / "error.log"), "-g", "daemon off;"]
     check = subprocess.run([*cmd, "-t"], capture_output=True, text=True, check=False)
     if check.returncode != 0:

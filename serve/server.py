@@ -182,6 +182,13 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def free_udp_port(host: str = "127.0.0.1") -> int:
+    """A loopback UDP port free now (the gate's syslog listener for nginx's error log)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
 def free_ports(count: int, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> list[int]:
     """`count` distinct ports free on `host` now, none of them in `avoid`. All are held bound while they are
     picked: picked one at a time (bind to port 0, close), the kernel may hand the same port out twice, and
@@ -548,6 +555,8 @@ class Server:
             max_body_bytes=int(proxy.max_body_mb * 1024 * 1024),
             limits=limits,
             log=str(Path(self.info.state_dir) / "gate.log"),
+            nginx_log_port=free_udp_port(),
+            nginx_log=str(Path(self.info.state_dir) / PROXY_DIR / "error.log"),
         )
         self.gate_process = start_gate(Path(self.info.state_dir), self._gate_config, detach=self._settings.detach)
         self.info.gate_pid = self.gate_process.pid
@@ -576,6 +585,7 @@ class Server:
         prefix = f"{OUR_SHM}{secrets.token_hex(4)}_"
         self._command = [a.replace(old, prefix) if a.startswith(SHM_PREFIX_ARG) else a for a in self._command]
         self._old_prefixes.append(old)
+        kill_stubs(old)  # the dead server's stubs: they would keep its regions mapped
         remove_unmapped_shm(old)
         self.process = relaunch_triton(self._command, Path(self.info.log), self._settings.detach)
         self.info.pid, self.info.shm_prefix = self.process.pid, prefix
@@ -620,7 +630,10 @@ class Server:
             upstream = ports.gate_http
         else:
             upstream = ports.triton_http
-        nginx = start_proxy(state, host, ports.http, upstream, proxy, detach=detach, metrics=metrics, grpc=grpc)
+        log_port = self._gate_config.nginx_log_port if self._gate_config is not None else None
+        nginx = start_proxy(
+            state, host, ports.http, upstream, proxy, detach=detach, metrics=metrics, grpc=grpc, log_port=log_port
+        )
         self.proxy_process, self.info.proxy_pid = nginx, nginx.pid
         self.save_state()
 
@@ -676,6 +689,7 @@ class Server:
             stop_gate(self.info.gate_pid, self.gate_process)
         code = stop_pid(self.info.pid, timeout, self.process)
         for prefix in (*self._old_prefixes, self.info.shm_prefix):
+            kill_stubs(prefix)  # none outlives its server
             remove_shm(prefix)
         if self._lock is not None:
             self._lock.release()
@@ -780,6 +794,24 @@ def _mapped_shm() -> set[str]:
                 if "/dev/shm/" in line:
                     mapped.add(line.split("/dev/shm/", 1)[1].split(" (deleted)")[0].strip())
     return mapped
+
+
+def kill_stubs(prefix: str) -> list[int]:
+    """SIGKILL the Python-backend stubs of a server's shm `prefix` (their region argument starts with it): a
+    stub whose tritonserver died usually exits by itself, but one was seen running 40 minutes after its server
+    was gone, holding 135 MB and its shm region. Returns the pids killed."""
+    killed = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError):
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if (
+                argv
+                and argv[0].endswith(b"triton_python_backend_stub")
+                and any(a.startswith(prefix.encode()) for a in argv[1:])
+            ):
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed.append(int(proc.name))
+    return killed
 
 
 def remove_unmapped_shm(prefix: str) -> list[str]:
