@@ -61,7 +61,7 @@ class ModelSettings:
     check_files: bool = True
     max_request_cost: int = 10_000  # rows × beam × max output tokens one request may ask for (INVALID_ARGUMENT)
     max_execute_cost: int = 40_000  # the most one lane batch runs at once (the rest waits for the next batch)
-    express_cost: int = 2_000  # requests up to this run in the express lane, beside the heavy ones (model_lanes)
+    express_cost: int = 1_000  # requests up to this run in the express lane, beside the heavy ones (model_lanes)
     max_queued_cost: int | None = None  # work one lane of one instance may hold (None: 4 × max_execute_cost);
     # beyond it a request is answered UNAVAILABLE (retry)
     warmup: bool = True  # model_warmup: each instance translates a held-out sentence before the model is ready

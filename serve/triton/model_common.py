@@ -78,7 +78,7 @@ SCORING_SETTINGS = ("len_penalty",)  # what a scoring request (with TARGET) may 
 # preset's model (d_model 256, 3+3 layers) to a few seconds on one core: measured in serve/README.md.
 DEFAULT_MAX_REQUEST_COST = 10_000
 DEFAULT_MAX_EXECUTE_COST = 40_000
-DEFAULT_EXPRESS_COST = 2_000  # requests up to this (≈ 8 sentences at beam 5) run in the express lane
+DEFAULT_EXPRESS_COST = 1_000  # requests up to this (≈ 4 sentences at beam 5) run in the express lane
 QUEUED_BATCHES = 4  # a lane holds at most this many batches' worth of work (max_queued_cost by default)
 EXPRESS, BULK = "express", "bulk"
 MAX_PIECE_CHARS = 16  # sentencepiece's default max_sentencepiece_length: a token covers at most this many chars

@@ -6,8 +6,8 @@ waited behind all of them (8.2 s with 16 in flight on the smoke model). Here `ex
 request and hands it to a lane, then returns (the response comes from the lane, through the request's response
 sender), so Triton's queue never holds anything back:
 - the express lane runs cheap requests (cost ≤ `express_cost`, a few sentences' worth) in batches of at most
-  `EXPRESS_BATCHES` × `express_cost`, cheapest first, of requests of similar cost (≤ `SIMILAR_COST` × the
-  cheapest's; a request waiting over `AGING_S` goes ahead of any newer one, so none starves): 16 requests just
+  `EXPRESS_BATCHES` × `express_cost`, cheapest first, of requests of similar cost (within `SIMILAR_COST` × of
+  the batch's first; a request waiting over `AGING_S` goes ahead of any newer one, so none starves): 16 requests just
   under `express_cost` used to form one batch that a one-word request sent after them waited for (0.52 s median,
   issue 61); now it waits for the batch in progress only, and runs with requests as short as itself;
 - the bulk lane runs the others the same way, in batches of at most `max_execute_cost`.
@@ -26,11 +26,15 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-EXPRESS_BATCHES = 2  # the express lane's batch budget, in express_cost units: what a cheap request may wait for
-SIMILAR_COST = 4  # cheapest-first batches take only tickets costing at most this × the batch's first: a batch
-#                   runs until its longest search ends, so a one-word request batched with a 99-token one waits
-#                   for all of it (16 just-cheap requests kept a one-word request at 0.32 s median that way)
+EXPRESS_BATCHES = 1  # the express lane's batch budget, in express_cost units: what a cheap request may wait for
+SIMILAR_COST = 4  # cheapest-first batches take only tickets within this factor of the batch's first, either way:
+#                   a batch runs until its longest search ends, so a one-word request batched with a 99-token one
+#                   waits for all of it (16 just-cheap requests kept a one-word request at 0.32 s median that way)
 AGING_S = 1.0  # a ticket waiting this long is taken before any newer one, whatever its cost
+
+
+def _similar(a: int, b: int) -> bool:
+    return max(a, b) <= SIMILAR_COST * max(min(a, b), 1)
 
 
 class Ticket:
@@ -87,7 +91,7 @@ class Lane:
             for ticket in order:
                 if batch and spent + ticket.cost > self.batch_cost:
                     break
-                if batch and self.cheapest_first and ticket.cost > SIMILAR_COST * max(batch[0].cost, 1):
+                if batch and self.cheapest_first and not _similar(batch[0].cost, ticket.cost):
                     continue
                 batch.append(ticket)
                 spent += ticket.cost
