@@ -83,3 +83,21 @@ def test_an_unknown_schedule_is_refused_before_a_run_dir_exists(tmp_path: Path, 
     with pytest.raises(UsageError, match=r"trainer.lr_schedule='cosine' is not a schedule; use one of inverse_sqrt"):
         train(compose_train(overrides))
     assert not any(tmp_path.iterdir())
+
+
+def test_the_progress_bar_counts_to_the_update_the_run_stops_at() -> None:
+    """Issue 63: the CPU preset's bar said `0/3000 … 50:50 left` while its 16-minute budget ended the run near update
+    1000. The total is now the update the run stops at: max_updates, or where the wall-clock budget runs out at the
+    measured rate, whichever comes first."""
+    from zoo.progress import TrainingBar, projected_stop
+
+    # 16 minutes at 0.95 s per update, 100 updates (95 s) in: 960 − 95 = 865 s left → 910 more → stops at 1010
+    assert projected_stop(100, 3000, 95.0, 16, 0.95) == 1010
+    assert projected_stop(100, 600, 95.0, 16, 0.95) == 600  # max_updates ends it first
+    assert projected_stop(100, 3000, 95.0, 0, 0.95) == 3000  # no wall-clock budget
+    assert projected_stop(1200, 3000, 2000.0, 16, 0.95) == 1200  # over time: it stops now
+    bar = TrainingBar(step=0, elapsed_s=0.0, max_updates=3000, max_minutes=16, shown=False)
+    for step in range(1, 101):
+        bar.update(step, elapsed_s=0.95 * step)
+    assert bar.bar.total == 1010
+    bar.close()

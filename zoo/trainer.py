@@ -12,7 +12,6 @@ import csv
 import logging
 import math
 import signal
-import sys
 import time
 import types
 from collections.abc import Mapping, Sequence
@@ -23,7 +22,6 @@ from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from zoo import distributed as dist
 from zoo.checkpoint import average_weights, load_checkpoint, save_checkpoint
@@ -41,6 +39,7 @@ from zoo.optim import (
     linear_decay_schedule,
 )
 from zoo.plots import plot_learning_curve
+from zoo.progress import TrainingBar
 from zoo.threads import AUTO, usable_cores
 from zoo.throughput import ThroughputMonitor, contention_hint
 
@@ -520,15 +519,8 @@ class Trainer:
         if dist.is_main() and not csv_path.exists():
             with csv_path.open("w", newline="") as f:
                 csv.DictWriter(f, CSV_FIELDS).writeheader()
-        bar = tqdm(
-            total=cfg.max_updates,
-            initial=self.state.step,
-            desc="train",
-            unit="upd",
-            disable=not dist.is_main() or not cfg.progress,
-            dynamic_ncols=True,
-            mininterval=1.0 if sys.stderr.isatty() else 30.0,
-        )
+        shown = dist.is_main() and cfg.progress
+        bar = TrainingBar(self.state.step, self.state.elapsed_s, cfg.max_updates, cfg.max_minutes, shown)
         self.procedure.on_start(self)
         monitor = ThroughputMonitor(contention_hint(self.device.type, usable_cores(), torch.get_num_threads()))
         postfix: dict[str, str] = {}
@@ -551,7 +543,7 @@ class Trainer:
                     self.state.batch_in_epoch += len(group)
                     self.state.step += 1
                     window.append(stats)
-                    bar.update(1)
+                    bar.update(self.state.step, self.state.elapsed_s)
                     if slow_started:
                         if dist.is_main():
                             log.warning(slow_started)  # logged whether or not the bar is shown
