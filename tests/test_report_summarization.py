@@ -86,3 +86,27 @@ def test_the_tables_name_rouge_l(report: dict) -> None:
     assert "Δ ROUGE-L vs baseline" in text and "Δ̄ ROUGE-L [95% CI]" in text
     assert "mean per-document ROUGE-L F1 difference" in text and "BLEU" not in text.replace("sacreBLEU", "")
     assert "Δ ROUGE-L vs `transformer` (per seed)" in readme_block(report, "cmd")
+
+
+def test_a_near_constant_summarizer_renders_degenerate_outputs_not_a_verdict() -> None:
+    """Issue 64: `ght_summ` seed 2 gave one output for all 1 492 test documents, and a claim compared it with a
+    transformer giving 13–90 distinct ones. A run with fewer distinct outputs than 2% of its documents is
+    near-constant: its claims read "degenerate outputs" with the counts, and the outputs table says so per seed."""
+    suite = suite_from_config(OmegaConf.load(REPO / "conf" / "suite" / "summ.yaml"), REPO / "conf")
+    refs = _documents(100, seed=0)
+    records = {("transformer", s): _record("transformer", s, _degrade(refs, 0.6, seed=s), refs) for s in (1, 2, 3)}
+    constant = ["development files for the library"] * len(refs)
+    records |= {("ght_summ", s): _record("ght_summ", s, constant, refs) for s in (1, 2, 3)}
+    data = collect(suite, References(tuple(refs), ("summ",) * len(refs)), records, bootstrap_samples=100)
+    claim = next(c for c in data["claims"] if (c["system"], c["baseline"]) == ("ght_summ", "transformer"))
+    assert (
+        claim["verdict"] == "degenerate outputs (`ght_summ`: 1, 1, 1 distinct of 100; near-constant below 2% distinct)"
+    )
+    assert claim["p"] is None and claim["delta"]["seeds"] == 3  # the numbers are still shown, untested
+    outputs = data["entries"]["ght_summ"]["seeds"][1]["outputs"]
+    assert outputs == {"documents": 100, "distinct": 1, "top_share": 1.0, "mean_words": 5.0}
+    expected_refs = round(sum(len(r.split()) for r in refs) / len(refs), 2)
+    assert data["references"]["mean_words"] == expected_refs
+    text = markdown({**data, "speed": [], "speed_claims": [], "speed_enabled": True}, "cmd")
+    assert "| `ght_summ` | s1: **1**, s2: **1**, s3: **1** | s1: 100%, s2: 100%, s3: 100% |" in text
+    assert "| `transformer` | s1: 100, s2: 100, s3: 100 |" in text  # every degraded reference is distinct

@@ -31,6 +31,9 @@ runs had stopped climbing; and a verdict whose words follow from the numbers bes
   the compaction of the trained groups at the vote (GHT: at the end of training) stands beside the verdict as a
   diagnostic: mean silhouette and intra-group cos of the partition the loss trained; silhouette ≥ 0.25 reads
   "compact" (below it a clustering has "no substantial structure", Kaufman & Rousseeuw).
+* **Degenerate outputs**: a claim one of whose runs gives fewer distinct test outputs than 2% of its documents
+  (near-constant text, issue 64) renders "degenerate outputs (…)" with the counts, not a verdict: a difference
+  between outputs that hardly depend on the input says nothing about the claim.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ RESOLUTION = 0.005  # a Δ̄ this close to a region bound sits on it: half the t
 BOOTSTRAP_SEED = 12345  # one fixed stream: a re-render reproduces every number
 CLIMBING_GAIN = 0.5  # validation BLEU gained over the last 20% of updates that counts as still climbing
 COMPACT_SILHOUETTE = 0.25  # mean silhouette of the trained groups from which they read "compact"
+DEGENERATE_DISTINCT = 0.02  # a run with fewer distinct test outputs than this share of its documents is near-constant
 OURS_FAMILY = "our questions"
 
 Score = Callable[[np.ndarray], np.ndarray]  # summed per-sentence statistics [..., k] -> corpus score [...]
@@ -178,6 +182,7 @@ class Question:
     seeds: int
     test: DeltaTest | None = None
     margin: float | None = None
+    degenerate: str | None = None  # why the outputs cannot carry a verdict ("degenerate outputs (…)")
 
 
 @dataclass(frozen=True)
@@ -191,9 +196,13 @@ class Judgement:
 
 
 def judge(questions: Sequence[Question], alpha: float = ALPHA) -> list[Judgement]:
-    """The verdicts of one Holm family (one paper's claims in a suite): the claims with ≥ MIN_SEEDS seeds are
-    tested; a definite verdict needs the adjusted p below α."""
-    tested = {i: q.test for i, q in enumerate(questions) if q.seeds >= MIN_SEEDS and q.test is not None}
+    """The verdicts of one Holm family (one paper's claims in a suite): the claims with ≥ MIN_SEEDS seeds and
+    outputs that depend on their inputs are tested; a definite verdict needs the adjusted p below α."""
+    tested = {
+        i: q.test
+        for i, q in enumerate(questions)
+        if q.seeds >= MIN_SEEDS and q.test is not None and q.degenerate is None
+    }
     decisions = {i: decision_p(test, questions[i].expect, questions[i].margin) for i, test in tested.items()}
     ps = [decisions[i][0] for i in tested]
     adjusted = dict(zip(tested, holm(ps), strict=True))
@@ -201,7 +210,8 @@ def judge(questions: Sequence[Question], alpha: float = ALPHA) -> list[Judgement
     out = []
     for i, q in enumerate(questions):
         if i not in tested:
-            out.append(Judgement(f"too few seeds ({q.seeds})"))
+            few = f"too few seeds ({q.seeds})" if q.seeds < MIN_SEEDS else None
+            out.append(Judgement("; ".join(t for t in (q.degenerate, few) if t) or f"too few seeds ({q.seeds})"))
             continue
         test, (p, side) = tested[i], decisions[i]
         level = 1.0 - steps[i]
@@ -266,6 +276,21 @@ def climbing(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     gains = [r["convergence"]["last20_gain"] for r in runs if r.get("convergence")]
     up = [g for g in gains if g >= CLIMBING_GAIN]
     return {"runs": len(gains), "climbing": len(up), "max_gain": max(gains) if gains else None}
+
+
+def degenerate_outputs(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> str | None:
+    """'degenerate outputs (`ght_summ`: 5, 1, 13 distinct of 1492; …)' when any run of either side gives fewer
+    distinct test outputs than DEGENERATE_DISTINCT of its documents — output that hardly depends on the input, whose
+    score differences say nothing about the claim — else None."""
+    parts = []
+    for name, runs in sides:
+        stats = [r["outputs"] for r in runs if r.get("outputs") and r["outputs"]["documents"]]
+        if any(o["distinct"] < DEGENERATE_DISTINCT * o["documents"] for o in stats):
+            distinct = ", ".join(str(o["distinct"]) for o in stats)
+            parts.append(f"`{name}`: {distinct} distinct of {stats[0]['documents']}")
+    if not parts:
+        return None
+    return f"degenerate outputs ({'; '.join(parts)}; near-constant below {DEGENERATE_DISTINCT:.0%} distinct)"
 
 
 def compaction(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -367,6 +392,11 @@ def _claim_row(
     ]
     test = delta_test([(a, b) for _, a, b in paired], score=score, samples=samples) if len(paired) >= 2 else None
     runs = [e["seeds"][seed] for e in (system, baseline) if e for seed, _, _ in paired if seed in e["seeds"]]
+    per_side = [
+        (name, [e["seeds"][seed] for seed, _, _ in paired if seed in e["seeds"]])
+        for name, e in ((claim.system, system), (claim.baseline, baseline))
+        if e
+    ]
     state = {**_budget(runs, epoch_batches), **climbing(runs)}
     sides = (("system", system), ("baseline", baseline))
     return {
@@ -386,7 +416,7 @@ def _claim_row(
         "delta": _delta(test),
         "state": state,
         "compaction": compaction(runs),
-        "question": Question(claim.expect, len(paired), test, claim.margin),
+        "question": Question(claim.expect, len(paired), test, claim.margin, degenerate_outputs(per_side)),
     }
 
 
@@ -434,6 +464,7 @@ __all__ = [
     "compaction",
     "compaction_text",
     "decision_p",
+    "degenerate_outputs",
     "delta_test",
     "family_of",
     "judge",

@@ -66,6 +66,19 @@ def compaction_curve(record: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def output_stats(hypotheses: Sequence[str]) -> dict[str, Any]:
+    """Whether a run's test outputs depend on its inputs: how many documents, how many distinct outputs, the
+    share of the most frequent one, and the mean output length in words."""
+    counts = Counter(hypotheses)
+    n = len(hypotheses)
+    return {
+        "documents": n,
+        "distinct": len(counts),
+        "top_share": round(counts.most_common(1)[0][1] / n, 4) if n else 0.0,
+        "mean_words": round(statistics.fmean(len(h.split()) for h in hypotheses), 2) if n else 0.0,
+    }
+
+
 def run_summary(record: Mapping[str, Any]) -> dict[str, Any]:
     """What the tables and plots use of one record (no hypotheses: those only feed the bootstrap)."""
     voting = (record.get("ght") or {}).get("voting")
@@ -79,6 +92,7 @@ def run_summary(record: Mapping[str, Any]) -> dict[str, Any]:
         "test": record["test"],
         "compactness": compactness(record),
         "compaction_curve": compaction_curve(record),
+        "outputs": output_stats(record.get("hypotheses") or []),
         "votes": {"votes": voting["votes"], "plan": voting["plan"]} if voting else None,
         "voting": {
             k: voting.get(k) for k in ("step", "trigger", "voting_batches", "vote_maps", "voting_seconds", "selection")
@@ -299,7 +313,11 @@ def collect(
         "budget": list(suite.overrides),
         "bootstrap_samples": bootstrap_samples,
         "machine": machine_summary(records),
-        "references": {"sha256": refs.sha256, "segments": len(refs.texts)},
+        "references": {
+            "sha256": refs.sha256,
+            "segments": len(refs.texts),
+            "mean_words": round(statistics.fmean(len(t.split()) for t in refs.texts), 2) if refs.texts else 0.0,
+        },
         "missing": missing,
         "entries": entries,
         "shared": shared_runs,
@@ -319,6 +337,7 @@ __all__ = [
     "machine_summary",
     "mean_std",
     "ordered_entries",
+    "output_stats",
     "run_summary",
     "training_state",
 ]

@@ -19,8 +19,18 @@ import matplotlib.pyplot as plt
 
 from zoo.flops import format_count, format_flops
 from zoo.plots import save_report_figure as _save
-from zoo.report.claims import ALPHA, CLIMBING_GAIN, COMPACT_SILHOUETTE, LEVEL, MIN_SEEDS, compaction_text, percent
+from zoo.report.claims import (
+    ALPHA,
+    CLIMBING_GAIN,
+    COMPACT_SILHOUETTE,
+    DEGENERATE_DISTINCT,
+    LEVEL,
+    MIN_SEEDS,
+    compaction_text,
+    percent,
+)
 from zoo.report.render_ght import compaction_table, ght_section, plot_compaction, plot_vote_maps
+from zoo.report.render_outputs import outputs_section
 from zoo.report.render_speed import plot_quality_vs_speed, readme_speed_column, speed_section, widest_file
 
 LABELS = {"bleu": "BLEU", "chrf": "chrF", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}
@@ -197,6 +207,7 @@ def markdown(data: dict[str, Any], command: str) -> str:
         row += [_pm(rec["train_minutes"], 1), _pm(rec["updates"], 0)]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    lines += outputs_section(data)
     lines += claims_section(data)
     lines += speed_section(data["speed"], data["baseline"], data["speed_claims"], data["speed_enabled"])
     lines += _per_source_section(data)
@@ -272,6 +283,8 @@ def _delta_cell(c: dict[str, Any]) -> str:
         return f"{d['mean']:+.2f} ({d['seeds']} seeds: no interval)"
     df = f"df {d['df']:.0f}" if d.get("df") is not None else "df ∞"
     plain = f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}] ({df})"
+    if c.get("p") is None:  # an interval, but no test: the verdict cell says why (degenerate outputs)
+        return f"{plain}; not tested"
     adjusted = ""
     if d.get("level") is not None and c.get("family_size", 0) > 1:
         adjusted = f"; at the Holm level {percent(d['level'])}: [{d['adj_low']:+.2f}, {d['adj_high']:+.2f}]"
@@ -351,6 +364,8 @@ def _rule_text(data: dict[str, Any], compact: bool) -> str:
         "were still climbing, and the verdict says so. GHT and GHT-PS are judged as the paper's procedure runs "
         "(voting at a fixed point of the budget, compact groups or not); the compaction of the groups the loss "
         f"trained stands beside their verdicts as a diagnostic (silhouette ≥ {COMPACT_SILHOUETTE}: compact). "
+        f"A claim one of whose runs gives fewer distinct test outputs than {DEGENERATE_DISTINCT:.0%} of its documents "
+        'reads "degenerate outputs" with the counts, not a verdict. '
         f"The per-seed column is {_per_seed_test(data)} of each "
         f"seed's two runs (test {_segments(data)} only; `*` = p < 0.05). "
         "Params are non-embedding, FLOPs at source length 30."
