@@ -401,6 +401,41 @@ def test_the_express_lane_takes_the_cheapest_first_without_starving() -> None:
     assert batches[1] == [1998, 1999] and batches[2] == [65] and all(sum(b) <= 4000 for b in batches[3:]), batches
 
 
+def test_an_aged_backlog_takes_every_other_batch_not_every_batch() -> None:
+    """On a loaded machine a backlog of just-cheap requests ages past AGING_S; taking the overdue ones first on
+    every batch made a one-word request wait behind all of them (1.3 s median in a full test run). While tickets are
+    overdue, every other batch is theirs: the one-word request waits for at most two."""
+    from serve.triton.model_lanes import Lane, Ticket
+
+    class Priced:
+        def __init__(self, cost: int) -> None:
+            self.cost = cost
+
+    release = threading.Event()
+    batches: list[list[int]] = []
+
+    def run(batch: list[Ticket]) -> None:
+        batches.append([t.cost for t in batch])
+        release.wait(10)
+
+    lane = Lane("express", 1000, 10**6, run, cheapest_first=True)
+    try:
+        now = time.perf_counter()
+        assert lane.put(Ticket(Priced(980), None, now))  # the batch in progress
+        while not batches:
+            time.sleep(0.01)
+        for _ in range(6):
+            assert lane.put(Ticket(Priced(980), None, now - 5))  # waiting for 5 s already
+        assert lane.put(Ticket(Priced(65), None, now))
+        release.set()
+        while sum(map(len, batches)) < 8:
+            time.sleep(0.01)
+    finally:
+        release.set()
+        lane.stop()
+    assert batches[1:4] == [[980], [65], [980]], batches
+
+
 def test_the_express_lane_batches_only_requests_of_similar_cost() -> None:
     """A batch runs until its longest search ends: a one-word request (65) batched with a just-cheap one (1 980)
     would wait for all 99 of its steps. Cheapest first, a batch takes only requests within SIMILAR_COST × of its
