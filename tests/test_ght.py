@@ -257,6 +257,28 @@ def test_centres_pass_the_constraint_gradient_to_every_member() -> None:
     assert not torch.allclose(ours, detached, atol=1e-4)
 
 
+def test_fixed_heads_init_clusters_as_the_official_call_whatever_came_before() -> None:
+    """kmeans_init=fixed_heads: every update starts Lloyd from the points of the same C heads (numpy's choice under
+    seed 0, [6, 2] for 8 heads and 2 groups) — the previous partition plays no part, unlike the warm start."""
+    from zoo.ght.procedure import GHTOptions, GHTProcedure, official_init_heads
+
+    assert official_init_heads(8, 2) == [6, 2]
+    torch.manual_seed(1)
+    points = torch.randn(3, 8, 16)  # [M, H, F]
+    proc = GHTProcedure(GHTOptions(groups=2, kmeans_init="fixed_heads"))
+    previous = torch.tensor([[0, 1] * 4] * 3)
+    labels = proc._cluster_training(points, previous)
+    assert torch.equal(labels, proc._cluster_training(points, None))  # the previous groups do not matter
+    for m in range(3):  # Lloyd from points 6 and 2, written out
+        centres = points[m, [6, 2]]
+        for _ in range(50):
+            assign = torch.cdist(points[m], centres).argmin(1)
+            centres = torch.stack([points[m][assign == g].mean(0) for g in range(2)])
+        assert torch.equal(canonical_labels(labels[m]), canonical_labels(assign))
+    with pytest.raises(ValueError, match="kmeans_init"):
+        GHTOptions.from_config({"kmeans_init": "random"})
+
+
 def test_probe_measures_the_partition_the_loss_trained(tmp_path) -> None:
     """The probe's compactness is that of the trained partition (the groups the loss used at the last update),
     computed on the probe batch's maps — equal to a direct computation from the captured maps and those labels;

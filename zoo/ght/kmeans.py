@@ -14,6 +14,7 @@ free). A converged partition is a fixed point of the iteration, so the labels ar
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -92,12 +93,14 @@ def kmeans(
     seed: int = 0,
     init_labels: Tensor | None = None,
     test_every_iteration: bool | None = None,
+    init_points: Sequence[int] | None = None,
 ) -> KMeansResult:
     """Cluster `points` [N, F] into `k` groups — or each of M modules' [M, N, F], as M separate k-means.
 
     `init_labels` ([N] or [M, N]) warm-starts from a previous partition (centres = its group means), which
-    keeps groups stable between steps; otherwise k-means++ seeded by `seed` (the same seed for each of M)
-    makes the result reproducible. Empty groups are re-seeded with the point farthest from its centre.
+    keeps groups stable between steps; `init_points` (k indices) starts from those points as centres, as the
+    official GHT code's kmeans_pytorch does on every call; otherwise k-means++ seeded by `seed` (the same seed for
+    each of M) makes the result reproducible. Empty groups are re-seeded with the point farthest from its centre.
     `test_every_iteration` (default: on the CPU only) tests convergence after each iteration rather than
     at iterations 2, 4, 8, 16; the result is the same."""
     batched = points.dim() == 3
@@ -110,7 +113,9 @@ def kmeans(
     if init_labels is not None:
         init_labels = init_labels.long().to(points.device).reshape(m, n)
     # labels already on an accelerator came from a k-means with this k: checking them would cost a host sync
-    if init_labels is not None and (init_labels.device.type != "cpu" or int(init_labels.max()) < k):
+    if init_points is not None:
+        centres = points[:, list(init_points)].clone()  # [M, k, F]
+    elif init_labels is not None and (init_labels.device.type != "cpu" or int(init_labels.max()) < k):
         centres = group_means(points, init_labels, k)  # [M, k, F]
     else:
         centres = torch.stack([_kmeans_pp(p, k, torch.Generator().manual_seed(seed)) for p in points])

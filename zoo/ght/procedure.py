@@ -28,6 +28,7 @@ from zoo.trainer import Procedure, Trainer, spread_sample
 log = logging.getLogger("zoo.ght")
 LOSS_NORMALIZATIONS = ("mean", "token_sum")
 VOTE_TRIGGERS = ("fixed", "converged")
+KMEANS_INITS = ("warm", "fixed_heads")
 
 
 class Stage(str, Enum):
@@ -51,6 +52,9 @@ class GHTOptions:
     modules: list[str] = field(default_factory=lambda: list(MODULE_KINDS))
     kmeans_every: int = 1  # re-run k-means every N updates (1 = every step, as the official code)
     kmeans_iters: int = 20
+    kmeans_init: str = "warm"  # warm: from the previous update's groups (stable partitions) | fixed_heads: from the
+    #                            same C heads' points on every update, as the official kmeans_pytorch call (numpy's
+    #                            choice of C of H heads under seed 0)
     loss_normalization: str = "token_sum"  # token_sum: the official scale — every module's terms summed, then
     #   divided by the batch's target tokens, exactly as the official fairseq criterion adds them to a
     #   token-summed loss that fairseq divides by the token count | mean: the mean over modules at full strength
@@ -109,6 +113,8 @@ class GHTOptions:
             raise ValueError("model.ght.groups must be >= 1")
         if opts.init_stage not in {stage.value for stage in Stage}:
             raise ValueError(f"model.ght.init_stage={opts.init_stage!r}: use one of {[stage.value for stage in Stage]}")
+        if opts.kmeans_init not in KMEANS_INITS:
+            raise ValueError(f"model.ght.kmeans_init={opts.kmeans_init!r}: use one of {list(KMEANS_INITS)}")
         if opts.vote_trigger not in VOTE_TRIGGERS:
             raise ValueError(f"model.ght.vote_trigger={opts.vote_trigger!r}: use one of {list(VOTE_TRIGGERS)}")
         if not opts.constraint_scale > 0:
@@ -173,6 +179,15 @@ class GHTProcedure(Procedure):
         o = self.options
         return kmeans(points, o.groups, iters=o.kmeans_iters, seed=o.seed, init_labels=init)
 
+    def _cluster_training(self, points: Tensor, previous: Tensor | None) -> Tensor:
+        """[M, H, F] → [M, H] the training partition: warm-started from `previous`, or (kmeans_init=fixed_heads)
+        from the same heads' points on every update, as the official code clusters."""
+        o = self.options
+        if o.kmeans_init == "fixed_heads":
+            heads = official_init_heads(points.shape[-2], o.groups)
+            return kmeans(points, o.groups, iters=o.kmeans_iters, init_points=heads).labels
+        return self._cluster(points, previous).labels
+
     # ------------------------------------------------------------------ GCT loss
     def aux_loss(self, trainer: Trainer, batch: Batch) -> tuple[Tensor | None, dict[str, float]]:
         if self.stage != Stage.GCT or not self.modules:
@@ -188,7 +203,7 @@ class GHTProcedure(Procedure):
             labels = torch.stack([self.labels[n] for n in names]).to(stacked.device) if known else None
             changed = torch.zeros(len(names), device=stacked.device)  # [M]
             if labels is None or self.step % self.options.kmeans_every == 0:
-                new = self._cluster(stacked, labels).labels  # [M, H]
+                new = self._cluster_training(stacked, labels)  # [M, H]
                 if labels is not None:
                     changed = (new != labels).any(-1).to(changed.dtype)
                 labels = new
@@ -509,6 +524,14 @@ class GHTProcedure(Procedure):
         if self.plan:
             self._apply_plan(self.trainer.bare)  # weights already restored: re-arm the freeze
         self._set_capture(self.stage == Stage.GCT)
+
+
+def official_init_heads(heads: int, groups: int) -> list[int]:
+    """The head indices kmeans_pytorch starts from on every call in the official code: `np.random.seed(0);
+    np.random.choice(heads, groups, replace=False)`."""
+    import numpy as np
+
+    return [int(i) for i in np.random.RandomState(0).choice(heads, groups, replace=False)]
 
 
 def _same_shape_batches(points: dict[str, Tensor]) -> list[tuple[list[str], Tensor]]:
