@@ -159,21 +159,8 @@ def test_token_sum_is_the_official_scale_summed_over_modules_per_target_token() 
     tokens (fairseq's sample_size). The old code averaged over modules first: 3× too weak here (3 modules)."""
     from zoo.data.batching import collate
     from zoo.ght.procedure import GHTOptions, GHTProcedure
-    from zoo.model import ModelConfig, build_model
 
-    torch.manual_seed(0)
-    model = build_model(
-        ModelConfig(
-            vocab_size=40,
-            d_model=32,
-            encoder_layers=1,
-            decoder_layers=1,
-            num_heads=4,
-            ffn_dim=48,
-            dropout=0.0,
-            max_positions=32,
-        )
-    ).eval()
+    model = _tiny_ght_model()
     pairs = [([5, 6, 7, 8], [9, 10, 11]), ([12, 13], [14, 15, 16, 17, 18])]
     batch = collate(pairs, 0, 1, 2)
     assert batch.ntokens == 10

@@ -45,6 +45,7 @@ from serve.request_limits import (
 )
 from serve.server import Server, ServerError
 from serve.supervisor import PROXY_LOG_BYTES, SERVER_LOG_BYTES, RestartPolicy, rotate_by_size
+from tests.serve_testing import flood_while_probing
 from tests.zoo_testing import REPO
 
 MODEL = "transformer-smoke"
@@ -364,10 +365,9 @@ def test_the_crash_is_real_and_costs_seconds(server) -> None:
     assert _translate(server, "http") and _translate(server, "grpc")
 
 
-def test_the_express_lane_takes_the_cheapest_first_without_starving() -> None:
-    """Issue 61, item 7: 16 requests just under express_cost used to form one batch a one-word request waited for
-    (0.52 s median). The express lane's batches are now at most 2 × express_cost, cheapest first — and a request
-    waiting over AGING_S goes first whatever its cost, so a flood of cheap ones cannot starve it."""
+def _lane_batches(batch_cost: int, in_progress: int, queued: list[tuple[int, float]]) -> list[list[int]]:
+    """The batches an express lane runs, as lists of costs: `in_progress` is taken first and held until every ticket
+    of `queued` — (cost, seconds it has waited already) — is in, so they are all ordered by the lane's rule."""
     from serve.triton.model_lanes import Lane, Ticket
 
     class Priced:
@@ -381,22 +381,28 @@ def test_the_express_lane_takes_the_cheapest_first_without_starving() -> None:
         batches.append([t.cost for t in batch])
         release.wait(10)
 
-    lane = Lane("express", 4000, 10**6, run, cheapest_first=True)
+    lane = Lane("express", batch_cost, 10**6, run, cheapest_first=True)
     try:
         now = time.perf_counter()
-        assert lane.put(Ticket(Priced(1999), None, now))  # the batch in progress
+        assert lane.put(Ticket(Priced(in_progress), None, now))
         while not batches:
             time.sleep(0.01)
-        for _ in range(15):
-            assert lane.put(Ticket(Priced(1999), None, now))
-        assert lane.put(Ticket(Priced(65), None, now))
-        assert lane.put(Ticket(Priced(1998), None, now - 5))  # waiting for 5 s already
+        for cost, waited in queued:
+            assert lane.put(Ticket(Priced(cost), None, now - waited))
         release.set()
-        while sum(map(len, batches)) < 18:
+        while sum(map(len, batches)) < len(queued) + 1:
             time.sleep(0.01)
     finally:
         release.set()
         lane.stop()
+    return batches
+
+
+def test_the_express_lane_takes_the_cheapest_first_without_starving() -> None:
+    """Issue 61, item 7: 16 requests just under express_cost used to form one batch a one-word request waited for
+    (0.52 s median). The express lane's batches are now at most 2 × express_cost, cheapest first — and a request
+    waiting over AGING_S goes first whatever its cost, so a flood of cheap ones cannot starve it."""
+    batches = _lane_batches(4000, 1999, [(1999, 0.0)] * 15 + [(65, 0.0), (1998, 5.0)])  # 1998: waiting for 5 s
     # the overdue one first, with a fresh one of similar cost; the one-word request in a batch of its own
     assert batches[1] == [1998, 1999] and batches[2] == [65] and all(sum(b) <= 4000 for b in batches[3:]), batches
 
@@ -405,34 +411,7 @@ def test_an_aged_backlog_takes_every_other_batch_not_every_batch() -> None:
     """On a loaded machine a backlog of just-cheap requests ages past AGING_S; taking the overdue ones first on
     every batch made a one-word request wait behind all of them (1.3 s median in a full test run). While tickets are
     overdue, every other batch is theirs: the one-word request waits for at most two."""
-    from serve.triton.model_lanes import Lane, Ticket
-
-    class Priced:
-        def __init__(self, cost: int) -> None:
-            self.cost = cost
-
-    release = threading.Event()
-    batches: list[list[int]] = []
-
-    def run(batch: list[Ticket]) -> None:
-        batches.append([t.cost for t in batch])
-        release.wait(10)
-
-    lane = Lane("express", 1000, 10**6, run, cheapest_first=True)
-    try:
-        now = time.perf_counter()
-        assert lane.put(Ticket(Priced(980), None, now))  # the batch in progress
-        while not batches:
-            time.sleep(0.01)
-        for _ in range(6):
-            assert lane.put(Ticket(Priced(980), None, now - 5))  # waiting for 5 s already
-        assert lane.put(Ticket(Priced(65), None, now))
-        release.set()
-        while sum(map(len, batches)) < 8:
-            time.sleep(0.01)
-    finally:
-        release.set()
-        lane.stop()
+    batches = _lane_batches(1000, 980, [(980, 5.0)] * 6 + [(65, 0.0)])  # six waiting for 5 s already
     assert batches[1:4] == [[980], [65], [980]], batches
 
 
@@ -440,33 +419,9 @@ def test_the_express_lane_batches_only_requests_of_similar_cost() -> None:
     """A batch runs until its longest search ends: a one-word request (65) batched with a just-cheap one (1 980)
     would wait for all 99 of its steps. Cheapest first, a batch takes only requests within SIMILAR_COST × of its
     first."""
-    from serve.triton.model_lanes import SIMILAR_COST, Lane, Ticket
+    from serve.triton.model_lanes import SIMILAR_COST
 
-    class Priced:
-        def __init__(self, cost: int) -> None:
-            self.cost = cost
-
-    release = threading.Event()
-    batches: list[list[int]] = []
-
-    def run(batch: list[Ticket]) -> None:
-        batches.append([t.cost for t in batch])
-        release.wait(10)
-
-    lane = Lane("express", 4000, 10**6, run, cheapest_first=True)
-    try:
-        now = time.perf_counter()
-        assert lane.put(Ticket(Priced(1980), None, now))  # the batch in progress
-        while not batches:
-            time.sleep(0.01)
-        for cost in (1980, 1980, 65, 70, 65 * SIMILAR_COST + 1):
-            assert lane.put(Ticket(Priced(cost), None, now))
-        release.set()
-        while sum(map(len, batches)) < 6:
-            time.sleep(0.01)
-    finally:
-        release.set()
-        lane.stop()
+    batches = _lane_batches(4000, 1980, [(c, 0.0) for c in (1980, 1980, 65, 70, 65 * SIMILAR_COST + 1)])
     assert batches[1] == [65, 70] and batches[2] == [261] and batches[3] == [1980, 1980], batches
 
 
@@ -524,38 +479,15 @@ def test_a_one_word_request_stays_fast_while_sixteen_just_cheap_requests_fill_th
     cost = model.request_cost([len(ids) for ids in model.encode_texts(rows)], model.search_settings(**settings))
     assert 0.95 * express_cost < cost <= express_cost, cost
     cheap = np.array([r.encode() for r in rows], dtype=np.object_).reshape(4, 1)
-    stop, failures, answered = threading.Event(), [], []
+    one_word = np.array([[b"Hallo."]], dtype=np.object_)
 
-    def keep_one_in_flight() -> None:
-        with grpcclient.InferenceServerClient(server.info.grpc_url) as client:
-            while not stop.is_set():
-                inp = grpcclient.InferInput("TEXT", [4, 1], "BYTES")
-                inp.set_data_from_numpy(cheap)
-                begin = time.perf_counter()
-                try:
-                    client.infer(MODEL, [inp], parameters=settings, client_timeout=120)
-                    answered.append(time.perf_counter() - begin)
-                except InferenceServerException as exc:
-                    failures.append(exc.message())
+    def probe(client: grpcclient.InferenceServerClient) -> None:
+        inp = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+        inp.set_data_from_numpy(one_word)
+        client.infer(MODEL, [inp], client_timeout=60)
 
-    clients = [threading.Thread(target=keep_one_in_flight) for _ in range(16)]
-    for client in clients:
-        client.start()
-    latencies = []
-    try:
-        time.sleep(3)  # every client has its request in
-        with grpcclient.InferenceServerClient(server.info.grpc_url) as client:
-            for _ in range(15):
-                inp = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
-                inp.set_data_from_numpy(np.array([[b"Hallo."]], dtype=np.object_))
-                begin = time.perf_counter()
-                client.infer(MODEL, [inp], client_timeout=60)
-                latencies.append(time.perf_counter() - begin)
-                time.sleep(0.2)
-    finally:
-        stop.set()
-        for client in clients:
-            client.join(120)
+    flood_run = flood_while_probing(server.info.grpc_url, MODEL, cheap, settings, probe, probes=15, timeout=120)
+    answered, failures, latencies = flood_run.answered, flood_run.failures, flood_run.probes
     median = statistics.median(latencies)
     flood = statistics.median(answered)
     print(f"one-word median {median:.3f} s (max {max(latencies):.3f}); just-cheap median {flood:.3f} s")

@@ -18,7 +18,6 @@ import resource
 import shutil
 import socket
 import statistics
-import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -37,6 +36,7 @@ from serve.proxy import ProxySettings
 from serve.repository import write_repository
 from serve.server import Server, ServerError, rotate_log
 from serve.warmup import WarmupError
+from tests.serve_testing import flood_while_probing
 
 PROTOCOLS = ("http", "grpc")
 MARKER = "imported.txt"  # what the planted library files write when they are imported
@@ -463,40 +463,16 @@ def test_a_one_word_request_stays_fast_while_maximum_cost_requests_fill_the_serv
         10_000
     )
     heavy = np.array([r.encode() for r in rows], dtype=np.object_).reshape(16, 1)
-    stop = threading.Event()
-    answered: list[float] = []
-    failures: list[str] = []
-
-    def keep_one_in_flight() -> None:
-        with grpcclient.InferenceServerClient(server.info.grpc_url) as client:
-            while not stop.is_set():
-                inp = grpcclient.InferInput("TEXT", [16, 1], "BYTES")
-                inp.set_data_from_numpy(heavy)
-                begin = time.perf_counter()
-                try:
-                    client.infer("transformer-smoke", [inp], parameters=MAX_COST, client_timeout=300)
-                    answered.append(time.perf_counter() - begin)
-                except InferenceServerException as exc:
-                    failures.append(exc.message())
-
-    clients = [threading.Thread(target=keep_one_in_flight) for _ in range(16)]
-    for client in clients:
-        client.start()
-    latencies = []
-    try:
-        time.sleep(3)  # every heavy client has its request in
-        with grpcclient.InferenceServerClient(server.info.grpc_url) as client:
-            for _ in range(9):
-                begin = time.perf_counter()
-                out = client.infer("transformer-smoke", [_words("Hallo.")]).as_numpy("OUTPUT")
-                latencies.append(time.perf_counter() - begin)
-                assert out[0, 0].decode() == model.translate(["Hallo."])[0]
-                time.sleep(0.2)
-        in_flight = sum(client.is_alive() for client in clients)
-    finally:
-        stop.set()
-        for client in clients:
-            client.join(120)
-    assert failures == [] and in_flight == 16, failures[:2]
+    flood = flood_while_probing(
+        server.info.grpc_url,
+        "transformer-smoke",
+        heavy,
+        MAX_COST,
+        lambda client: client.infer("transformer-smoke", [_words("Hallo.")]).as_numpy("OUTPUT")[0, 0].decode(),
+        probes=9,
+    )
+    answered, failures, latencies = flood.answered, flood.failures, flood.probes
+    assert all(out == model.translate(["Hallo."])[0] for out in flood.outputs)
+    assert failures == [] and flood.in_flight == 16, failures[:2]
     assert min(answered) > statistics.median(latencies), (answered, latencies)  # the heavy ones really are heavy
     assert statistics.median(latencies) <= 1.0, latencies
