@@ -60,3 +60,11 @@ def test_a_scan_naming_an_entry_outside_the_suite_is_refused() -> None:
     node.compaction.scans[0].entries = ["ght_v_x1", "ght_v_x999"]
     with pytest.raises(SuiteError, match="ght_v_x999"):
         suite_from_config(node, REPO / "conf")
+
+
+def test_a_narrowed_suite_keeps_the_scans_of_its_entries() -> None:
+    node = OmegaConf.load(REPO / "conf" / "suite" / "ght_scan.yaml")
+    node.entries = ["ght_v_x1", "ght_v_x16", "gct_o_x16"]  # gct_o_x1, the second scan's reference, left out
+    suite = suite_from_config(node, REPO / "conf")
+    assert suite.compaction is not None
+    assert [(s.reference, s.entries) for s in suite.compaction.scans] == [("ght_v_x1", ("ght_v_x1", "ght_v_x16"))]

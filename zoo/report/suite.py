@@ -258,11 +258,13 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
         variants={n: v for n, v in variants.items() if n in raw["entries"]},
         claims=claims,
         equivalence_margin=margin,
-        compaction=_compaction(raw.get("compaction"), list(raw["entries"])),
+        compaction=_compaction(raw.get("compaction"), known, list(raw["entries"])),
     )
 
 
-def _compaction(raw: dict[str, Any] | None, entries: list[str]) -> CompactionRule | None:
+def _compaction(raw: dict[str, Any] | None, known: list[str], entries: list[str]) -> CompactionRule | None:
+    """The scan rule, its scans narrowed like the claims to this (possibly narrowed) suite's entries: a name that is
+    no entry or variant at all is a typo and refused; `suite.entries=[ght_v_x16]` trains one setting."""
     if not raw:
         return None
     keys = {"silhouette", "collapse_intra", "collapse_inter", "max_quality_loss", "scans"}
@@ -273,9 +275,11 @@ def _compaction(raw: dict[str, Any] | None, entries: list[str]) -> CompactionRul
         if set(scan) != {"name", "reference", "entries"}:
             raise SuiteError(f"suite.compaction.scans[{i}] needs name, reference and entries (weakest first)")
         listed = [scan["reference"], *scan["entries"]]
-        if unknown := [e for e in listed if e not in entries]:
-            raise SuiteError(f"suite.compaction.scans[{i}] names {unknown}, which are not in suite.entries")
-        scans.append(CompactionScan(str(scan["name"]), str(scan["reference"]), tuple(scan["entries"])))
+        if unknown := [e for e in listed if e not in known]:
+            raise SuiteError(f"suite.compaction.scans[{i}] names {unknown}, which are neither entries nor variants")
+        present = tuple(str(e) for e in scan["entries"] if e in entries)
+        if scan["reference"] in entries and present:
+            scans.append(CompactionScan(str(scan["name"]), str(scan["reference"]), present))
     return CompactionRule(
         silhouette=float(raw["silhouette"]),
         collapse_intra=float(raw["collapse_intra"]),
