@@ -122,14 +122,14 @@ def _corpus_sha256(corpus: Path) -> str:
 def _first_updates(entry: str, corpus: Path, runs_root: Path, monkeypatch) -> tuple[list[dict[str, float]], Path]:
     """Per-update statistics of the first UPDATES updates (one torch thread, restored afterwards)."""
     stats: list[dict[str, float]] = []
-    update = Trainer._update
+    update = Trainer.update
 
     def recording_update(self, batch_ids):
         out = update(self, batch_ids)
         stats.append(out)
         return out
 
-    monkeypatch.setattr(Trainer, "_update", recording_update)
+    monkeypatch.setattr(Trainer, "update", recording_update)
     overrides = smoke_overrides(entry, corpus, runs_root) + [
         f"trainer.max_updates={UPDATES}",
         "trainer.log_every=1",

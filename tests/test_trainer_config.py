@@ -30,8 +30,9 @@ def test_every_trainer_preset_is_a_trainer_config(preset: str, experiment: list[
 
 
 def test_the_first_commits_trainer_config_still_loads() -> None:
-    """A run saved before `threads` and `lr_schedule` existed resumes: its config.yaml lacks both keys, and the
-    defaults are what that code did (auto threads, the inverse-sqrt schedule)."""
+    """A run saved before `threads`, `lr_schedule` and `optimizer_kernel` existed resumes: its config.yaml lacks
+    them, and the defaults are what that code did (auto threads, the inverse-sqrt schedule, AdamW's for-loop kernel);
+    `cpu_allocator` changes no number, so such a run resumes with the faster setting."""
     first = subprocess.run(
         ["git", "log", "--format=%H", "--diff-filter=A", "--", "conf/trainer/cpu.yaml"],
         cwd=REPO,
@@ -47,6 +48,7 @@ def test_the_first_commits_trainer_config_still_loads() -> None:
     assert "threads" not in saved and "lr_schedule" not in saved
     settings = TrainerConfig.from_node(saved)
     assert (settings.threads, settings.lr_schedule) == ("auto", "inverse_sqrt")
+    assert (settings.optimizer_kernel, settings.cpu_allocator) == ("for_loop", "retain")
     assert settings.betas == (0.9, 0.98) and settings.max_updates == 3000
 
 
@@ -60,6 +62,8 @@ def test_the_first_commits_trainer_config_still_loads() -> None:
         ("trainer.precision=fp8", r"trainer\.precision='fp8' is not a precision; use one of fp32, bf16, fp16"),
         ("trainer.best_metric=bleu", r"trainer\.best_metric='bleu' is not a metric; use one of quality, loss"),
         ("trainer.validate_every=0", r"trainer\.validate_every=0 must be at least 1"),
+        ("trainer.cpu_allocator=jemalloc", r"'jemalloc' is not an allocator setting; use one of retain, system"),
+        ("trainer.optimizer_kernel=apex", r"'apex' is not an optimizer kernel; use one of for_loop, foreach, fused"),
         ("~trainer.lr", r"the trainer config lacks \['lr'\]"),
     ],
 )

@@ -8,12 +8,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+OPTIMIZER_KERNELS = ("for_loop", "foreach", "fused")
+
 
 def build_optimizer(
-    model: nn.Module, lr: float, betas: tuple[float, float], eps: float, weight_decay: float
+    model: nn.Module,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    kernel: str = "for_loop",
 ) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters. `kernel` (OPTIMIZER_KERNELS) is torch's implementation of the same
+    update: one small op per parameter and step (for_loop, torch's CPU default), grouped tensors (foreach), or one
+    fused kernel (fused); they agree up to float rounding."""
+    if kernel not in OPTIMIZER_KERNELS:
+        raise ValueError(f"optimizer kernel {kernel!r}: use one of {', '.join(OPTIMIZER_KERNELS)}")
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    choice = {"for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[kernel]
+    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **choice)
 
 
 def _warmup_then(

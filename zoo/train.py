@@ -25,6 +25,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from zoo import distributed as dist
+from zoo.allocator import cpu_allocator
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
 from zoo.data import Splits, TextTokenizer, build_splits, load_tokenizer, train_run_tokenizer
 from zoo.data.batching import encode_examples
@@ -144,15 +145,16 @@ def _prepare_run(cfg: DictConfig) -> tuple[DictConfig, Path, bool, IO[str] | Non
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train one entry end to end; returns a summary (run dir, size, test metrics).
 
-    Runs with `trainer.threads` torch threads, taken from this command's config (also when resuming: it
-    describes this machine now, not the saved run) and restored afterwards for an in-process caller.
+    Runs with `trainer.threads` torch threads and `trainer.cpu_allocator`, taken from this command's config (also
+    when resuming: they describe this machine now, not the saved run) and restored afterwards for an in-process
+    caller.
     """
     settings = trainer_config_from(cfg.trainer)
     try:
         threads = choose_threads(settings.threads)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    with torch_threads(threads.threads):
+    with torch_threads(threads.threads), cpu_allocator(settings.cpu_allocator):
         return _train(cfg, settings, threads)
 
 
@@ -186,7 +188,7 @@ def _train_run(
     log.info("run directory: %s%s", run_dir, " (resuming)" if resuming else "")
     log.info("%s", describe(threads))
     torch.manual_seed(settings.seed)
-    data = _data(cfg, run_dir, settings.seed, pretrained)
+    data = prepare_data(cfg, run_dir, settings.seed, pretrained)
     init = read_init(run_dir)
     model = build_model(init[0] if init else model_config_from(cfg, data.tokenizer)).to(device)
     if pretrained is not None:  # a new run: init='s weights (a resumed one loads last.pt's below)
@@ -222,7 +224,7 @@ def _train_run(
 
 
 @dataclass
-class _Data:
+class RunData:
     """The splits, the run's tokenizer and the encoded training and validation pairs (the data step)."""
 
     splits: Splits
@@ -235,7 +237,7 @@ def _check_options(cfg: DictConfig) -> Pretrained | None:
     """Reject bad procedure, generation and init= options before a run directory is created (the trainer's
     settings are checked by TrainerConfig before this); returns init='s checkpoint for a new run."""
     if "name" in cfg.model:
-        _procedure(cfg, started_from_weights=False)
+        entry_procedure(cfg, started_from_weights=False)
     search_config(cfg)  # bad generation settings (SearchError), which only the test evaluation reads
     if not cfg.get("init") or cfg.resume not in (None, False):  # a resumed run goes on from its own directory
         return None
@@ -253,7 +255,7 @@ def _origin(pretrained: Pretrained) -> tuple[str, str]:
     return pretrained.origin["path"], pretrained.origin.get("entry") or "?"
 
 
-def _data(cfg: DictConfig, run_dir: Path, seed: int, pretrained: Pretrained | None) -> _Data:
+def prepare_data(cfg: DictConfig, run_dir: Path, seed: int, pretrained: Pretrained | None) -> RunData:
     """Splits, tokenizer (trained once per run, or init='s with its architecture, written into the run directory
     so a resumed run reads the same) and encoded pairs; rank 0 builds the data cache and the tokenizer first, the
     other ranks then read them."""
@@ -282,10 +284,10 @@ def _data(cfg: DictConfig, run_dir: Path, seed: int, pretrained: Pretrained | No
         len(valid_pairs),
         len(splits.test),
     )
-    return _Data(splits, tokenizer, train_pairs, valid_pairs)
+    return RunData(splits, tokenizer, train_pairs, valid_pairs)
 
 
-def _payload(cfg: DictConfig, data: _Data, size: dict[str, Any], origin: dict[str, Any] | None) -> dict[str, Any]:
+def _payload(cfg: DictConfig, data: RunData, size: dict[str, Any], origin: dict[str, Any] | None) -> dict[str, Any]:
     """What every checkpoint carries besides weights, so export and evaluation need neither the corpus nor the
     config: entry, task, tokenizer, data config and statistics, held-out test pairs, size, and init='s origin."""
     payload = {
@@ -311,7 +313,7 @@ def _trainer(
     cfg: DictConfig,
     settings: TrainerConfig,
     model: Transformer,
-    data: _Data,
+    data: RunData,
     payload: dict[str, Any],
     run_dir: Path,
     device: torch.device,
@@ -321,7 +323,7 @@ def _trainer(
     when resuming."""
     if cfg.get("init_from") and not resuming:
         _init_weights(model, cfg.init_from)
-    procedure = _procedure(cfg, started_from_weights=bool(cfg.get("init_from")))
+    procedure = entry_procedure(cfg, started_from_weights=bool(cfg.get("init_from")))
     trainer = Trainer(
         model,
         data.tokenizer,
@@ -340,7 +342,9 @@ def _trainer(
     return trainer
 
 
-def _evaluate_test(cfg: DictConfig, run_dir: Path, data: _Data, device: torch.device, progress: bool) -> dict[str, Any]:
+def _evaluate_test(
+    cfg: DictConfig, run_dir: Path, data: RunData, device: torch.device, progress: bool
+) -> dict[str, Any]:
     """Beam search on the test split with the checkpoint evaluation picks (avg.pt, else best.pt); hypotheses and
     metrics written to the run directory."""
     ckpt = resolve_checkpoint(run_dir)
@@ -364,7 +368,7 @@ def _evaluate_test(cfg: DictConfig, run_dir: Path, data: _Data, device: torch.de
     return metrics
 
 
-def _procedure(cfg: DictConfig, started_from_weights: bool):
+def entry_procedure(cfg: DictConfig, started_from_weights: bool) -> GHTProcedure | None:
     """The entry's training procedure: GHT/GHT-PS when the entry has a `ght` block, else plain."""
     if "ght" not in cfg.model:
         if started_from_weights:

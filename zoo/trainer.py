@@ -22,8 +22,10 @@ from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 
 import torch
 from torch import Tensor, nn
+from torch.profiler import record_function
 
 from zoo import distributed as dist
+from zoo.allocator import CPU_ALLOCATORS
 from zoo.checkpoint import average_weights, load_checkpoint, save_checkpoint
 from zoo.data import Example, TextTokenizer
 from zoo.data.batching import Batch, TokenBatchSampler, collate
@@ -32,6 +34,7 @@ from zoo.generate import Search
 from zoo.model import Transformer
 from zoo.optim import (
     LR_SCHEDULES,
+    OPTIMIZER_KERNELS,
     budget_left,
     build_optimizer,
     inverse_sqrt_schedule,
@@ -47,6 +50,8 @@ log = logging.getLogger("zoo.train")
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+# the labelled phases of `Trainer.update`, in order (zoo.step_profile attributes every op to one of them)
+PHASES = ("collate", "forward", "loss", "aux_loss", "backward", "optimizer")
 BEST_METRICS = ("quality", "loss")
 
 
@@ -55,8 +60,9 @@ class TrainerConfig:
     """The trainer's settings: the `trainer` node of a run's config (conf/trainer/*.yaml, where each key is
     explained), checked once when the run starts instead of failing as a KeyError or a wrong type mid-run.
 
-    `threads` and `lr_schedule` have defaults because run directories saved before those keys existed must still
-    resume (their config.yaml lacks them); every other key is in every saved config.
+    `threads`, `lr_schedule`, `cpu_allocator` and `optimizer_kernel` have defaults because run directories saved
+    before those keys existed must still resume (their config.yaml lacks them); every other key is in every saved
+    config.
     """
 
     seed: int
@@ -86,6 +92,8 @@ class TrainerConfig:
     save_last_every_validation: bool
     threads: int | str = AUTO
     lr_schedule: str = "inverse_sqrt"  # LR_SCHEDULES
+    cpu_allocator: str = "retain"  # CPU_ALLOCATORS; no effect on the numbers, so old runs resume with it
+    optimizer_kernel: str = "for_loop"  # OPTIMIZER_KERNELS; the kernel runs saved before the key existed used
 
     @classmethod
     def from_node(cls, node: Mapping[str, Any]) -> TrainerConfig:
@@ -127,6 +135,8 @@ class TrainerConfig:
             ("precision", "a precision", PRECISIONS),
             ("best_metric", "a metric", BEST_METRICS),
             ("lr_schedule", "a schedule", LR_SCHEDULES),
+            ("cpu_allocator", "an allocator setting", CPU_ALLOCATORS),
+            ("optimizer_kernel", "an optimizer kernel", OPTIMIZER_KERNELS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(
@@ -320,7 +330,7 @@ class Trainer:
         self.model: nn.Module = model
         if self.world > 1:
             self.model = nn.parallel.DistributedDataParallel(model)
-        self.optimizer = build_optimizer(model, cfg.lr, cfg.betas, cfg.adam_eps, cfg.weight_decay)
+        self.optimizer = build_optimizer(model, cfg.lr, cfg.betas, cfg.adam_eps, cfg.weight_decay, cfg.optimizer_kernel)
         self.scheduler = self._schedule()
         self.sampler = TokenBatchSampler(
             [len(s) for s, _ in train_pairs],
@@ -413,38 +423,48 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=torch.float16)
         return contextlib.nullcontext()
 
-    def _update(self, batch_ids: Sequence[list[int]]) -> dict[str, float]:
+    def update(self, batch_ids: Sequence[list[int]]) -> dict[str, float]:
+        """One optimizer update over `batch_ids` (update_freq batches of training-pair indices); returns the task
+        loss and NLL per target token, the tokens, and the procedure's logged scalars. Its phases are labelled
+        `zoo.<phase>` (PHASES) for a profiler (zoo.step_profile); the labels cost nothing without one."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         tok = self.tokenizer
         total_loss = total_nll = total_tokens = 0.0
         aux_logs: dict[str, float] = {}
         for j, ids in enumerate(batch_ids):
-            batch = collate([self.train_pairs[i] for i in ids], tok.pad_id, tok.bos_id, tok.eos_id).to(self.device)
+            with record_function("zoo.collate"):
+                batch = collate([self.train_pairs[i] for i in ids], tok.pad_id, tok.bos_id, tok.eos_id)
+                batch = batch.to(self.device)
             sync = j == len(batch_ids) - 1 or self.world == 1
             ctx = contextlib.nullcontext() if sync else self.model.no_sync()
             with ctx:
                 with self._autocast():
-                    logits = self.model(batch.src, batch.tgt_in)  # [B, T, V]
-                    loss, nll = label_smoothed_loss(logits, batch.tgt_out, self.cfg.label_smoothing, tok.pad_id)
-                    # per-token loss, averaged over the accumulated batches
-                    objective = loss / max(batch.ntokens, 1) / len(batch_ids)
-                    extra = self.bare.extra_loss()
-                    if extra is not None:
-                        objective = objective + extra / len(batch_ids)
-                    aux_loss, logs = self.procedure.aux_loss(self, batch)
-                    if aux_loss is not None:
-                        objective = objective + aux_loss / len(batch_ids)
+                    with record_function("zoo.forward"):
+                        logits = self.model(batch.src, batch.tgt_in)  # [B, T, V]
+                    with record_function("zoo.loss"):
+                        loss, nll = label_smoothed_loss(logits, batch.tgt_out, self.cfg.label_smoothing, tok.pad_id)
+                        # per-token loss, averaged over the accumulated batches
+                        objective = loss / max(batch.ntokens, 1) / len(batch_ids)
+                        extra = self.bare.extra_loss()
+                        if extra is not None:
+                            objective = objective + extra / len(batch_ids)
+                    with record_function("zoo.aux_loss"):
+                        aux_loss, logs = self.procedure.aux_loss(self, batch)
+                        if aux_loss is not None:
+                            objective = objective + aux_loss / len(batch_ids)
                     aux_logs.update(logs)
-                objective.backward()
+                with record_function("zoo.backward"):
+                    objective.backward()
             total_loss += float(loss.detach())
             total_nll += float(nll)
             total_tokens += batch.ntokens
-        if self.cfg.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.bare.parameters(), self.cfg.clip_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.procedure.after_optimizer_step(self)
+        with record_function("zoo.optimizer"):
+            if self.cfg.clip_norm > 0:
+                torch.nn.utils.clip_grad_norm_(self.bare.parameters(), self.cfg.clip_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.procedure.after_optimizer_step(self)
         total_loss, total_nll, total_tokens = dist.all_reduce_sum([total_loss, total_nll, total_tokens])
         return {
             "loss": total_loss / max(total_tokens, 1),
@@ -535,7 +555,7 @@ class Trainer:
                 while self.state.batch_in_epoch < len(batches) and not self.state.finished:
                     i = self.state.batch_in_epoch
                     group = batches[i : i + cfg.update_freq]
-                    stats = self._update(group)
+                    stats = self.update(group)
                     now = time.perf_counter()
                     self.state.elapsed_s += now - last_tick
                     slow_started = monitor.observe(now - last_tick)

@@ -1,0 +1,137 @@
+"""Issue 63: the training update's speed settings and its profile. The allocator setting keeps freed memory (no page
+fault per page of a re-allocated 64 MB tensor), AdamW's kernels compute the same update, the profile attributes ops
+to the right category and counts matmul FLOPs from their shapes, and `zoo.step_profile` stores and renders a
+profile of the real update."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from tests.conftest import smoke_overrides
+from tests.zoo_testing import REPO, tiny_model
+from zoo.allocator import _libc, cpu_allocator
+from zoo.optim import OPTIMIZER_KERNELS, build_optimizer
+from zoo.profiling import OTHER, PHASE_CATEGORIES, summarize_profile
+
+MB64 = 16 * 1024 * 1024  # float32 elements
+
+
+def _faults_per_allocation(rounds: int = 4) -> float:
+    """Minor page faults per allocate-touch-free of a 64 MB tensor, after one to warm up."""
+    torch.ones(MB64)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(rounds):
+        torch.ones(MB64)  # written, so every page is touched; freed at once
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / rounds
+
+
+@pytest.mark.skipif(_libc() is None, reason="not glibc's malloc: cpu_allocator is a no-op here")
+def test_retain_keeps_freed_memory_instead_of_faulting_it_back_in() -> None:
+    pages = MB64 * 4 // resource.getpagesize()
+    with cpu_allocator("system"):
+        system = _faults_per_allocation()
+    with cpu_allocator("retain"):
+        retained = _faults_per_allocation()
+    after = _faults_per_allocation()  # the block's end restored glibc's behaviour
+    assert system > 0.9 * pages, (system, pages)  # glibc unmaps the block and faults every page in again
+    assert retained < 0.05 * pages, (retained, pages)
+    assert after > 0.9 * pages, (after, pages)
+
+
+def _three_updates(kernel: str) -> list[torch.Tensor]:
+    """A tiny model's parameters after three AdamW steps on the same fixed gradients (drawn, not back-propagated:
+    a key bias's true gradient is 0, and Adam would blow its rounding noise up to full steps of either sign)."""
+    model = tiny_model("transformer", seed=3)
+    optimizer = build_optimizer(model, 1e-3, (0.9, 0.98), 1e-8, 0.01, kernel)
+    draw = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=draw) * 10.0 ** torch.randint(-4, 1, (), generator=draw)
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_every_optimizer_kernel_computes_the_same_update() -> None:
+    reference = _three_updates("for_loop")
+    for kernel in OPTIMIZER_KERNELS[1:]:
+        for ours, theirs in zip(_three_updates(kernel), reference, strict=True):
+            torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-7)
+
+
+def test_the_profile_attributes_ops_to_phases_and_counts_matmul_flops() -> None:
+    a, b, bias = torch.randn(64, 32), torch.randn(32, 16), torch.randn(16)
+    x, y = torch.randn(3, 8, 4), torch.randn(3, 4, 5)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        with record_function("zoo.forward"):
+            torch.addmm(bias, a, b)  # a model matmul: 2·64·32·16 FLOPs
+            torch.bmm(x, y)  # 3 × 2·8·4·5
+            a.exp()
+        with record_function("zoo.optimizer"):
+            torch.mm(b.t(), a.t())  # an optimizer's matmul is the optimizer's time, still a matmul's FLOPs
+    summary = summarize_profile(prof.events(), wall_s=1.0, updates=1)
+    ms = summary["ms_per_update"]
+    assert ms["matmul"] > 0 and ms[OTHER] > 0 and ms[PHASE_CATEGORIES["zoo.optimizer"]] > 0
+    assert sum(ms.values()) == pytest.approx(1e3)  # categories and the uncovered rest partition the wall time
+    mm = summary["matmul"]
+    assert mm["shapes"] == {"1x64x32x16": 1, "3x8x4x5": 1, "1x16x32x64": 1}
+    assert mm["flops_per_update"] == 2 * (64 * 32 * 16 + 3 * 8 * 4 * 5 + 16 * 32 * 64)
+
+
+def test_step_profile_times_variants_side_by_side_and_renders_them(smoke_corpus: Path, tmp_path: Path) -> None:
+    keys = ("+model=", "size=", "trainer", "data", "model.")  # the training settings (no runs, no generation)
+    overrides = [o for o in smoke_overrides("ght", smoke_corpus, tmp_path) if o.startswith(keys)]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zoo.step_profile",
+            *overrides,
+            f"out={tmp_path / 'out'}",
+            "name=smoke",
+            "trainer.threads=1",
+            "warmup_updates=1",
+            "rounds=2",
+            "updates_per_round=2",
+            "profiled_updates=2",
+            'variants={loop: [], fused: ["trainer.optimizer_kernel=fused", "trainer.cpu_allocator=system"]}',
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "out" / "smoke.json").read_text())
+    assert result["entry"] == "ght" and list(result["variants"]) == ["loop", "fused"]
+    fused = result["variants"]["fused"]
+    assert fused["overrides"] == ["trainer.optimizer_kernel=fused", "trainer.cpu_allocator=system"]
+    assert fused["seconds_per_update"]["n"] == 4 and len(fused["round_ratios"]) == 2
+    assert result["variants"]["loop"]["round_ratios"] == [1.0, 1.0]
+    profile_ = result["variants"]["loop"]["profile"]
+    assert profile_["ms_per_update"][PHASE_CATEGORIES["zoo.aux_loss"]] > 0  # GHT's k-means and constraint
+    assert profile_["matmul"]["flops_per_update"] > 0 and profile_["matmul"]["roofline_ms_per_update"] > 0
+    page = (tmp_path / "out" / "PROFILE.md").read_text()
+    assert "## smoke: `ght`" in page
+    assert "| fused | `trainer.optimizer_kernel=fused` `trainer.cpu_allocator=system` |" in page
+    assert "GHT k-means and constraint" in page
+
+
+def test_a_variant_that_is_no_trainer_override_is_refused(smoke_corpus: Path, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo.step_profile", "+model=transformer", f"out={tmp_path}", 'variants={x: ["lr=1"]}'],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "variants.x: 'lr=1' is not a trainer.<key>=<value> override" in proc.stderr
+    assert "Traceback" not in proc.stderr and not list(tmp_path.iterdir())
