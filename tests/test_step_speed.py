@@ -16,10 +16,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from tests.conftest import smoke_overrides
-from tests.zoo_testing import REPO, tiny_model
+from tests.zoo_testing import REPO, compose_train, tiny_model
 from zoo.allocator import _libc, cpu_allocator
 from zoo.optim import OPTIMIZER_KERNELS, build_optimizer
 from zoo.profiling import OTHER, PHASE_CATEGORIES, summarize_profile
+from zoo.trainer import TrainerConfig
 
 MB64 = 16 * 1024 * 1024  # float32 elements
 
@@ -135,3 +136,12 @@ def test_a_variant_that_is_no_trainer_override_is_refused(smoke_corpus: Path, tm
     assert proc.returncode != 0
     assert "variants.x: 'lr=1' is not a trainer.<key>=<value> override" in proc.stderr
     assert "Traceback" not in proc.stderr and not list(tmp_path.iterdir())
+
+
+def test_compile_without_a_compiler_is_refused_with_the_fix(monkeypatch) -> None:
+    node = dict(compose_train(["+model=transformer"]).trainer)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ValueError, match=r"trainer.compile=true needs a C\+\+ compiler .* apt install g\+\+"):
+        TrainerConfig.from_node({**node, "compile": True})
+    monkeypatch.undo()
+    assert TrainerConfig.from_node({**node, "compile": True}).compile

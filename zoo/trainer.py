@@ -11,6 +11,7 @@ import contextlib
 import csv
 import logging
 import math
+import shutil
 import signal
 import time
 import types
@@ -60,9 +61,9 @@ class TrainerConfig:
     """The trainer's settings: the `trainer` node of a run's config (conf/trainer/*.yaml, where each key is
     explained), checked once when the run starts instead of failing as a KeyError or a wrong type mid-run.
 
-    `threads`, `lr_schedule`, `cpu_allocator` and `optimizer_kernel` have defaults because run directories saved
-    before those keys existed must still resume (their config.yaml lacks them); every other key is in every saved
-    config.
+    `threads`, `lr_schedule`, `cpu_allocator`, `optimizer_kernel` and `compile` have defaults because run
+    directories saved before those keys existed must still resume (their config.yaml lacks them); every other key
+    is in every saved config.
     """
 
     seed: int
@@ -94,6 +95,7 @@ class TrainerConfig:
     lr_schedule: str = "inverse_sqrt"  # LR_SCHEDULES
     cpu_allocator: str = "retain"  # CPU_ALLOCATORS; no effect on the numbers, so old runs resume with it
     optimizer_kernel: str = "for_loop"  # OPTIMIZER_KERNELS; the kernel runs saved before the key existed used
+    compile: bool = False  # torch.compile the model's forward (and so its backward), shapes dynamic
 
     @classmethod
     def from_node(cls, node: Mapping[str, Any]) -> TrainerConfig:
@@ -142,6 +144,11 @@ class TrainerConfig:
                 raise ValueError(
                     f"trainer.{name}={getattr(self, name)!r} is not {noun}; use one of {', '.join(allowed)}"
                 )
+        if self.compile and shutil.which("c++") is None and shutil.which("g++") is None:
+            raise ValueError(
+                "trainer.compile=true needs a C++ compiler for torch.compile's CPU kernels and none is on PATH: "
+                "install one (Debian/Ubuntu: apt install g++) or leave trainer.compile=false"
+            )
         for name in ("validate_every", "log_every", "update_freq", "max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name}={getattr(self, name)} must be at least 1 (trainer.{name}=<n ≥ 1>)")
@@ -330,6 +337,8 @@ class Trainer:
         self.model: nn.Module = model
         if self.world > 1:
             self.model = nn.parallel.DistributedDataParallel(model)
+        if cfg.compile:  # batches change shape every update: compiled once for symbolic shapes
+            self.model = torch.compile(self.model, dynamic=True)
         self.optimizer = build_optimizer(model, cfg.lr, cfg.betas, cfg.adam_eps, cfg.weight_decay, cfg.optimizer_kernel)
         self.scheduler = self._schedule()
         self.sampler = TokenBatchSampler(
