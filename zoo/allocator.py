@@ -35,6 +35,11 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
+def tunable() -> bool:
+    """Whether this process's malloc is glibc's, the one `set_cpu_allocator` tunes."""
+    return _libc() is not None
+
+
 def set_cpu_allocator(mode: str) -> bool:
     """Apply `mode` (CPU_ALLOCATORS) to this process's malloc; returns whether it could (glibc only). `system`
     after `retain` restores glibc's default thresholds (its dynamic mmap threshold then stays at the default)."""
