@@ -15,7 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from tests.conftest import smoke_overrides
-from tests.zoo_testing import ENTRIES, REPO, compose_train, random_batch, tiny_model
+from tests.zoo_testing import REPO, compose_train, tiny_model
 from zoo.allocator import tunable
 from zoo.optim import OPTIMIZER_KERNELS, build_optimizer
 from zoo.profiling import OTHER, PHASE_CATEGORIES, summarize_profile
@@ -151,15 +151,3 @@ def test_compile_without_a_compiler_is_refused_with_the_fix(monkeypatch) -> None
         TrainerConfig.from_node({**node, "compile": True})
     monkeypatch.undo()
     assert TrainerConfig.from_node({**node, "compile": True}).compile
-
-
-@pytest.mark.parametrize("entry", ENTRIES)
-def test_logits_at_kept_positions_are_the_full_logits_there(entry: str) -> None:
-    model = tiny_model(entry, seed=2)
-    src, tgt = random_batch(seed=4)
-    tgt[0, -2:] = model.cfg.pad_id  # a shorter target in the batch
-    keep = tgt.ne(model.cfg.pad_id)  # [B, T]
-    full = model(src, tgt)  # [B, T, V]
-    packed = model(src, tgt, keep=keep)  # [K, V]
-    assert packed.shape == (int(keep.sum()), full.shape[-1])
-    torch.testing.assert_close(packed, full[keep], rtol=1e-5, atol=1e-5)

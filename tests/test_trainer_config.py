@@ -30,10 +30,9 @@ def test_every_trainer_preset_is_a_trainer_config(preset: str, experiment: list[
 
 
 def test_the_first_commits_trainer_config_still_loads() -> None:
-    """A run saved before `threads`, `lr_schedule`, `optimizer_kernel`, `compile` and `pack_targets` existed resumes:
-    its config.yaml lacks them, and the defaults are what that code did (auto threads, the inverse-sqrt schedule,
-    AdamW's for-loop kernel, eager, logits at every position); `cpu_allocator` changes no number, so such a run
-    resumes with the faster setting."""
+    """A run saved before `threads`, `lr_schedule`, `optimizer_kernel` and `compile` existed resumes: its config.yaml
+    lacks them, and the defaults are what that code did (auto threads, the inverse-sqrt schedule, AdamW's for-loop
+    kernel, eager); `cpu_allocator` changes no number, so such a run resumes with the faster setting."""
     first = subprocess.run(
         ["git", "log", "--format=%H", "--diff-filter=A", "--", "conf/trainer/cpu.yaml"],
         cwd=REPO,
@@ -49,7 +48,7 @@ def test_the_first_commits_trainer_config_still_loads() -> None:
     assert "threads" not in saved and "lr_schedule" not in saved
     settings = TrainerConfig.from_node(saved)
     assert (settings.threads, settings.lr_schedule) == ("auto", "inverse_sqrt")
-    assert (settings.optimizer_kernel, settings.compile, settings.pack_targets) == ("for_loop", False, False)
+    assert (settings.optimizer_kernel, settings.compile) == ("for_loop", False)
     assert settings.cpu_allocator == "retain"
     assert settings.betas == (0.9, 0.98) and settings.max_updates == 3000
 

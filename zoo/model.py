@@ -276,16 +276,13 @@ class Transformer(nn.Module):
         memory_pad_mask: Tensor,
         state: DecoderState | None = None,
         offset: int = 0,
-        keep: Tensor | None = None,
     ) -> Tensor:
         """tgt_in [B, T] -> logits [B, T, V]. With `state`, only the new tokens are fed and
-        `offset` is the number of tokens already cached. With `keep` [B, T] bool, the logits [K, V] of the K kept
-        positions alone, in row-major order: training needs none at padded targets, and at 2k tokens × 8k pieces
-        the output projection and the loss over its logits are the largest tensors of an update."""
+        `offset` is the number of tokens already cached."""
         x = self._embed(self.tgt_embed, tgt_in, offset)
         for i, layer in enumerate(self.decoder.layers):
             x = layer(x, memory, memory_pad_mask, state[i] if state is not None else None)
-        return self.logits(self.decoder.final_norm(x if keep is None else x[keep]))
+        return self.logits(self.decoder.final_norm(x))
 
     def logits(self, x: Tensor) -> Tensor:
         """Decoder states [..., D] -> logits [..., V]: the output projection (tied or not) and the final bias."""
@@ -302,10 +299,9 @@ class Transformer(nn.Module):
             return logits
         return logits + self.final_logits_bias.index_select(0, rows)
 
-    def forward(self, src: Tensor, tgt_in: Tensor, keep: Tensor | None = None) -> Tensor:
-        """Teacher-forced logits [B, T, V], or [K, V] at the positions `keep` [B, T] marks (see `decode`)."""
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         memory, pad_mask = self.encode(src)
-        return self.decode(tgt_in, memory, pad_mask, keep=keep)
+        return self.decode(tgt_in, memory, pad_mask)
 
     # ------------------------------------------------------------------ incremental decoding
     def init_state(self) -> DecoderState:

@@ -97,9 +97,8 @@ def budget_left(
 def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id: int) -> tuple[Tensor, Tensor]:
     """Summed label-smoothed cross-entropy and summed NLL over non-pad target tokens.
 
-    logits [..., V], target [...]: [B, T, V] and [B, T], or the non-pad positions alone, [K, V] and [K]. Smoothing
-    spreads ε uniformly over the vocabulary (torch's and fairseq's definition); one log-softmax serves both the loss
-    and the NLL (perplexity)."""
+    logits [B, T, V], target [B, T]. Smoothing spreads ε uniformly over the vocabulary (torch's
+    and fairseq's definition); one log-softmax serves both the loss and the NLL (perplexity)."""
     lprobs = F.log_softmax(logits.float(), dim=-1).reshape(-1, logits.shape[-1])  # [B*T, V]
     flat = target.reshape(-1, 1)
     keep = flat.ne(pad_id)

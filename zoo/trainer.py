@@ -61,9 +61,9 @@ class TrainerConfig:
     """The trainer's settings: the `trainer` node of a run's config (conf/trainer/*.yaml, where each key is
     explained), checked once when the run starts instead of failing as a KeyError or a wrong type mid-run.
 
-    `threads`, `lr_schedule`, `cpu_allocator`, `optimizer_kernel`, `compile` and `pack_targets` have defaults
-    because run directories saved before those keys existed must still resume (their config.yaml lacks them), with
-    the arithmetic they were trained with; every other key is in every saved config.
+    `threads`, `lr_schedule`, `cpu_allocator`, `optimizer_kernel` and `compile` have defaults because run
+    directories saved before those keys existed must still resume (their config.yaml lacks them); every other key
+    is in every saved config.
     """
 
     seed: int
@@ -96,7 +96,6 @@ class TrainerConfig:
     cpu_allocator: str = "retain"  # CPU_ALLOCATORS; no effect on the numbers, so old runs resume with it
     optimizer_kernel: str = "for_loop"  # OPTIMIZER_KERNELS; the kernel runs saved before the key existed used
     compile: bool = False  # torch.compile the model's forward (and so its backward), shapes dynamic
-    pack_targets: bool = False  # logits and loss at the non-pad targets alone (False: every position, as before)
 
     @classmethod
     def from_node(cls, node: Mapping[str, Any]) -> TrainerConfig:
@@ -433,14 +432,6 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=torch.float16)
         return contextlib.nullcontext()
 
-    def _logits(self, model: nn.Module, batch: Batch) -> tuple[Tensor, Tensor]:
-        """Teacher-forced logits and their targets: at the non-pad targets alone ([K, V], [K]) with
-        `pack_targets`, else every position ([B, T, V], [B, T]; the loss skips the padded ones)."""
-        if not self.cfg.pack_targets:
-            return model(batch.src, batch.tgt_in), batch.tgt_out
-        keep = batch.tgt_out.ne(self.tokenizer.pad_id)  # [B, T]
-        return model(batch.src, batch.tgt_in, keep=keep), batch.tgt_out[keep]
-
     def update(self, batch_ids: Sequence[list[int]]) -> dict[str, float]:
         """One optimizer update over `batch_ids` (update_freq batches of training-pair indices); returns the task
         loss and NLL per target token, the tokens, and the procedure's logged scalars. Its phases are labelled
@@ -459,9 +450,9 @@ class Trainer:
             with ctx:
                 with self._autocast():
                     with record_function("zoo.forward"):
-                        logits, targets = self._logits(self.model, batch)  # [K, V] and [K], or [B, T, V] and [B, T]
+                        logits = self.model(batch.src, batch.tgt_in)  # [B, T, V]
                     with record_function("zoo.loss"):
-                        loss, nll = label_smoothed_loss(logits, targets, self.cfg.label_smoothing, tok.pad_id)
+                        loss, nll = label_smoothed_loss(logits, batch.tgt_out, self.cfg.label_smoothing, tok.pad_id)
                         # per-token loss, averaged over the accumulated batches
                         objective = loss / max(batch.ntokens, 1) / len(batch_ids)
                         extra = self.bare.extra_loss()
@@ -502,8 +493,8 @@ class Trainer:
         for ids in sampler.batches(0):
             batch = collate([self.valid_pairs[i] for i in ids], tok.pad_id, tok.bos_id, tok.eos_id).to(self.device)
             with self._autocast():
-                logits, targets = self._logits(self.bare, batch)
-            l_, n_ = label_smoothed_loss(logits, targets, self.cfg.label_smoothing, tok.pad_id)
+                logits = self.bare(batch.src, batch.tgt_in)
+            l_, n_ = label_smoothed_loss(logits, batch.tgt_out, self.cfg.label_smoothing, tok.pad_id)
             loss, nll, ntok = loss + float(l_), nll + float(n_), ntok + batch.ntokens
         result = {"valid_loss": loss / max(ntok, 1), "valid_nll": nll / max(ntok, 1)}
         result["valid_ppl"] = math.exp(min(result["valid_nll"], 50.0))
