@@ -6,6 +6,7 @@ profile of the real update."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from tests.conftest import smoke_overrides
 from tests.zoo_testing import REPO, compose_train, tiny_model
 from zoo.allocator import tunable
 from zoo.optim import OPTIMIZER_KERNELS, build_optimizer
+from zoo.profile_render import render_profiles
 from zoo.profiling import OTHER, PHASE_CATEGORIES, summarize_profile
 from zoo.trainer import TrainerConfig
 
@@ -151,3 +153,10 @@ def test_compile_without_a_compiler_is_refused_with_the_fix(monkeypatch) -> None
         TrainerConfig.from_node({**node, "compile": True})
     monkeypatch.undo()
     assert TrainerConfig.from_node({**node, "compile": True}).compile
+
+
+def test_the_committed_profile_page_is_the_render_of_its_records(tmp_path: Path) -> None:
+    committed = REPO / "results" / "train_speed"
+    for record in committed.glob("*.json"):
+        shutil.copy(record, tmp_path / record.name)
+    assert (render_profiles(tmp_path)).read_text() == (committed / "PROFILE.md").read_text()
