@@ -10,10 +10,12 @@ from omegaconf import OmegaConf
 
 from tests.zoo_testing import REPO
 from zoo.metrics import rouge
+from zoo.report.baselines import choose_constant, choose_lead, lead, score_baselines
 from zoo.report.claims import HOLDS
 from zoo.report.collect import collect
-from zoo.report.records import References
+from zoo.report.records import BASELINES_FILE, RecordError, References, write_json_gz
 from zoo.report.render import markdown, readme_block
+from zoo.report.render_outputs import baselines_section
 from zoo.report.suite import suite_from_config
 
 WORDS = "package tool library daemon server client plugin data files for the manage network python debian".split()
@@ -110,3 +112,37 @@ def test_a_near_constant_summarizer_renders_degenerate_outputs_not_a_verdict() -
     text = markdown({**data, "speed": [], "speed_claims": [], "speed_enabled": True}, "cmd")
     assert "| `ght_summ` | s1: **1**, s2: **1**, s3: **1** | s1: 100%, s2: 100%, s3: 100% |" in text
     assert "| `transformer` | s1: 100, s2: 100, s3: 100 |" in text  # every degraded reference is distinct
+
+
+def test_baselines_are_chosen_on_validation_and_scored_from_the_references(tmp_path) -> None:
+    """Issue 64: lead-k's k and the constant are chosen on validation; what the report shows is recomputed from the
+    stored outputs and the suite's references at render time, not stored numbers."""
+    refs = _documents(60, seed=11)
+    docs = [f"{r} {' '.join(random.Random(i).choice(WORDS) for _ in range(20))}" for i, r in enumerate(refs)]
+    valid_refs = [r.split()[:4] for r in refs]  # documents whose first 4 words are their summary
+    valid_docs = [" ".join(v + ["zz"] * 30) for v in valid_refs]
+    chosen = choose_lead(valid_docs, [" ".join(v) for v in valid_refs])
+    assert chosen["k"] == 4 and chosen["valid_rougeL_by_k"]["4"] == pytest.approx(100.0)
+    training = ["zebra quagga okapi"] * 50 + ["package tool library"] * 3 + ["data files for the debian package"]
+    constant = choose_constant(training, refs)  # the frequent nonsense loses to the summaries that share words
+    assert constant["text"] != "zebra quagga okapi"
+    stored = {
+        "record_format": 1,
+        "suite": "summ",
+        "references_sha256": References(tuple(refs), ("summ",) * len(refs)).sha256,
+        "constant": constant,
+        "lead": {**chosen, "outputs": [lead(d, 4) for d in docs]},
+    }
+    write_json_gz(tmp_path / BASELINES_FILE, stored)
+    scored = score_baselines(tmp_path, References(tuple(refs), ("summ",) * len(refs)))
+    assert scored is not None
+    assert scored["lead"]["test"] == pytest.approx(rouge([lead(d, 4) for d in docs], refs))
+    assert scored["constant"]["test"] == pytest.approx(rouge([constant["text"]] * len(refs), refs))
+    other = References(tuple(reversed(refs)), ("summ",) * len(refs))
+    with pytest.raises(RecordError, match="made for other test references"):
+        score_baselines(tmp_path, other)
+    entries = {"transformer": {"seeds": {1: {"test": {"rougeL": 99.0}}, 2: {"test": {"rougeL": 1.0}}}}}
+    text = "\n".join(baselines_section({"baselines": scored, "entries": entries}))
+    assert f"| lead-4 | k = 4 of 1–40 (ROUGE-L {chosen['valid_rougeL_by_k']['4']:.2f}) |" in text
+    assert f"{scored['lead']['test']['rougeL']:.2f} |" in text
+    assert "on every seed: no entry; not on every seed: `transformer`." in text

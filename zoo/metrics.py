@@ -9,6 +9,7 @@ otherwise) and returns scores on the 0–100 scale. Nothing here downloads anyth
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -56,14 +57,20 @@ def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
     return metric.corpus_score(list(hyps), [list(refs)]).score
 
 
+@functools.cache
+def _rouge_scorer() -> Any:
+    """One scorer per process (building one logs a line and loads nltk's stemmer)."""
+    from rouge_score import rouge_scorer  # imported lazily: pulls in nltk, slow and unused for MT
+
+    return rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
+
+
 def document_rouge(hyps: Sequence[str], refs: Sequence[str]) -> np.ndarray:
     """Per-document ROUGE-1/2/L F1 (0–1; columns in `ROUGE_TYPES` order), shape [N, 3]: the rows `rouge`
     averages, and what a bootstrap over documents resamples. rouge-score with Porter stemming; its tokenizer
     lowercases and keeps only [a-z0-9] runs, so it is meant for English output (non-ASCII letters are dropped)."""
     _check(hyps, refs)
-    from rouge_score import rouge_scorer  # imported lazily: pulls in nltk, slow and unused for MT
-
-    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
+    scorer = _rouge_scorer()
     rows = []
     for hyp, ref in zip(hyps, refs, strict=True):
         scores = scorer.score(ref, hyp)  # rouge-score's argument order is (target, prediction)

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from zoo.report.baselines import score_baselines
 from zoo.report.collect import collect, epoch_length
 from zoo.report.readme import README, write_block
 from zoo.report.records import load_records, sibling_records
@@ -59,6 +60,7 @@ def publish(
         "speed": [summarize(f) for f in read_speed_files(results_dir, suite.name, suite.baseline)],
         "speed_claims": [asdict(c) for c in suite.speed_claims],
         "speed_enabled": suite.speed_enabled,
+        "baselines": score_baselines(results_dir, refs) if suite.task != "translation" else None,
     }
     data["verdict_counts"] = verdict_counts(data)
     command = render_command(suite, results_dir)

@@ -35,6 +35,7 @@ from zoo.report.suite import Suite
 
 RECORD_FORMAT = 1
 REFERENCES_FILE = "references.json.gz"
+BASELINES_FILE = "baselines.json.gz"  # a summarization suite's constant and lead-k outputs (zoo/report/baselines.py)
 RECORD_NAME = re.compile(r"^(?P<entry>[A-Za-z0-9_]+)-seed(?P<seed>\d+)\.json\.gz$")
 REQUIRED_KEYS = (
     "record_format",
@@ -335,7 +336,7 @@ def read_record(path: Path, suite: Suite, refs: References) -> dict[str, Any]:
 
 
 def record_files(results_dir: Path) -> list[Path]:
-    return sorted(p for p in results_dir.glob("*.json.gz") if p.name != REFERENCES_FILE)
+    return sorted(p for p in results_dir.glob("*.json.gz") if p.name not in (REFERENCES_FILE, BASELINES_FILE))
 
 
 def load_records(results_dir: Path, suite: Suite) -> tuple[References, dict[tuple[str, int], dict[str, Any]]]:
@@ -403,7 +404,7 @@ def sibling_records(results_dir: Path, suite: Suite) -> dict[tuple[str, str, int
     that does not read is skipped — its own suite's render reports it."""
     budget, found = budget_of(suite), {}
     for path in sorted(results_dir.parent.glob("*/*.json.gz")):
-        if path.parent.resolve() == results_dir.resolve() or path.name == REFERENCES_FILE:
+        if path.parent.resolve() == results_dir.resolve() or path.name in (REFERENCES_FILE, BASELINES_FILE):
             continue
         try:
             rec = read_json_gz(path)

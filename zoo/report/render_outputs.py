@@ -1,6 +1,8 @@
 """REPORT.md's "do the outputs depend on the input?" table of a summarization suite (issue 64): per entry and seed,
-distinct test outputs, the share of the most frequent one and the mean length against the references'. Summaries
-of near-constant text scored above most models here, and the score table alone does not show it."""
+distinct test outputs, the share of the most frequent one and the mean length against the references'; then the
+baselines that cost nothing (constant, lead-k: zoo/report/baselines.py), scored at render time, and which entries beat
+both on every seed. Summaries of near-constant text scored above most models here, and the score table alone does
+not show it."""
 
 from __future__ import annotations
 
@@ -42,7 +44,52 @@ def outputs_section(data: dict[str, Any]) -> list[str]:
             + ", ".join(f"s{seed}: {o['mean_words']:.1f}" for seed, o in runs)
             + " |"
         )
+    return [*lines, "", *baselines_section(data)]
+
+
+def baselines_section(data: dict[str, Any]) -> list[str]:
+    """The constant and lead-k rows and the entries above both on every seed (nothing without baselines.json.gz)."""
+    base = data.get("baselines")
+    if not base:
+        return []
+    constant, lead = base["constant"], base["lead"]
+    row = "| {name} | {chosen} | {r1:.2f} | {r2:.2f} | {rl:.2f} |"
+    lines = [
+        "### Baselines that cost nothing",
+        "",
+        "Chosen on the validation split, scored here against the test references (zoo/report/baselines.py): "
+        "*constant* is the training summary with the best validation ROUGE-L (every distinct one shortlisted by "
+        f"unigram F1, the best {constant['candidates']} scored exactly), output for every document; *lead-k* is the "
+        "document's first k words.",
+        "",
+        "| baseline | chosen on validation | ROUGE-1 | ROUGE-2 | ROUGE-L |",
+        "|---|---|---|---|---|",
+        row.format(
+            name="constant",
+            chosen=f"“{constant['text']}” (ROUGE-L {constant['valid_rougeL']:.2f})",
+            r1=constant["test"]["rouge1"],
+            r2=constant["test"]["rouge2"],
+            rl=constant["test"]["rougeL"],
+        ),
+        row.format(
+            name=f"lead-{lead['k']}",
+            chosen=f"k = {lead['k']} of 1–40 (ROUGE-L {lead['valid_rougeL']:.2f})",
+            r1=lead["test"]["rouge1"],
+            r2=lead["test"]["rouge2"],
+            rl=lead["test"]["rougeL"],
+        ),
+        "",
+    ]
+    floor = max(constant["test"]["rougeL"], lead["test"]["rougeL"])
+    above, below = [], []
+    for entry, rec in data["entries"].items():
+        scores = [run["test"]["rougeL"] for run in rec["seeds"].values()]
+        (above if scores and min(scores) > floor else below).append(f"`{entry}`")
+    lines.append(
+        f"Above both (test ROUGE-L > {floor:.2f}) on every seed: {', '.join(above) or 'no entry'}; "
+        f"not on every seed: {', '.join(below) or 'none'}."
+    )
     return [*lines, ""]
 
 
-__all__ = ["outputs_section"]
+__all__ = ["baselines_section", "outputs_section"]
