@@ -17,9 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from export.exporter import export_checkpoint
 from export.runtime import SEARCH_LIMITS
 from serve import perf_analyzer as pa
 from serve.bench import load_sentences
@@ -28,7 +26,6 @@ from serve.model_config import ModelSettings
 from serve.repository import write_python_model
 from serve.server import Server
 from tests.zoo_testing import REPO
-from zoo.entries import CONF_DIR
 
 FIXTURES = REPO / "tests" / "data_fixtures" / "perf_analyzer"
 MODEL = "transformer-smoke"
@@ -44,13 +41,9 @@ def installation() -> pa.Installation:
 
 
 @pytest.fixture(scope="module")
-def smoke_export(smoke_run, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pa_exp") / MODEL
-    overrides = [f"checkpoint={smoke_run('transformer')}", f"out={out}", "runtime.threads=1", "verify.sentences=16"]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="export", overrides=overrides)
-    export_checkpoint(cfg)
-    return out
+def smoke_export(exported) -> Path:
+    """The smoke transformer's export (`MODEL`, unpruned) that tests/test_serve.py serves too: made once per run."""
+    return exported("transformer", "shortlist.build=true")[0]
 
 
 @pytest.fixture(scope="module")

@@ -73,11 +73,10 @@ def _cli(module: str, *args: str, timeout: float = 120, **kwargs) -> subprocess.
 
 
 @pytest.fixture(scope="module")
-def translator_export(smoke_run, tmp_path_factory) -> Path:
-    # with a vocabulary shortlist: served requests may ask for it (shortlist=1)
-    return _export(
-        smoke_run("transformer"), tmp_path_factory.mktemp("exp") / "transformer-smoke", "shortlist.build=true"
-    )
+def translator_export(exported) -> Path:
+    """The smoke transformer with a vocabulary shortlist (served requests may ask for it, shortlist=1): the run's
+    shared export (tests/conftest.py), verified by tests/test_export_shortlist.py; this file only reads it."""
+    return exported("transformer", "shortlist.build=true")[0]
 
 
 @pytest.fixture(scope="module")
