@@ -22,6 +22,7 @@ from zoo.data import (
     Tokenizer,
     build_splits,
     remove_bpe,
+    train_run_tokenizer,
 )
 from zoo.data import build as build_mod
 from zoo.data.batching import Batch, TokenBatchSampler, collate, encode_examples
@@ -496,6 +497,22 @@ def test_tokenizer_deterministic_and_roundtrips(tokenizer: Tokenizer) -> None:
     assert tokenizer.encode_batch(["Zwölf", "Deich"]) == [ids, tokenizer.encode("Deich")]
     clone = Tokenizer.from_bytes(tokenizer.model_bytes)
     assert clone.encode("Bäckerin") == tokenizer.encode("Bäckerin") and clone.vocab_size == tokenizer.vocab_size
+
+
+def test_a_run_tokenizer_is_trained_once_per_text_and_seed_and_then_read_from_the_cache(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pairs = [Example(src=a, tgt=b, origin="t") for a, b in zip(_CORPUS[::2], _CORPUS[1::2], strict=True)]
+    cfg = {"vocab_size": 120, "tokenizer": "unigram", "cache_dir": str(tmp_path)}
+    first = train_run_tokenizer(pairs, cfg, seed=0)
+    trained = Tokenizer.train([p.src for p in pairs] + [p.tgt for p in pairs], vocab_size=120, seed=0)
+    assert first.model_bytes == trained.model_bytes  # what training on the same texts and seed gives
+    [cached] = (tmp_path / "tokenizers").glob("*.model")
+    with caplog.at_level(logging.INFO, logger="zoo.data"):
+        again = train_run_tokenizer(pairs, cfg, seed=0)
+    assert again.model_bytes == first.model_bytes and "read from the cache" in caplog.text
+    train_run_tokenizer(pairs, cfg, seed=1)  # another seed is another tokenizer
+    assert len(list((tmp_path / "tokenizers").glob("*.model"))) == 2 and cached.is_file()
 
 
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])
