@@ -176,3 +176,5 @@ def test_training_logs_threads_records_them_and_warns_without_a_bar(tmp_path, sm
     assert sum("slower than this run's median" in m for m in messages) == 1
     machine = json.loads((Path(summary["run_dir"]) / "machine.json").read_text())
     assert machine["torch_threads"] == 1 and "omp_wait_policy" in machine and "gomp_spincount" in machine
+    packages = (Path(summary["run_dir"]) / "pip_freeze.txt").read_text().splitlines()
+    assert f"torch=={torch.__version__}" in packages and packages == sorted(packages, key=str.lower)
