@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import math
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -63,6 +65,8 @@ from zoo.flops import size_summary
 from zoo.metrics import corpus_chrf, paired_bootstrap
 from zoo.model import ModelConfig, Transformer
 
+log = logging.getLogger("export")
+
 
 # ---------------------------------------------------------------------------------------------- main
 def _as_config(cfg: DictConfig | Mapping[str, Any]) -> DictConfig:
@@ -99,7 +103,7 @@ def _export(cfg: DictConfig) -> dict[str, Any]:
     plan = _plan(cfg, source.model, source.payload, source.tokenizer)
     exported = _prune(cfg, source, plan)
     laps("load_and_prune")
-    search = _search(cfg, source.payload)
+    search = search_settings(cfg, source.payload)
     source.out.parent.mkdir(parents=True, exist_ok=True)
     # built beside `out`, swapped in only when verified (export/staging.py); removed on any failure
     with staged_directory(source.out, overwrite=bool(cfg.overwrite), exists_error=_exists_error) as stage:
@@ -285,12 +289,31 @@ def _prune(cfg: DictConfig, source: _Source, plan: _HeadPlan) -> _Exported:
     return _Exported(pruned, gated, final, size, discover_caches(pruned))
 
 
-def _search(cfg: DictConfig, payload: dict[str, Any]) -> Search:
+SUMMARY_LENGTH_MARGIN = 1.1  # a summarizer's max_len_b: this × the 99th percentile of its training summaries
+
+
+def task_length_defaults(payload: dict[str, Any]) -> dict[str, Any]:
+    """A summarizer's length bound from its training summaries: max_len_b = ⌈1.1 × their 99th percentile⌉ pieces,
+    independent of the document (max_len_a = 0) — translation's 1.2 · source + 10 lets a summary of a 500-token
+    document run to 610 tokens. A translator (or a checkpoint saved before the lengths were stored) gets {}: the
+    zoo's defaults."""
+    lengths = payload.get("target_lengths")
+    if payload.get("task") != "summarization" or not lengths:
+        if payload.get("task") == "summarization":
+            log.warning(
+                "this summarizer's checkpoint predates stored summary lengths: the manifest keeps translation's "
+                "length defaults (1.2 · source + 10); give generation.max_len_a=0 generation.max_len_b=<pieces>"
+            )
+        return {}
+    return {"max_len_a": 0.0, "max_len_b": max(1, math.ceil(SUMMARY_LENGTH_MARGIN * lengths["p99"]))}
+
+
+def search_settings(cfg: DictConfig, payload: dict[str, Any]) -> Search:
     """The search settings of the export (its manifest's defaults, and what verification runs in both engines):
     what the command line gives, else the checkpoint's own (a converted model's num_beams and length_penalty), else
-    the zoo's (Search's defaults)."""
+    the task's (a summarizer's length bound: `task_length_defaults`), else the zoo's (Search's defaults)."""
     given = {key: value for key, value in cfg.generation.items() if value is not None}
-    return Search.from_generation({**payload.get("generation", {}), **given})
+    return Search.from_generation({**task_length_defaults(payload), **payload.get("generation", {}), **given})
 
 
 # ---------------------------------------------------------------------------------------------- graphs

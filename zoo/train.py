@@ -287,6 +287,14 @@ def prepare_data(cfg: DictConfig, run_dir: Path, seed: int, pretrained: Pretrain
     return RunData(splits, tokenizer, train_pairs, valid_pairs)
 
 
+def target_lengths(pairs: list[tuple[list[int], list[int]]]) -> dict[str, int]:
+    """Median, 99th percentile and longest training target, in pieces (no eos): what an export of a summarizer
+    bounds its summaries by (export.exporter.task_length_defaults), with no corpus at hand."""
+    lengths = sorted(len(t) for _, t in pairs) or [0]
+    pick = lambda q: lengths[min(len(lengths) - 1, int(q * len(lengths)))]  # noqa: E731
+    return {"p50": pick(0.5), "p99": pick(0.99), "max": lengths[-1]}
+
+
 def _payload(cfg: DictConfig, data: RunData, size: dict[str, Any], origin: dict[str, Any] | None) -> dict[str, Any]:
     """What every checkpoint carries besides weights, so export and evaluation need neither the corpus nor the
     config: entry, task, tokenizer, data config and statistics, held-out test pairs, size, and init='s origin."""
@@ -301,6 +309,7 @@ def _payload(cfg: DictConfig, data: RunData, size: dict[str, Any], origin: dict[
             "tgt": [e.tgt for e in data.splits.test[:HELDOUT_SENTENCES]],
         },
         "size": size,
+        "target_lengths": target_lengths(data.train_pairs),
     }
     if origin:
         payload["initialised_from"] = origin
