@@ -68,3 +68,16 @@ def test_a_narrowed_suite_keeps_the_scans_of_its_entries() -> None:
     suite = suite_from_config(node, REPO / "conf")
     assert suite.compaction is not None
     assert [(s.reference, s.entries) for s in suite.compaction.scans] == [("ght_v_x1", ("ght_v_x1", "ght_v_x16"))]
+
+
+def test_no_setting_is_chosen_while_a_weaker_one_has_not_run() -> None:
+    data = _data(
+        {
+            "gct_o_x1": _run([0.02, 0.03, 0.03, 0.03, 0.03], 0.50, -0.1, valid=10.0),
+            "gct_o_x16": _run([0.02, 0.2, 0.3, 0.35, 0.36], 0.72, -0.8, valid=9.8),  # passes, but ×4 is unknown
+        }
+    )
+    gct = scan_verdicts(data)[1]
+    assert gct["chosen"] is None and gct["passing"] == "gct_o_x16" and "gct_o_x4" in gct["missing"]
+    table = "\n".join(compaction_table(data))
+    assert "No choice yet: 3 setting(s) not run. The weakest that passes so far: `gct_o_x16`." in table

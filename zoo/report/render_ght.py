@@ -90,7 +90,8 @@ def compaction_table(data: dict[str, Any]) -> list[str]:
 
 def scan_verdicts(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Per scan of the suite's compaction rule: each setting's outcome (in the scan's order, weakest first) and
-    the chosen one — the first that compacts without collapse or a quality loss — or None."""
+    the chosen one — the first that compacts without collapse or a quality loss, once every weaker one has run —
+    or None (then `passing`: the weakest passing so far)."""
     rule = data.get("compaction_rule")
     if not rule:
         return []
@@ -122,9 +123,12 @@ def scan_verdicts(data: dict[str, Any]) -> list[dict[str, Any]]:
             elif quality < ref_quality - rule["max_quality_loss"]:
                 reasons.append(f"validation {quality:.2f} < ×1's {ref_quality:.2f} − {rule['max_quality_loss']}")
             rows.append({"entry": entry, "outcome": "; ".join(reasons) or "compacts", "passes": not reasons})
-        chosen = next((r["entry"] for r in rows if r["passes"]), None)
         missing = [r["entry"] for r in rows if r["outcome"] == "not run yet"]
-        out.append({"name": scan["name"], "rows": rows, "chosen": chosen, "missing": missing})
+        first = next((r for r in rows if r["passes"] or r["outcome"] == "not run yet"), None)
+        # the weakest that passes is chosen only once every weaker setting has run (and failed)
+        chosen = first["entry"] if first is not None and first["passes"] else None
+        passing = next((r["entry"] for r in rows if r["passes"]), None)
+        out.append({"name": scan["name"], "rows": rows, "chosen": chosen, "missing": missing, "passing": passing})
     return out
 
 
@@ -147,7 +151,8 @@ def scan_section(data: dict[str, Any]) -> list[str]:
         if scan["chosen"]:
             lines.append(f"Chosen: `{scan['chosen']}`.")
         elif scan["missing"]:
-            lines.append(f"No choice yet: {len(scan['missing'])} setting(s) not run.")
+            so_far = f" The weakest that passes so far: `{scan['passing']}`." if scan["passing"] else ""
+            lines.append(f"No choice yet: {len(scan['missing'])} setting(s) not run.{so_far}")
         else:
             lines.append("No setting in this scan compacts the trained groups within the budget.")
         lines.append("")
