@@ -95,7 +95,8 @@ def build_baselines(data_cfg: dict[str, Any], suite: Suite, refs: References) ->
     """Both baselines of the corpus `data_cfg` describes (rebuilt from the corpus cache), with their test outputs."""
     from zoo.data import build_splits  # the corpus builders: only needed when the file is made
 
-    splits = build_splits(OmegaConf.create(data_cfg))
+    # the record's cache_dir is the training machine's (a GPU host's `.gpu/cache`): this machine's cache serves
+    splits = build_splits(OmegaConf.create({**data_cfg, "cache_dir": None}))
     test_refs = tuple(e.tgt for e in splits.test)
     if references_sha256(test_refs) != refs.sha256:
         raise RecordError(
