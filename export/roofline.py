@@ -17,9 +17,8 @@ limit that binds).
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,8 +30,7 @@ from torch import nn
 
 from export.runtime.search import beam_first_rows
 from zoo.model import Transformer
-
-MIN_TIMED_S = 2e-3  # a tiny matmul is repeated until one timing spans this long
+from zoo.profiling import best_seconds, matmul_seconds
 
 Shape = tuple[int, int, int]  # (m, k, n): [m, k] @ [k, n]
 
@@ -83,33 +81,12 @@ def matmul_flops(shapes: Counter[Shape]) -> float:
     return sum(count * 2.0 * m * k * n for (m, k, n), count in shapes.items())
 
 
-def _best_seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    calls = 1
-    while True:  # calls per timing, so that one timing is long enough to read
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if time.perf_counter() - start >= MIN_TIMED_S:
-            break
-        calls *= 4
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
-
-
 def torch_mm_seconds(shape: Shape, threads: int, repeats: int = 5) -> float:
     """Best wall seconds of one fp32 torch.mm of `shape` at `threads` threads."""
-    m, k, n = shape
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        a, b = torch.randn(m, k), torch.randn(k, n)
-        return _best_seconds(lambda: torch.mm(a, b), repeats)
+        return matmul_seconds((1, *shape), repeats)
     finally:
         torch.set_num_threads(previous)
 
@@ -134,7 +111,7 @@ def _bound_run_seconds(session, x: np.ndarray, y: np.ndarray, repeats: int) -> f
     binding = session.io_binding()
     binding.bind_cpu_input("x", x)
     binding.bind_output("y", "cpu", 0, np.float32, list(y.shape), y.ctypes.data)
-    return _best_seconds(lambda: session.run_with_iobinding(binding), repeats)
+    return best_seconds(lambda: session.run_with_iobinding(binding), repeats)
 
 
 def ort_call_seconds(threads: int, repeats: int = 5) -> float:
@@ -167,7 +144,7 @@ def read_bandwidth(threads: int, megabytes: int = 512, repeats: int = 5) -> floa
     torch.set_num_threads(threads)
     try:
         array = torch.ones(megabytes * 2**20 // 4)
-        return array.numel() * 4 / _best_seconds(lambda: array.sum(), repeats) / 1e9
+        return array.numel() * 4 / best_seconds(lambda: array.sum(), repeats) / 1e9
     finally:
         torch.set_num_threads(previous)
 

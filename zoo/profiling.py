@@ -101,15 +101,15 @@ def best_seconds(fn: Callable[[], object], repeats: int = 5) -> float:
     return best
 
 
-def matmul_seconds(shape: MatmulShape) -> float:
+def matmul_seconds(shape: MatmulShape, repeats: int = 5) -> float:
     """Best seconds of one fp32 torch.mm / torch.bmm of `shape` at the current torch threads: the roofline of
     that shape on this machine (a [2000, 256] @ [256, 256] product runs far below a 1024³ one's GFLOP/s)."""
     batch, m, k, n = shape
     if batch == 1:
         a, b = torch.randn(m, k), torch.randn(k, n)
-        return best_seconds(lambda: torch.mm(a, b))
+        return best_seconds(lambda: torch.mm(a, b), repeats)
     a3, b3 = torch.randn(batch, m, k), torch.randn(batch, k, n)
-    return best_seconds(lambda: torch.bmm(a3, b3))
+    return best_seconds(lambda: torch.bmm(a3, b3), repeats)
 
 
 def summarize_profile(events: Iterable[Any], wall_s: float, updates: int) -> dict[str, Any]:
