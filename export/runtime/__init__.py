@@ -4,9 +4,11 @@
     model = export.load("exports/transformer-deen")
     model.translate(["Guten Morgen."])            # → ["Good morning."]
 
-Why a separate runtime: serving must not need torch. This package imports the standard library, numpy, onnxruntime
-and sentencepiece, and of itself only relatively, so the Triton models get a copy of the whole package under
-another name; everything model-specific comes from the export directory's manifest.json.
+Why a separate runtime: serving must not need torch. This package is the ground floor: it imports the standard
+library, numpy, onnxruntime and sentencepiece, and of itself only relatively — nothing of `zoo`, `serve` or the
+exporter (tests/test_imports.py) — so `zoo`, the exporter, `serve` and the Triton models (which carry a copy of
+`export/__init__.py` and this package under the same import path) all import it downward; everything
+model-specific comes from the export directory's manifest.json.
 
     manifest   the manifest's schema and the one reader that checks it (`read_manifest`)
     manifest_checks  what that reader checks: the export format's files, regular files, every number's range
@@ -15,15 +17,13 @@ another name; everything model-specific comes from the export directory's manife
     backend    where the two graphs run (`OrtBackend`: in-process sessions)
     model      `ExportedModel` (tokenizer, search, batching, scoring around a backend) and `load`
 
-The names that need no onnxruntime are imported here at once; the others on first use, so that zoo, which takes its
-search types from here, never loads onnxruntime into a torch process.
+Every name is imported here at once. onnxruntime itself is not: backend.py and stores.py import it inside the
+functions that make sessions, so zoo, which takes its search types from here, never loads it into a torch process.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
+from .backend import OPTIMIZATION_LEVELS, PROVIDERS, Backend, OrtBackend, execution_providers, shared_initializers
 from .errors import ExportedModelError, ExportRuntimeError, GraphRunError
 from .manifest import (
     MANIFEST,
@@ -47,6 +47,7 @@ from .manifest import (
     sha256_file,
 )
 from .manifest_checks import EXPORT_FILES, MANIFEST_LIMITS, open_regular, read_limited
+from .model import ExportedModel, Stepper, cross_rows, load
 from .search import (
     SEARCH_LIMITS,
     Hypothesis,
@@ -63,29 +64,7 @@ from .search import (
     row_limits,
     search_setting,
 )
-
-if TYPE_CHECKING:
-    from .backend import OPTIMIZATION_LEVELS, PROVIDERS, Backend, OrtBackend, execution_providers, shared_initializers
-    from .model import ExportedModel, Stepper, cross_rows, load
-    from .stores import SelfCache, StorePool, mapped_zeros
-
-_ON_FIRST_USE = {  # name → module: these import onnxruntime (and sentencepiece)
-    **dict.fromkeys(
-        ("OPTIMIZATION_LEVELS", "PROVIDERS", "Backend", "OrtBackend", "execution_providers", "shared_initializers"),
-        "backend",
-    ),
-    **dict.fromkeys(("ExportedModel", "Stepper", "cross_rows", "load"), "model"),
-    **dict.fromkeys(("SelfCache", "StorePool", "mapped_zeros"), "stores"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _ON_FIRST_USE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_ON_FIRST_USE[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
+from .stores import SelfCache, StorePool, mapped_zeros
 
 __all__ = [
     "EXPORT_FILES",

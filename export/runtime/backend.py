@@ -3,6 +3,9 @@
 `ExportedModel` holds a backend and does everything else (tokenizer, search, stores, batching) itself. `OrtBackend`
 runs both graphs in onnxruntime sessions of this process; serve/triton/bls_model.py's `BlsBackend` sends them to
 the Triton models that serve the graphs.
+
+onnxruntime is imported inside the functions that make sessions, not at the top: zoo (a torch process) imports the
+runtime for its search types and must not load onnxruntime with them.
 """
 
 from __future__ import annotations
@@ -10,20 +13,22 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import onnxruntime as ort
 
 from .errors import ExportedModelError, ExportRuntimeError, GraphRunError
 from .manifest import Manifest, SharedWeight
 from .stores import release_free_heap, use_shared_cpu_arena
 
-OPTIMIZATION_LEVELS = {
-    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
+OPTIMIZATION_LEVELS = {  # name → the member of onnxruntime's GraphOptimizationLevel (looked up in session_options)
+    "disabled": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
 }
 PROVIDERS = ("cpu", "cuda")
 # On the CPU, residual Add + LayerNormalization stay two nodes: onnxruntime's fused SkipLayerNormalization made a
@@ -54,6 +59,8 @@ def execution_providers(provider: str, device_id: int = 0) -> list[Any]:
         raise ExportRuntimeError(f"provider={provider!r}: choose one of {list(PROVIDERS)}")
     if provider == "cpu":
         return ["CPUExecutionProvider"]
+    import onnxruntime as ort  # here, not at the top: see the module docstring
+
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise ExportRuntimeError(
             f"provider=cuda, but this onnxruntime ({ort.__version__}) has no CUDAExecutionProvider "
@@ -68,6 +75,8 @@ def shared_initializers(directory: Path, weights: Sequence[SharedWeight]) -> dic
     sessions (`SessionOptions.add_initializer`), where each session would keep its own: read from the bytes the
     manifest points at, so the runtime needs no ONNX parser. The arrays are returned beside their OrtValues, which
     do not own them. Measured: results/runtime/docstring_figures.md."""
+    import onnxruntime as ort  # here, not at the top: see the module docstring
+
     shared = {}
     for w in weights:
         dtype, count = np.dtype(w["dtype"]), math.prod(w["shape"])
@@ -80,6 +89,8 @@ def session_options(
     manifest: Manifest, threads: int | None, optimization: str | None, spinning: bool, provider: str
 ) -> ort.SessionOptions:
     """Both sessions' options: the manifest's runtime defaults unless given, sequential execution."""
+    import onnxruntime as ort  # here, not at the top: see the module docstring
+
     defaults = manifest.get("runtime", {})
     options = ort.SessionOptions()
     threads = threads if threads is not None else defaults.get("threads")
@@ -90,7 +101,7 @@ def session_options(
     level = optimization or defaults.get("graph_optimization_level", "all")
     if level not in OPTIMIZATION_LEVELS:
         raise ExportedModelError(f"unknown graph optimization level {level!r}; use {sorted(OPTIMIZATION_LEVELS)}")
-    options.graph_optimization_level = OPTIMIZATION_LEVELS[level]
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[level])
     options.log_severity_level = 3
     # by default no spin-waiting after a run: the host does real work between steps and the cores may be
     # shared (other processes, torch in the same process); spinning trades that CPU for wake-up latency
@@ -121,6 +132,8 @@ class OrtBackend:
         provider: str = "cpu",
         device_id: int = 0,
     ) -> None:
+        import onnxruntime as ort  # here, not at the top: see the module docstring
+
         options = session_options(manifest, threads, optimization, spinning, provider)
         providers = execution_providers(provider, device_id)
         self.shared = shared_initializers(directory, manifest.get("shared_weights", []))

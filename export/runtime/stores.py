@@ -17,10 +17,12 @@ import mmap
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnxruntime as ort
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 
 def release_free_heap() -> None:
@@ -46,6 +48,8 @@ def use_shared_cpu_arena(options: ort.SessionOptions) -> None:
     global _SHARED_ARENA_TRIED
     if not _SHARED_ARENA_TRIED:
         _SHARED_ARENA_TRIED = True
+        import onnxruntime as ort  # here, not at the top: zoo imports the runtime and must not load onnxruntime
+
         info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
         try:  # arguments: no memory limit, grow by powers of two (default), default first chunk and dead bytes
             ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, 0, -1, -1))
