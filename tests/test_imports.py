@@ -9,6 +9,11 @@ edges are left out: a package's `__init__` importing its own submodules, which i
 layout. Modules are enumerated with pkgutil's module finder over the package directories — the same walk as
 `pkgutil.walk_packages` (cross-checked below), minus its importing of every package, so a cycle that breaks
 importing is still named here rather than silently skipped.
+
+The runtime (`export.runtime`) is the ground floor: below, tests check that nothing in it imports above it (read
+from all of its source, function bodies included), that the `export` package imports only it, that the Triton
+models import nothing else of the project, and that importing it in a fresh interpreter loads no torch, zoo,
+exporter or onnxruntime.
 """
 
 from __future__ import annotations
@@ -219,3 +224,85 @@ def test_debian_fetcher_loads_no_torch(module: str) -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "[]", f"importing {module} loaded torch: {proc.stdout.strip()}"
+
+
+# ------------------------------------------------------------------------------------------- the runtime's floor
+RUNTIME = "export.runtime"
+
+
+def _absolute_imports(path: Path, name: str) -> list[str]:
+    """Every module `path` (module `name`) imports anywhere in its source — at the top, inside functions, under
+    TYPE_CHECKING — as absolute dotted names (relative imports resolved)."""
+    is_package = path.name == "__init__.py"
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = node.module or ""
+            if node.level:
+                parts = name.split(".") if is_package else name.split(".")[:-1]
+                base = ".".join(parts[: len(parts) - (node.level - 1)])
+                source = f"{base}.{node.module}" if node.module else base
+            found += [f"{source}.{alias.name}" for alias in node.names]  # `from pkg import name`: name may be a module
+    return found
+
+
+def _project_imports(path: Path, name: str) -> list[str]:
+    return [m for m in _absolute_imports(path, name) if m.split(".")[0] in PACKAGES]
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
+def test_the_runtime_is_the_ground_floor() -> None:
+    """Layering's bottom (zoo/DESIGN.md §2): no module of export.runtime imports anything of zoo, serve or the rest
+    of export — not even inside a function — and the `export` package itself imports only its runtime, so zoo,
+    the exporter, serve and the Triton model directory (a copy of both) can all import it downward."""
+    modules = package_modules()
+    runtime = {name: path for name, path in modules.items() if _within(name, RUNTIME)}
+    assert len(runtime) >= 10, sorted(runtime)
+    upward = {
+        (name, target)
+        for name, path in runtime.items()
+        for target in _project_imports(path, name)
+        if not _within(target, RUNTIME)
+    }
+    assert not upward, f"the runtime imports above itself: {sorted(upward)}"
+    package = _project_imports(modules["export"], "export")
+    assert package and all(_within(t, RUNTIME) or t == "export.runtime" for t in package), package
+    # and the layers above do import it (the direction is downward, not absent)
+    graph = import_graph(modules)
+    for above in ("zoo.data.tokenizer", "zoo.generate", "export.exporter", "serve.model_config"):
+        assert any(_within(t, RUNTIME) for t in graph[above]), above
+
+
+def test_triton_models_import_only_the_runtime_of_the_project() -> None:
+    """The Python-backend models (serve/triton/, copied into model directories with the `export` package) import
+    the runtime like any caller, and nothing else of the project: no zoo, no serve, no exporter, no torch."""
+    files = sorted((REPO / "serve" / "triton").glob("*.py"))
+    assert len(files) >= 5, files
+    for path in files:
+        imported = _absolute_imports(path, path.stem)
+        assert not [m for m in imported if m.split(".")[0] in ("torch", "zoo", "serve")], (path.name, imported)
+        ours = [m for m in imported if m.split(".")[0] == "export"]
+        assert all(_within(m, RUNTIME) for m in ours), (path.name, ours)
+
+
+def test_importing_the_runtime_runs_nothing_above_it() -> None:
+    """A fresh `import export.runtime` (what the served models and a serving host do) loads no torch, no zoo, no
+    exporter and no onnxruntime (sessions import it when they are made); and the torch commands that take the
+    runtime's search types (zoo.train, zoo.generate, zoo.evaluation) never load onnxruntime with them."""
+    code = (
+        "import sys\n"
+        "def loaded(*roots):\n"
+        "    return sorted(m for m in sys.modules if m.split('.')[0] in roots or m.startswith('export.exporter'))\n"
+        "import export.runtime\n"
+        "print(loaded('torch', 'zoo', 'serve', 'onnxruntime', 'onnx', 'hydra'))\n"
+        "import zoo.train, zoo.generate, zoo.evaluation\n"
+        "print(loaded('onnxruntime'))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["[]", "[]"], proc.stdout
