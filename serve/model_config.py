@@ -28,7 +28,9 @@ from serve.errors import ServeError
 
 HERE = Path(__file__).resolve().parent
 TRITON_MODELS = HERE / "triton"
-RUNTIME_DIR = "export_runtime"  # the copy of the runtime package export/runtime/ inside every model version dir
+# the copy of the package `export` (its __init__ and runtime/) in every model version dir; model_common.py puts this
+# folder first on sys.path, so the served models import `export.runtime` like any other caller
+PACKAGES_DIR = "packages"
 COMMON_FILE = "model_common.py"  # request handling shared by both variants' model.py
 METRICS_FILE = "model_metrics.py"  # the zoo_* Prometheus metrics model_common reports
 LANES_FILE = "model_lanes.py"  # the express and bulk lanes model_common runs requests in
@@ -224,13 +226,17 @@ def copy_export_files(export_dir: Path, manifest: export_runtime.Manifest, targe
 
 def copy_model_code(version_dir: Path, model_file: str) -> None:
     """A text model's code into its version directory: serve/triton/`model_file` as model.py, the files every
-    model.py imports, and the runtime package, whole, as `export_runtime/` (its modules import each other
-    relatively, so it runs under that name; caches of compiled files are left behind)."""
+    model.py imports, and the package `export` as `packages/export/` — its `__init__.py` (which imports only the
+    runtime) and the runtime package, whole, under their own import path, so the model imports `export.runtime`
+    as every other caller does (caches of compiled files are left behind)."""
     shutil.copy2(TRITON_MODELS / model_file, version_dir / "model.py")
     for shared in SHARED_MODEL_FILES:
         shutil.copy2(TRITON_MODELS / shared, version_dir / shared)
-    source = Path(export_runtime.__file__).parent
-    shutil.copytree(source, version_dir / RUNTIME_DIR, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    runtime = Path(export_runtime.__file__).parent
+    package = version_dir / PACKAGES_DIR / runtime.parent.name
+    package.mkdir(parents=True)
+    shutil.copy2(runtime.parent / "__init__.py", package / "__init__.py")
+    shutil.copytree(runtime, package / runtime.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
 def check_name(name: str) -> str:

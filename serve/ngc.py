@@ -10,7 +10,7 @@ Python-backend models with the same name and I/O so the BLS model.py runs end to
 Layout for an export named N:
     N-encoder/config.pbtxt, N-encoder/1/model.onnx   backend onnxruntime, max_batch_size 0 (the BLS batches)
     N-decoder/config.pbtxt, N-decoder/1/model.onnx   one decoding step; state in and out as tensors
-    N/config.pbtxt, N/1/{model.py, export_runtime/, manifest.json, tokenizer.model}   the public model
+    N/config.pbtxt, N/1/{model.py, packages/export/, manifest.json, tokenizer.model}   the public model
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ execute call holds exactly that request and must equal `export.load(dir).transla
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -217,21 +218,30 @@ def test_repository_is_self_contained_and_configs_parse(repo, translator_export)
         "model.py",
         "model_common.py",
         "model_metrics.py",
-        "export_runtime",
+        "packages",
         "encoder.onnx",
         "decoder.onnx",
         "tokenizer.model",
         "manifest.json",
     }
-    # the runtime package is copied whole and unchanged, and nothing in the model dir imports the project or torch
+    # the package `export` (its __init__ and the runtime, whole) is copied unchanged under its own import path, and
+    # nothing in the model dir imports torch or any other part of the project
+    copy = model / "1" / "packages"
+    assert sorted(p.name for p in copy.iterdir()) == ["export"]
+    assert sorted(p.name for p in (copy / "export").iterdir()) == ["__init__.py", "runtime"]
     package = sorted(p.name for p in (REPO / "export" / "runtime").glob("*.py"))
-    assert sorted(p.name for p in (model / "1" / "export_runtime").iterdir()) == package
-    for name in package:
-        copied = (model / "1" / "export_runtime" / name).read_bytes()
-        assert copied == (REPO / "export" / "runtime" / name).read_bytes(), name
+    assert sorted(p.name for p in (copy / "export" / "runtime").iterdir()) == package
+    for name in ["__init__.py", *(f"runtime/{n}" for n in package)]:
+        assert (copy / "export" / name).read_bytes() == (REPO / "export" / name).read_bytes(), name
     for py in (model / "1").rglob("*.py"):
-        text = py.read_text()
-        assert "import torch" not in text and "from zoo" not in text and "from export" not in text, py
+        imported = set()
+        for node in ast.walk(ast.parse(py.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                imported |= {f"{node.module}.{a.name}" for a in node.names}
+        assert not {m for m in imported if m.split(".")[0] in ("torch", "zoo", "serve")}, py
+        assert all(m.startswith("export.runtime") for m in imported if m.split(".")[0] == "export"), py
 
 
 def test_models_are_warm_before_they_are_ready(server, repo, translator_export) -> None:

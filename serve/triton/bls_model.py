@@ -2,10 +2,10 @@
 
 Why: on a GPU server the ONNX encoder/decoder run in Triton's onnxruntime backend (`<name>-encoder`,
 `<name>-decoder`), and this model does what does not fit a graph: tokenization, beam search, batching of the
-dynamic batch. The search is the export runtime's own `ExportedModel` (`export_runtime/`, a copy of the package
-export/runtime/), its manifest read by the runtime's own reader; only where the two graphs run differs — a
-`BlsBackend` that sends them to the composing models — so hypotheses are those of `export.load(dir).translate` for
-the same batch.
+dynamic batch. The search is the export runtime's own `ExportedModel` (`export.runtime`, from the copy of the
+`export` package in `packages/` that model_common.py puts on sys.path), its manifest read by the runtime's own
+reader; only where the two graphs run differs — a `BlsBackend` that sends them to the composing models — so
+hypotheses are those of `export.load(dir).translate` for the same batch.
 
 Interface, defined results and per-request errors are those of the python variant (`translator_model.py`).
 The self-attention state is the runtime's own host-owned `SelfCache`: each step sends its stores and `history`
@@ -16,47 +16,15 @@ need a DLPack array library in the stub (not assumed here).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from model_common import TextModel  # first: it puts this model's packages/ (export, export.runtime) on sys.path
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _own(name: str) -> ModuleType:
-    """This model's own module or package `name` (beside this file), imported from its path under that name.
-    Why not through sys.path: a directory on sys.path lends every file in it to every `import` of the process,
-    so a file beside model.py named like a library (sentencepiece.py) would be imported in its place. Loaded
-    in order (export_runtime, model_metrics, model_lanes, model_common), each finds the ones before it in
-    sys.modules."""
-    path = os.path.join(HERE, name)
-    package = os.path.isdir(path)
-    spec = importlib.util.spec_from_file_location(
-        name,
-        os.path.join(path, "__init__.py") if package else path + ".py",
-        submodule_search_locations=[path] if package else None,
-    )
-    if spec is None or spec.loader is None:
-        raise ImportError(f"{path} is missing from the model directory; write it again with serve.repository")
-    # (this loader is written in each model file on purpose: it is what loads the shared modules, so it cannot
-    # be imported from one of them)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-export_runtime = _own("export_runtime")  # the verbatim copy of the package export/runtime/
-_own("model_metrics")
-_own("model_lanes")
-TextModel = _own("model_common").TextModel
+from export import runtime as export_runtime
 
 # what this model's directory holds of the export (the shortlist where it has one): the graphs live in the composing
 # models
@@ -82,7 +50,7 @@ def _call(model: str, inputs: dict[str, Any], outputs: list[str]) -> dict[str, A
 
 
 class BlsBackend:
-    """The runtime's backend (export_runtime.backend.Backend) with both graphs run by BLS calls to the models
+    """The runtime's backend (export.runtime.backend.Backend) with both graphs run by BLS calls to the models
     serving them."""
 
     # one cross-cache row per hypothesis, as before per-source caches: the composing decoder model's Triton

@@ -1,8 +1,12 @@
 """Request handling shared by the Python-backend models of both repository variants (copied next to them).
 
 Why this file looks the way it does:
-- It needs only numpy and the backend's utilities: the model object (export runtime or BLS) is built by the
-  subclass in model.py, so both variants answer requests in exactly the same way.
+- It needs only numpy, the backend's utilities and the export runtime: the model object (export runtime or BLS) is
+  built by the subclass in model.py, so both variants answer requests in exactly the same way.
+- It is where a served model finds the project's code, once for both variants: model.py imports this file first
+  (beside it: the python backend appends the version directory to sys.path), and this file puts `packages/` (a
+  copy of the `export` package: its `__init__` and `runtime/`) first on sys.path, so `import export.runtime` here
+  and in model.py is this model's own copy, as in any other caller of the runtime.
 - All requests of one `execute` call (what the dynamic batcher gathered) with the same beam_size, len_penalty,
   shortlist and output options are generated (or scored) together in one runtime call — that is where batching pays
   off on CPU; their length settings (min_len, max_len_a, max_len_b) may differ, as each row keeps its own bounds.
@@ -44,14 +48,22 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any
 
-import export_runtime  # the verbatim copy of the package export/runtime/ beside this file
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from model_lanes import EXPRESS_BATCHES, Lane, Ticket
 from model_metrics import ModelMetrics
+
+# First on sys.path, so that this copy is the `export` imported, not a project checkout on PYTHONPATH or an installed
+# one. packages/ holds that package only: files beside model.py stay where the python backend put them, last on
+# sys.path, behind every library they might be named like.
+PACKAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "packages")
+if PACKAGES not in sys.path:
+    sys.path.insert(0, PACKAGES)
+from export import runtime as export_runtime  # noqa: E402 (after the line above, which finds it)
 
 INPUT = "TEXT"
 TARGET = "TARGET"
