@@ -12,13 +12,15 @@ How the code is laid out (tests/test_imports.py fails on any module-level import
   `ModelConfig`), then `zoo.data`, `zoo.generate`, `zoo.trainer`, `zoo.ght`, `zoo.checkpoint`, `zoo.metrics`,
   `zoo.flops`, `zoo.pretrained` (a run started from a checkpoint: `init=`); `zoo.convert` (on zoo.model,
   zoo.checkpoint, zoo.flops and the runtime's tokenizer) and the commands sit on top.
-* **`export` builds on `zoo`; its runtime does not.** The exporter and verifier import zoo (model, data,
-  generation) to prune and check; `export.runtime` (numpy + onnxruntime) imports neither torch nor zoo, so a
-  serving host needs only the export directory. The runtime owns the search's settings, results and errors, and
-  `zoo.generate` / `zoo.evaluation` import them from `export.runtime.search` (numpy only: the runtime's
-  onnxruntime parts load on first use, never in a torch process that does not ask for them).
+* **The runtime is the ground floor.** `export.runtime` (numpy, onnxruntime, sentencepiece) imports nothing of
+  zoo, serve or the exporter, and importing it loads neither torch nor onnxruntime (its backend imports onnxruntime
+  when it makes sessions); the `export` package only re-exports it. It owns the search's settings, results and
+  errors and the tokenizers, and `zoo.data`, `zoo.generate`, `zoo.evaluation`, `zoo.convert` import them from it.
+* **The exporter builds on `zoo` and the runtime.** `export.exporter` and the verifier import zoo (model, data,
+  generation) to prune and check; a serving host needs only the export directory.
 * **`serve` builds on `export.runtime`**, never on the model code (its nginx fetch reuses `zoo.data`'s Debian
-  package cache); `zoo.report` orchestrates `zoo` and `export`.
+  package cache); the Triton model directories carry a copy of `export` and import `export.runtime` like any
+  caller. `zoo.report` orchestrates `zoo` and `export`.
 * **`zoo.devtools` sits above everything**: one-off measurement scripts (`python -m zoo.devtools.<name>`) kept as
   the provenance of stored numbers (`results/h200/`); they may import `zoo` and `export`, and nothing imports them.
 * Imports sit at module top; the few inside functions say why (optional dependency, start-up time, one
