@@ -25,7 +25,8 @@ from zoo import evaluation
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import Tokenizer
 from zoo.evaluation import score_ids, translate_texts, translate_texts_nbest
-from zoo.generate import Scored, Search, _max_lengths, generate
+from export.runtime.search import Scored, Search
+from zoo.generate import TorchStep, generate
 
 
 def _heldout_batch(run_dir: Path, n: int = 32) -> tuple[torch.Tensor, list[str], Tokenizer, dict]:
@@ -184,7 +185,9 @@ def test_max_lengths_match_torch() -> None:
         for b in (0, 3, 10):
             for limit in (64, 256, 1024):
                 search = Search(max_len_a=a, max_len_b=b)
-                ref = _max_lengths(src, 0, search, limit).numpy()
+                # torch's (a·len + b).long() in float32, capped at the position limit, clamped to [1, limit - 1]
+                raw = torch.minimum(torch.tensor(a) * src.ne(0).sum(1).float() + b, torch.tensor(float(limit)))
+                ref = raw.long().clamp(1, limit - 1).numpy()
                 got = rt.max_lengths(src.ne(0).sum(1).numpy(), rt.Search(max_len_a=a, max_len_b=b), limit)
                 assert np.array_equal(ref, got), (a, b, limit)
 
@@ -294,3 +297,53 @@ def test_rows_with_different_length_settings_share_one_search(exported, smoke_ru
         assert [t.score for t in a] == pytest.approx([t.score for t in b], abs=1e-5)
     with pytest.raises(rt.SearchError, match="length bounds for 5 sentences but 6 sources"):
         runtime.translate_encoded_nbest(encoded, settings[0], 1, limits=bounds.take(range(5)))
+
+
+def _clearly_ranked(lp: np.ndarray, tol: float = 1e-4) -> np.ndarray:
+    """[N, k] True where a column's log-prob is more than tol from its neighbours' (the last column's unseen
+    neighbour could tie it, so it never counts): there two engines must name the same token."""
+    gaps = -np.diff(lp, axis=1) > tol  # [N, k-1]: column j strictly above j+1
+    clear = np.zeros(lp.shape, dtype=bool)
+    clear[:, :-1] = gaps
+    clear[:, 1:-1] &= gaps[:, :-1]
+    return clear
+
+
+@pytest.mark.parametrize("entry", TRAINED_ENTRIES)
+def test_the_torch_step_equals_the_runtime_stepper(entry: str, exported, smoke_run, smoke_corpus) -> None:
+    """Both engines run the runtime's one search loop; what differs is their step. Fed the same tokens and the
+    same row selections (beams reordered within their sentence, with repeats; sentences leaving), the zoo model's `TorchStep` (cached
+    and full recompute) and the exported graph's `Stepper` give every row the same best tokens, log-probs equal to
+    1e-4."""
+    out, manifest = exported(entry)
+    payload = load_checkpoint(smoke_run(entry))
+    _, reference = prune(model_from_checkpoint(payload), manifest["head_plan"], remove=False)
+    runtime = export.load(out, threads=1)
+    texts = (smoke_corpus / "test.de").read_text(encoding="utf-8").splitlines()[:6]
+    src = runtime.pad(runtime.encode_texts(texts))  # [B, S]
+    rows = np.repeat(np.arange(len(src)), 2)  # two rows per sentence, as a beam of 2
+    with torch.inference_mode():
+        memory, pad_mask = reference.encode(torch.from_numpy(src))
+        order = torch.from_numpy(rows)
+        torch_steps = [
+            TorchStep(reference, memory.index_select(0, order), pad_mask.index_select(0, order), use_cache)
+            for use_cache in (True, False)
+        ]
+        ort_step = runtime.stepper(runtime.encode(src), rows, steps=8, slots=len(rows))
+        rng = np.random.default_rng(0)
+        last = np.full(len(rows), reference.cfg.bos_id, dtype=np.int64)
+        for t in range(7):
+            want_lp, want_tok = ort_step(last, t, 8)
+            for step in torch_steps:
+                lp, tok = step(last, t, 8)
+                assert lp.shape == tok.shape == want_lp.shape and lp.dtype == np.float32 and tok.dtype == np.int64
+                assert np.abs(lp - want_lp).max() <= 1e-4, (t, step.state is not None)
+                clear = _clearly_ranked(want_lp)
+                assert clear.mean() > 0.5 and np.array_equal(tok[clear], want_tok[clear]), t
+            sentences = np.arange(len(last) // 2)  # rows 2s, 2s + 1 are sentence s's beams
+            if t % 2 and len(sentences) > 1:
+                sentences = np.delete(sentences, rng.integers(len(sentences)))  # a sentence finished: it leaves
+            keep = np.concatenate([np.sort(rng.choice([2 * s, 2 * s + 1], 2)) for s in sentences])  # may repeat
+            for step in (*torch_steps, ort_step):
+                step.select(keep)
+            last = want_tok[keep, int(t % 3 == 0)]  # each row continues with its best or second-best token

@@ -4,6 +4,7 @@ scores, teacher-forced scoring consistent with them, and the evaluate command's 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -17,18 +18,18 @@ from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import Tokenizer
 from zoo.entries import CONF_DIR
 from zoo.evaluate import evaluate
-from zoo.generate import (
-    ScoreError,
-    Search,
-    SearchError,
-    _max_lengths,
-    beam_search,
-    check_num_hypotheses,
-    generate,
-    generate_nbest,
-    greedy_search,
-    score_targets,
-)
+from export.runtime.search import ScoreError, Search, SearchError, check_num_hypotheses, max_lengths
+from zoo.generate import generate, generate_nbest, score_targets
+
+
+def greedy_search(model, src: torch.Tensor, cfg: Search, use_cache: bool = True) -> list[list[int]]:
+    """`generate` with cfg's lengths and beam_size 1."""
+    return generate(model, src, dataclasses.replace(cfg, beam_size=1), use_cache)
+
+
+def beam_search(model, src: torch.Tensor, cfg: Search, use_cache: bool = True) -> list[list[int]]:
+    assert cfg.beam_size > 1
+    return generate(model, src, cfg, use_cache)
 
 
 def _sources(run_dir, n: int = 24) -> tuple[torch.Tensor, object, Tokenizer]:
@@ -128,7 +129,7 @@ def test_nbest_lists_are_scored_sorted_and_led_by_the_single_best(smoke_run) -> 
         assert [hyps[0].tokens for hyps in nbest] == generate(model, src, cfg)
         assert all(len(hyps) == n for hyps in nbest)
         assert all(a.score >= b.score for hyps in nbest for a, b in itertools.pairwise(hyps))
-        limits = _max_lengths(src, model.cfg.pad_id, cfg, model.cfg.max_positions).tolist()
+        limits = max_lengths(src.ne(model.cfg.pad_id).sum(1).numpy(), cfg, model.cfg.max_positions).tolist()
         pairs = [(row, h) for row, hyps in enumerate(nbest) for h in hyps]
         scored = score_targets(model, src[[r for r, _ in pairs]], [h.tokens for _, h in pairs], cfg.len_penalty)
         total += len(pairs)

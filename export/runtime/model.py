@@ -281,7 +281,7 @@ class ExportedModel:
     def generate(
         self, src: np.ndarray, search: Search | None = None, limits: RowLimits | None = None
     ) -> list[list[int]]:
-        """Greedy when beam_size <= 1, else beam search (as zoo.generate.generate). `limits`: each sentence's
+        """Greedy when beam_size <= 1, else beam search (the search zoo.generate runs too). `limits`: each sentence's
         length bounds (e.g. `forced_limits`) in place of the ones search's min_len/max_len_a/max_len_b set."""
         search = search or self.search
         if search.beam_size <= 1:
@@ -296,7 +296,7 @@ class ExportedModel:
         limits: RowLimits | None = None,
     ) -> list[list[Hypothesis]]:
         """The `num_hypotheses` best hypotheses per source of src [B, S] with their scores, best first (greedy
-        when beam_size <= 1: its one hypothesis), as zoo.generate.generate_nbest. The first is always
+        when beam_size <= 1: its one hypothesis), as zoo.generate.generate_nbest (the same loop). The first is always
         `generate`'s output; fewer than asked only when the search finished fewer (a length limit of 1 token
         leaves the empty hypothesis alone). SearchError for num_hypotheses outside 1 … beam_size."""
         search = search or self.search

@@ -1,8 +1,9 @@
 """Search settings, results and errors of both engines, and the runtime's greedy and beam search over a step function.
 
-One set of types: zoo.generate (torch) imports these, so a setting, a result or an error is the same class in
-both engines, and `Search` is checked once, where it is made. The rules both searches follow (the export verifies
-identical hypotheses): pad and bos are banned (bos not where it is eos: fairseq's models start from eos), eos is
+One search for both engines: zoo.generate runs these loops over a torch `Step` (its `TorchStep`), the runtime over
+the exported graph's, so a setting, a result, an error and every rule of the search are the same in both by
+construction, `Search` is checked once, where it is made, and engine parity is the parity of two steppers. The
+rules: pad and bos are banned (bos not where it is eos: fairseq's models start from eos), eos is
 banned before `min_len` and forced at each sentence's length limit (`max_lengths`); beam search keeps fairseq's
 2·K candidates, counts only eos among the top K as finished, stops a sentence after K finished hypotheses and drops
 it from the batch; greedy runs until every row has ended.
@@ -395,7 +396,7 @@ def beam_first_rows(beam_size: int, vocab_size: int) -> int:
 def beam(step: Step, first_rows: int, limits: RowLimits, search: Search, vocab: SearchVocab) -> list[list[Hypothesis]]:
     """Beam search of B sentences within their length bounds `limits`, `step` starting on `first_rows`
     consecutive rows per sentence (`beam_first_rows`): every finished hypothesis per sentence (beam_size of them;
-    fewer only when the length limit is 1 token), best first — the first finished wins ties, as in zoo.generate."""
+    fewer only when the length limit is 1 token), best first — the first finished wins ties."""
     k, g = search.beam_size, first_rows  # g: rows per sentence this step
     min_len, max_len = limits
     b = len(max_len)
