@@ -37,15 +37,15 @@ class Translator:
     def translate(
         self,
         texts: str | Sequence[str],
-        beam_size: int = 5,
-        len_penalty: float = 1.0,
-        max_len_a: float = 1.2,
-        max_len_b: int = 10,
-        min_len: int = 1,
+        beam_size: int | None = None,
+        len_penalty: float | None = None,
+        max_len_a: float | None = None,
+        max_len_b: int | None = None,
+        min_len: int | None = None,
         num_hypotheses: int | None = None,
         return_scores: bool = False,
     ) -> list[str] | list[list[Translation]]:
-        """Source strings → output strings in input order.
+        """Source strings → output strings in input order (unset settings: Search's defaults).
 
         With `num_hypotheses` (an integer 1 … beam_size, else SearchError naming them) or
         `return_scores`, per source a list of `Translation(text, score, tokens)` instead: the num_hypotheses
@@ -53,8 +53,14 @@ class Translator:
         included, / length ** len_penalty). The first text is always what the plain call returns."""
         if isinstance(texts, str):
             texts = [texts]
-        search = Search(
-            beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len
+        search = Search.from_generation(
+            {
+                "beam_size": beam_size,
+                "len_penalty": len_penalty,
+                "max_len_a": max_len_a,
+                "max_len_b": max_len_b,
+                "min_len": min_len,
+            }
         )
         with torch.inference_mode():
             if num_hypotheses is None and not return_scores:

@@ -83,8 +83,8 @@ class TrainerConfig:
     precision: str  # PRECISIONS
     validate_every: int
     valid_quality_sentences: int
-    valid_max_len_a: float
-    valid_max_len_b: int
+    valid_max_len_a: float | None  # None: Search's default
+    valid_max_len_b: int | None
     best_metric: str  # BEST_METRICS
     patience: int  # 0 = off
     average_last: int  # < 2 = off
@@ -349,7 +349,9 @@ class Trainer:
             seed=cfg.seed,
         )
         self.state = TrainState()
-        self.search = Search(beam_size=1, max_len_a=cfg.valid_max_len_a, max_len_b=cfg.valid_max_len_b)
+        self.search = Search.from_generation(
+            {"beam_size": 1, "max_len_a": cfg.valid_max_len_a, "max_len_b": cfg.valid_max_len_b}
+        )
         self.procedure.bind(self)
 
     def _schedule(self) -> torch.optim.lr_scheduler.LambdaLR:

@@ -7,18 +7,19 @@ from __future__ import annotations
 import argparse
 import sys
 
+from export.runtime.search import Search, SearchError
 from zoo.api import Translator
 from zoo.errors import one_line_errors
-from zoo.generate import SearchError
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo.translate", description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", "-c", required=True, help="run directory or .pt file")
-    parser.add_argument("--beam", type=int, default=5, help="beam size (1 = greedy)")
-    parser.add_argument("--len-penalty", type=float, default=1.0)
-    parser.add_argument("--max-len-a", type=float, default=1.2)
-    parser.add_argument("--max-len-b", type=int, default=10)
+    default = Search()  # the settings' one home; an unset flag leaves the setting to zoo.api
+    parser.add_argument("--beam", type=int, help=f"beam size (1 = greedy; default {default.beam_size})")
+    parser.add_argument("--len-penalty", type=float, help=f"default {default.len_penalty}")
+    parser.add_argument("--max-len-a", type=float, help=f"output ≤ a · source + b tokens (default {default.max_len_a})")
+    parser.add_argument("--max-len-b", type=int, help=f"default {default.max_len_b}")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("text", nargs="*", help="sentences to translate; read stdin lines when none are given")
     args = parser.parse_args(argv)

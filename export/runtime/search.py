@@ -147,8 +147,9 @@ class Search:
     @classmethod
     def from_generation(cls, gen: Mapping[str, Any]) -> Search:
         """The one conversion of a `generation` node — a config's (train, evaluate, export) or a manifest's —
-        into settings; keys it lacks keep their defaults, and its batching keys are not search settings."""
-        return cls(**{f.name: gen[f.name] for f in fields(cls) if f.name in gen})
+        into settings; keys it lacks or leaves None (a config's null) keep their defaults, the values written
+        here only, and its batching keys are not search settings."""
+        return cls(**{f.name: gen[f.name] for f in fields(cls) if gen.get(f.name) is not None})
 
 
 class Hypothesis(NamedTuple):
