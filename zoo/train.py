@@ -289,7 +289,7 @@ def prepare_data(cfg: DictConfig, run_dir: Path, seed: int, pretrained: Pretrain
 
 def target_lengths(pairs: list[tuple[list[int], list[int]]]) -> dict[str, int]:
     """Median, 99th percentile and longest training target, in pieces (no eos): what an export of a summarizer
-    bounds its summaries by (export.exporter.task_length_defaults), with no corpus at hand."""
+    bounds its summaries by (zoo.api.task_length_defaults), with no corpus at hand."""
     lengths = sorted(len(t) for _, t in pairs) or [0]
     pick = lambda q: lengths[min(len(lengths) - 1, int(q * len(lengths)))]  # noqa: E731
     return {"p50": pick(0.5), "p99": pick(0.99), "max": lengths[-1]}
