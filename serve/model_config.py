@@ -11,7 +11,6 @@ here with the field named instead of at server start, the export's validated man
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import shutil
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from export import runtime as export_runtime
+from export.runtime.manifest import sha256_read
 from export.staging import StagedDirectory, staged_directory
 from serve.errors import ServeError
 
@@ -207,15 +207,12 @@ def copy_export_files(export_dir: Path, manifest: export_runtime.Manifest, targe
             text = json.dumps(manifest, indent=2, ensure_ascii=False) + "\n"
             (target / dest).write_text(text, encoding="utf-8")
             continue
-        digest = hashlib.sha256()
         try:
             with export_runtime.open_regular(export_dir / name) as source, (target / dest).open("xb") as out:
-                for block in iter(lambda: source.read(1 << 20), b""):
-                    digest.update(block)
-                    out.write(block)
+                digest = sha256_read(source, copy_to=out)
         except export_runtime.ExportedModelError as exc:
             raise RepositoryError(f"{export_dir}: {exc}") from None
-        if digest.hexdigest() != manifest["files"][name]:
+        if digest != manifest["files"][name]:
             raise RepositoryError(
                 f"{export_dir / name} changed while it was copied (its sha256 no longer matches the manifest); "
                 "write the repository again from an export nothing else is writing to"
