@@ -37,6 +37,7 @@ from zoo.optim import (
     LR_SCHEDULES,
     OPTIMIZER_KERNELS,
     budget_left,
+    budget_reached,
     build_optimizer,
     inverse_sqrt_schedule,
     label_smoothed_loss,
@@ -364,8 +365,7 @@ class Trainer:
         raise ValueError(f"trainer.lr_schedule={kind!r} is not a schedule; use one of {', '.join(LR_SCHEDULES)}")
 
     def budget_left(self, step: int) -> float:
-        """What the linear schedule decays by: the fraction of max_updates / max_minutes left (whichever is
-        smaller), so a run stopped by its wall-clock budget is annealed too."""
+        """What the linear schedule decays by: zoo.optim.budget_left, its wall-clock part from warm-up's end."""
         cfg, st = self.cfg, self.state
         if st.warmup_end_s is None and step >= cfg.warmup_updates:
             st.warmup_end_s = st.elapsed_s
@@ -617,9 +617,9 @@ class Trainer:
         reason = self.procedure.stop_reason(self)
         if reason:
             pass
-        elif st.step >= cfg.max_updates:
+        elif (spent := budget_reached(1.0, st.step, cfg.max_updates, st.elapsed_s, cfg.max_minutes)) == "max_updates":
             reason = f"reached max_updates={cfg.max_updates}"
-        elif cfg.max_minutes and st.elapsed_s >= cfg.max_minutes * 60:
+        elif spent == "max_minutes":
             reason = f"reached the time budget max_minutes={cfg.max_minutes}"
         elif cfg.max_epochs and st.epoch >= cfg.max_epochs:
             reason = f"reached max_epochs={cfg.max_epochs}"
