@@ -21,6 +21,7 @@ import export
 import zoo
 from export.exporter import export_checkpoint
 from export.exporter import search_settings as export_search
+from export.runtime.search import Search
 from tests.convert_testing import (
     PAIRS,
     assert_refused,
@@ -41,7 +42,7 @@ from zoo.data import DataError, SharedVocabTokenizer, load_tokenizer
 from zoo.entries import CONF_DIR
 from zoo.errors import ZooError
 from zoo.evaluate import evaluate
-from zoo.generate import Search, generate, generate_nbest
+from zoo.generate import generate, generate_nbest
 from zoo.train import train
 from zoo.translate import main as translate_main
 

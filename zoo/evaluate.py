@@ -14,12 +14,12 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from export.runtime.search import Search, SearchError, check_num_hypotheses
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import DataError, Example, build_splits, load_tokenizer
 from zoo.errors import one_line_errors
 from zoo.evaluation import Translation, evaluate_examples
 from zoo.flops import format_size_summary, size_summary
-from zoo.generate import Search, SearchError, check_num_hypotheses
 
 
 def _read_lines(path: str) -> list[str]:

@@ -24,6 +24,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from export.runtime.search import Search, SearchError
 from zoo import distributed as dist
 from zoo.allocator import cpu_allocator
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
@@ -33,7 +34,6 @@ from zoo.entries import entry_model_config, missing_model_message
 from zoo.errors import ZooError, one_line_errors
 from zoo.evaluation import evaluate_examples
 from zoo.flops import format_size_summary, size_summary
-from zoo.generate import Search, SearchError
 from zoo.ght.procedure import GHTOptions, GHTProcedure
 from zoo.model import ModelConfig, Transformer, build_model
 from zoo.pretrained import Pretrained, load_pretrained, read_init, write_init

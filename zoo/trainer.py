@@ -25,13 +25,13 @@ import torch
 from torch import Tensor, nn
 from torch.profiler import record_function
 
+from export.runtime.search import Search
 from zoo import distributed as dist
 from zoo.allocator import CPU_ALLOCATORS
 from zoo.checkpoint import average_weights, load_checkpoint, save_checkpoint
 from zoo.data import Example, TextTokenizer
 from zoo.data.batching import Batch, TokenBatchSampler, collate
 from zoo.evaluation import evaluate_examples
-from zoo.generate import Search
 from zoo.model import Transformer
 from zoo.optim import (
     LR_SCHEDULES,

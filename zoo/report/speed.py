@@ -28,9 +28,7 @@ from export.rss_probe import vm_hwm
 from export.runtime.search import Search
 
 
-def workload_lengths(
-    max_positions: int, encoded: list[list[int]], lengths: Sequence[int], search: export.Search
-) -> list[int]:
+def workload_lengths(max_positions: int, encoded: list[list[int]], lengths: Sequence[int], search: Search) -> list[int]:
     """Each sentence's forced output tokens: its given length, at most what the search's limit lets it emit
     (a model's position limit enters only through `max_positions`, so equal limits give equal work)."""
     limits = export.runtime.max_lengths(np.array([len(e) for e in encoded]), search, max_positions)
@@ -43,7 +41,7 @@ def lengths_digest(lengths: Sequence[int]) -> str:
 
 
 def measure(
-    model: export.ExportedModel, encoded: list[list[int]], lengths: list[int], search: export.Search, batch: int
+    model: export.ExportedModel, encoded: list[list[int]], lengths: list[int], search: Search, batch: int
 ) -> dict[str, Any]:
     """Decode every sentence once to its forced length (length-sorted batches) after one untimed warm-up batch;
     checks that every output has its forced length."""
