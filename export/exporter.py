@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -58,6 +57,7 @@ from export.runtime.shortlist import SHORTLIST_FILE
 from export.shortlist import ShortlistSettings, build_shortlist, count_pairs
 from export.staging import staged_directory
 from export.verify import encode_pairs, verify_export
+from zoo.api import checkpoint_search
 from zoo.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from zoo.data import DataError, TextTokenizer, build_splits, load_tokenizer
 from zoo.entries import CONF_DIR, list_entries
@@ -289,31 +289,18 @@ def _prune(cfg: DictConfig, source: _Source, plan: _HeadPlan) -> _Exported:
     return _Exported(pruned, gated, final, size, discover_caches(pruned))
 
 
-SUMMARY_LENGTH_MARGIN = 1.1  # a summarizer's max_len_b: this × the 99th percentile of its training summaries
-
-
-def task_length_defaults(payload: dict[str, Any]) -> dict[str, Any]:
-    """A summarizer's length bound from its training summaries: max_len_b = ⌈1.1 × their 99th percentile⌉ pieces,
-    independent of the document (max_len_a = 0) — translation's 1.2 · source + 10 lets a summary of a 500-token
-    document run to 610 tokens. A translator (or a checkpoint saved before the lengths were stored) gets {}: the
-    zoo's defaults."""
-    lengths = payload.get("target_lengths")
-    if payload.get("task") != "summarization" or not lengths:
-        if payload.get("task") == "summarization":
-            log.warning(
-                "this summarizer's checkpoint predates stored summary lengths: the manifest keeps translation's "
-                "length defaults (1.2 · source + 10); give generation.max_len_a=0 generation.max_len_b=<pieces>"
-            )
-        return {}
-    return {"max_len_a": 0.0, "max_len_b": max(1, math.ceil(SUMMARY_LENGTH_MARGIN * lengths["p99"]))}
-
-
 def search_settings(cfg: DictConfig, payload: dict[str, Any]) -> Search:
     """The search settings of the export (its manifest's defaults, and what verification runs in both engines):
-    what the command line gives, else the checkpoint's own (a converted model's num_beams and length_penalty), else
-    the task's (a summarizer's length bound: `task_length_defaults`), else the zoo's (Search's defaults)."""
-    given = {key: value for key, value in cfg.generation.items() if value is not None}
-    return Search.from_generation({**task_length_defaults(payload), **payload.get("generation", {}), **given})
+    zoo.api.checkpoint_search's rule, the one zoo.load follows — what the command line gives, else the checkpoint's
+    own, else the task's, else Search's defaults."""
+    if payload.get("task") == "summarization" and not payload.get("target_lengths"):
+        zoo = Search()
+        log.warning(
+            "this summarizer's checkpoint predates stored summary lengths: the manifest keeps translation's "
+            f"length defaults ({zoo.max_len_a} · source + {zoo.max_len_b}); give generation.max_len_a=0 "
+            "generation.max_len_b=<pieces>"
+        )
+    return checkpoint_search(payload, cfg.generation)
 
 
 # ---------------------------------------------------------------------------------------------- graphs

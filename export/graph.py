@@ -67,6 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from export.runtime.manifest import NEXT_PREFIX  # the self-attention state outputs' names
 from zoo.errors import ZooError
 from zoo.model import Transformer
 
@@ -76,7 +77,6 @@ DECODER_FIXED_INPUTS = ("tokens", "step", "history", "topk", "memory_pad_mask")
 SHORTLIST_INPUT = "vocab_rows"  # after topk, in the decoder of an export with a vocabulary shortlist
 DECODER_FIXED_OUTPUTS = ("logits", "log_probs", "top_log_probs", "top_tokens")
 
-NEXT = "next."  # prefix of the self-attention state outputs (ONNX names must be unique)
 BATCH, SRC_LEN, STEPS = "batch", "src_len", "steps"
 CELLS = "cells"  # axis 0 of a growing self cache's store: `cells_x<a>`, a rows per (position, slot) cell
 CANDIDATES = "candidates"  # vocab_rows' axis: the token ids of a vocabulary shortlist
@@ -357,7 +357,7 @@ def decoder_io_names(specs: list[CacheSpec], shortlist: bool = False) -> tuple[l
     fixed = list(DECODER_FIXED_INPUTS)
     if shortlist:
         fixed.insert(fixed.index("topk") + 1, SHORTLIST_INPUT)
-    return [*fixed, *cross, *selfs], [*DECODER_FIXED_OUTPUTS, *[NEXT + n for n in selfs]]
+    return [*fixed, *cross, *selfs], [*DECODER_FIXED_OUTPUTS, *[NEXT_PREFIX + n for n in selfs]]
 
 
 def encoder_io_names(specs: list[CacheSpec]) -> tuple[list[str], list[str]]:

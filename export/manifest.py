@@ -24,10 +24,11 @@ import onnxscript
 import sentencepiece
 import torch
 
-from export.graph import NEXT, CacheSpec
+from export.graph import CacheSpec
 from export.runtime import (
     MANIFEST,
     MANIFEST_KEYS,
+    NEXT_PREFIX,
     OLDEST_RUNTIME_FORMAT,
     RUNTIME_FORMAT,
     CheckpointRef,
@@ -179,7 +180,7 @@ def build_manifest(
         heldout=HELDOUT_FILE,
         graphs=graphs,
         caches=[spec.to_dict() for spec in caches],  # type: ignore[misc]  # CacheSpec.to_dict is a CacheEntry
-        next_prefix=NEXT,
+        next_prefix=NEXT_PREFIX,
         quantized=quantized,
         size=size_info(size_before, size_after),
         generation=GenerationDefaults(**asdict(search), max_tokens=max_tokens, max_sentences=max_sentences),

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from export.graph import NEXT
+from export.runtime.manifest import NEXT_PREFIX
 
 
 def graph_and_branches(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
@@ -94,7 +94,7 @@ def new_positions_from_concat(model: onnx.ModelProto) -> None:
     producer = {out: node for node in graph.node for out in node.output}
     for output in graph.output:
         node = producer.get(output.name)
-        if not output.name.startswith(NEXT) or node is None or node.op_type != "Slice" or len(node.input) < 4:
+        if not output.name.startswith(NEXT_PREFIX) or node is None or node.op_type != "Slice" or len(node.input) < 4:
             continue
         concat = producer.get(node.input[0])
         if concat is None or concat.op_type != "Concat" or len(concat.input) != 2:

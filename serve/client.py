@@ -36,14 +36,16 @@ SEARCH_PARAMETERS = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_
 
 
 class Hypothesis(NamedTuple):
-    """One served hypothesis: its text and score (None unless scores were asked for)."""
+    """One served hypothesis: its text and score (None unless scores were asked for). Not the runtime's
+    Translation(text, score, tokens): the served response carries no token ids (the wire format stays as it is)."""
 
     text: str
     score: float | None
 
 
 class Scored(NamedTuple):
-    """A served forced decoding: each target token's log-prob, then eos's, and the sentence score."""
+    """A served forced decoding: each target token's log-prob, then eos's, and the sentence score — the runtime's
+    Scored without its token ids, which the served response does not carry."""
 
     token_logprobs: list[float]
     score: float

@@ -19,6 +19,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from export.runtime.search import DEFAULT_MAX_REQUEST_COST
 from serve.client import Client
 from serve.errors import ServeError
 from serve.model_config import ModelSettings, read_manifest
@@ -56,7 +57,7 @@ def measure(cfg: DictConfig) -> dict[str, Any]:
     export_dir = Path(cfg.export_dir)
     manifest = read_manifest(export_dir)
     settings = OmegaConf.to_container(cfg.server, resolve=True) or {}
-    plan = plan_warmup(export_dir, manifest, int(settings.get("max_batch_size", 64)), 10_000)
+    plan = plan_warmup(export_dir, manifest, int(settings.get("max_batch_size", 64)), DEFAULT_MAX_REQUEST_COST)
     sources = json.loads((export_dir / manifest["heldout"]).read_text(encoding="utf-8"))["src"]
     text = next((s for s in sources if s.strip() and (plan is None or s != plan.sentence)), None)
     if text is None:

@@ -11,7 +11,6 @@ here with the field named instead of at server start, the export's validated man
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import shutil
 from collections.abc import Sequence
@@ -23,6 +22,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from export import runtime as export_runtime
+from export.runtime.manifest import sha256_read
+from export.runtime.search import DEFAULT_EXPRESS_COST, DEFAULT_MAX_EXECUTE_COST, DEFAULT_MAX_REQUEST_COST
 from export.staging import StagedDirectory, staged_directory
 from serve.errors import ServeError
 
@@ -61,16 +62,17 @@ class ModelSettings:
     threads: int = 0
     optimization: str | None = None
     check_files: bool = True
-    max_request_cost: int = 10_000  # rows × beam × max output tokens one request may ask for (INVALID_ARGUMENT)
-    max_execute_cost: int = 40_000  # the most one lane batch runs at once (the rest waits for the next batch)
-    express_cost: int = 1_000  # requests up to this run in the express lane, beside the heavy ones (model_lanes)
+    max_request_cost: int = DEFAULT_MAX_REQUEST_COST  # rows × beam × max output tokens one request may ask for
+    max_execute_cost: int = DEFAULT_MAX_EXECUTE_COST  # the most one lane batch runs at once (the rest waits)
+    express_cost: int = DEFAULT_EXPRESS_COST  # requests up to this run in the express lane, beside the heavy ones
     max_queued_cost: int | None = None  # work one lane of one instance may hold (None: 4 × max_execute_cost);
     # beyond it a request is answered UNAVAILABLE (retry)
     warmup: bool = True  # model_warmup: each instance translates a held-out sentence before the model is ready
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any] | None) -> ModelSettings:
-        values = dict(values or {})
+        """Settings from a config node; a null value is the setting's default (conf/serve.yaml's costs)."""
+        values = {key: value for key, value in (values or {}).items() if value is not None}
         unknown = sorted(set(values) - {f.name for f in fields(cls)})
         if unknown:
             raise RepositoryError(f"unknown model setting(s) {unknown}; known: {sorted(f.name for f in fields(cls))}")
@@ -209,15 +211,12 @@ def copy_export_files(export_dir: Path, manifest: export_runtime.Manifest, targe
             text = json.dumps(manifest, indent=2, ensure_ascii=False) + "\n"
             (target / dest).write_text(text, encoding="utf-8")
             continue
-        digest = hashlib.sha256()
         try:
             with export_runtime.open_regular(export_dir / name) as source, (target / dest).open("xb") as out:
-                for block in iter(lambda: source.read(1 << 20), b""):
-                    digest.update(block)
-                    out.write(block)
+                digest = sha256_read(source, copy_to=out)
         except export_runtime.ExportedModelError as exc:
             raise RepositoryError(f"{export_dir}: {exc}") from None
-        if digest.hexdigest() != manifest["files"][name]:
+        if digest != manifest["files"][name]:
             raise RepositoryError(
                 f"{export_dir / name} changed while it was copied (its sha256 no longer matches the manifest); "
                 "write the repository again from an export nothing else is writing to"

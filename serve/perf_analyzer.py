@@ -49,6 +49,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from export.runtime.manifest import sha256_file as _sha256
 from serve.errors import ServeError
 from zoo.data.cache import DEFAULT_CACHE, resolve_cache_dir
 from zoo.data.debian import DebianArchive
@@ -283,11 +284,6 @@ def _install(base: Path) -> Installation:
         raise
     shutil.rmtree(downloads, ignore_errors=True)
     return Installation(target / PERF_ANALYZER_WHEEL.target, target / "lib", VERSION)
-
-
-def _sha256(path: Path) -> str:
-    with path.open("rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _download(wheel: Wheel, downloads: Path) -> Path:

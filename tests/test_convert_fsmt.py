@@ -20,6 +20,7 @@ import torch
 import export
 from export.exporter import ExportError, export_checkpoint
 from export.runtime.moses_bpe import MosesBPETokenizer, merge_pair
+from export.runtime.search import Search
 from tests.convert_testing import (
     PAIRS,
     assert_refused,
@@ -33,7 +34,7 @@ from tests.zoo_testing import compose_train
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.convert.__main__ import main as convert_main
 from zoo.data import load_tokenizer
-from zoo.generate import Search, generate, generate_nbest
+from zoo.generate import generate, generate_nbest
 from zoo.train import train
 
 transformers = pytest.importorskip("transformers", reason="the parity tests need the [hf] extra (part of dev)")

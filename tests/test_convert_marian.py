@@ -18,8 +18,10 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import export
-from export.exporter import search_settings as export_search
+import zoo
 from export.exporter import export_checkpoint
+from export.exporter import search_settings as export_search
+from export.runtime.search import Search
 from tests.convert_testing import (
     PAIRS,
     assert_refused,
@@ -40,7 +42,7 @@ from zoo.data import DataError, SharedVocabTokenizer, load_tokenizer
 from zoo.entries import CONF_DIR
 from zoo.errors import ZooError
 from zoo.evaluate import evaluate
-from zoo.generate import Search, generate, generate_nbest
+from zoo.generate import generate, generate_nbest
 from zoo.train import train
 from zoo.translate import main as translate_main
 
@@ -389,6 +391,24 @@ def test_export_prunes_heads_by_importance(converted: Path, pruned: tuple[Path, 
     assert isinstance(load_tokenizer((out / manifest["tokenizer"]).read_bytes()), SharedVocabTokenizer)
     translations = export.load(out, threads=1).translate([s for s, _ in PAIRS[:3]], beam_size=2)
     assert len(translations) == 3 and all(isinstance(t, str) for t in translations)
+
+
+def test_zoo_load_searches_with_the_checkpoint_s_defaults_as_export_load(
+    converted: Path, pruned: tuple[Path, dict], capsys
+) -> None:
+    """Issue 67: zoo.load(converted) translates and scores with the converted model's num_beams and length_penalty
+    (4, 0.8) unless told otherwise — the search defaults export.load takes from the manifest — and so does
+    zoo.translate without flags."""
+    out, _ = pruned
+    model = zoo.load(str(converted))
+    assert model.search == export.load(out, threads=1).search == Search(beam_size=4, len_penalty=0.8)
+    sources, targets = [s for s, _ in PAIRS[:3]], [t for _, t in PAIRS[:3]]
+    own = model.translate(sources, return_scores=True)  # scores are normalised with the length penalty used
+    assert own == model.translate(sources, beam_size=4, len_penalty=0.8, return_scores=True)
+    assert own != model.translate(sources, beam_size=Search().beam_size, len_penalty=1.0, return_scores=True)
+    assert model.score(sources, targets) == model.score(sources, targets, len_penalty=0.8)
+    assert translate_main(["--checkpoint", str(converted), *sources]) == 0
+    assert capsys.readouterr().out.splitlines() == [hyps[0].text for hyps in own]
 
 
 def test_served_pruned_model_equals_the_runtime(pruned: tuple[Path, dict], tmp_path: Path) -> None:

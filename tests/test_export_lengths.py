@@ -7,7 +7,8 @@ import math
 
 from omegaconf import OmegaConf
 
-from export.exporter import SUMMARY_LENGTH_MARGIN, search_settings, task_length_defaults
+from export.exporter import search_settings
+from zoo.api import SUMMARY_LENGTH_MARGIN, task_length_defaults
 from zoo.train import target_lengths
 
 PAIRS = [([5, 6, 7], list(range(n))) for n in [3] * 90 + [8] * 9 + [40]]  # 100 summaries: p50 3, p99 40

@@ -17,6 +17,7 @@ import torch
 import export
 from export.exporter import export_checkpoint
 from export.runtime.errors import ExportedModelError
+from export.runtime.search import Search
 from export.runtime.tokenizer import SharedVocabTokenizer, load_tokenizer
 from tests.convert_testing import PAIRS, marian_tokenizer
 from tests.export_testing import export_config
@@ -24,7 +25,7 @@ from zoo.api import Translator
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from zoo.data import DataError
 from zoo.data import load_tokenizer as zoo_load_tokenizer
-from zoo.generate import Search, beam_search, greedy_search, score_targets
+from zoo.generate import beam_search, greedy_search, score_targets
 from zoo.model import FeedForward, ModelConfig, build_model, marian_positions, sinusoidal_positions
 
 TINY = dict(d_model=16, encoder_layers=2, decoder_layers=2, num_heads=4, ffn_dim=32, dropout=0.0, max_positions=64)

@@ -11,7 +11,7 @@ import torch
 
 from tests.conftest import smoke_overrides
 from tests.zoo_testing import compose_train
-from zoo.optim import budget_left, inverse_sqrt_schedule, linear_decay_schedule
+from zoo.optim import budget_left, budget_reached, inverse_sqrt_schedule, linear_decay_schedule
 from zoo.train import UsageError, train
 
 PEAK, INIT, WARMUP, TOTAL = 1e-3, 1e-7, 4, 12
@@ -59,6 +59,16 @@ def test_budget_left_by_time_counts_from_the_end_of_warmup() -> None:
     assert budget_left(1100, 400, 1200, elapsed_s=330, max_minutes=10, warmup_end_s=60) == pytest.approx(100 / 800)
     assert budget_left(500, 400, 3000, elapsed_s=330, max_minutes=10, warmup_end_s=60) == pytest.approx(0.5)
     assert budget_left(7, 400, 0) == 1.0  # no limit: no decay
+
+
+def test_budget_reached_names_the_limit_that_spent_the_fraction_first() -> None:
+    """One rule for the end of training (fraction 1) and GHT-PS's fractional vote_at: updates, then wall time."""
+    assert budget_reached(1.0, 3000, 3000, elapsed_s=10, max_minutes=16) == "max_updates"
+    assert budget_reached(1.0, 2999, 3000, elapsed_s=16 * 60, max_minutes=16) == "max_minutes"
+    assert budget_reached(1.0, 2999, 3000, elapsed_s=10**6, max_minutes=0) == ""  # 0: no wall-clock limit
+    assert budget_reached(0.6, 1800, 3000, elapsed_s=0, max_minutes=16) == "max_updates"
+    assert budget_reached(0.6, 1799, 3000, elapsed_s=0.6 * 16 * 60, max_minutes=16) == "max_minutes"
+    assert budget_reached(0.6, 1799, 3000, elapsed_s=575, max_minutes=16) == ""
 
 
 def test_a_linear_run_logs_the_decay_and_ends_at_zero(tmp_path: Path, smoke_corpus: Path) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-import export
+from export.runtime.search import Search
 from tests.zoo_testing import REPO
 from zoo.report.render_speed import readme_speed_column, speed_section
 from zoo.report.speed import lengths_digest, workload_lengths
@@ -252,7 +252,7 @@ def test_every_entry_decodes_the_baseline_lengths() -> None:
     of one position limit decode the same lengths (same digest) whatever their shapes; a smaller limit is caught."""
     encoded = [[5] * n for n in (3, 12, 7, 30)]
     baseline = [4, 20, 9, 50]  # 50: beyond 1.2·30 + 10 → capped
-    search = export.Search(beam_size=5, max_len_a=1.2, max_len_b=10)
+    search = Search(beam_size=5, max_len_a=1.2, max_len_b=10)
     forced = {name: workload_lengths(1024, encoded, baseline, search) for name in ("transformer", "ght_ps", "mgk")}
     assert forced["transformer"] == [4, 20, 9, 45] and len({tuple(v) for v in forced.values()}) == 1
     points = {name: {"b5/fp32": {"lengths_sha256": lengths_digest(v)}} for name, v in forced.items()}

@@ -2,24 +2,47 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from export.runtime.search import Scored, Search
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import TextTokenizer, load_tokenizer
 from zoo.evaluation import Translation, score_texts, translate_texts, translate_texts_nbest
-from zoo.generate import Scored, Search
 from zoo.model import Transformer
+
+SUMMARY_LENGTH_MARGIN = 1.1  # a summarizer's max_len_b: this × the 99th percentile of its training summaries
+
+
+def task_length_defaults(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """A summarizer's length bound from its training summaries: max_len_b = ⌈1.1 × their 99th percentile⌉ pieces,
+    independent of the document (max_len_a = 0) — translation's 1.2 · source + 10 lets a summary of a 500-token
+    document run to 610 tokens. A translator (or a checkpoint saved before the lengths were stored) gets {}: the
+    zoo's defaults."""
+    lengths = payload.get("target_lengths")
+    if payload.get("task") != "summarization" or not lengths:
+        return {}
+    return {"max_len_a": 0.0, "max_len_b": max(1, math.ceil(SUMMARY_LENGTH_MARGIN * lengths["p99"]))}
+
+
+def checkpoint_search(payload: Mapping[str, Any], given: Mapping[str, Any]) -> Search:
+    """A checkpoint's search, one rule for `zoo.load(...).translate` and `python -m export`'s manifest (so both
+    APIs decode alike): the given (non-None) settings, else the checkpoint's own `generation` (a converted model's
+    num_beams and length_penalty), else the task's (`task_length_defaults`), else Search's defaults."""
+    chosen = {key: value for key, value in given.items() if value is not None}
+    return Search.from_generation({**task_length_defaults(payload), **payload.get("generation", {}), **chosen})
 
 
 class Translator:
     """A trained model with its tokenizer: strings in, strings out (translation or summary).
 
-    The export runtime (`export.load(dir)`) has the same `translate` and `score` and returns the same results
-    (hypotheses identical, scores equal to 1e-4), without torch."""
+    The export runtime (`export.load(dir)`) has the same `translate` and `score`, with the same search defaults
+    (`checkpoint_search`, which its manifest holds), and returns the same results (hypotheses identical, scores
+    equal to 1e-4), without torch."""
 
     def __init__(self, model: Transformer, tokenizer: TextTokenizer, payload: dict[str, Any]) -> None:
         self.model = model
@@ -27,6 +50,7 @@ class Translator:
         self.entry: str = payload.get("entry", "unknown")
         self.task: str = payload.get("task", "translation")
         self.payload = payload
+        self.search = checkpoint_search(payload, {})  # unset settings of translate/score take these
 
     @classmethod
     def from_checkpoint(cls, checkpoint: str | Path, device: str = "cpu") -> Translator:
@@ -37,15 +61,16 @@ class Translator:
     def translate(
         self,
         texts: str | Sequence[str],
-        beam_size: int = 5,
-        len_penalty: float = 1.0,
-        max_len_a: float = 1.2,
-        max_len_b: int = 10,
-        min_len: int = 1,
+        beam_size: int | None = None,
+        len_penalty: float | None = None,
+        max_len_a: float | None = None,
+        max_len_b: int | None = None,
+        min_len: int | None = None,
         num_hypotheses: int | None = None,
         return_scores: bool = False,
     ) -> list[str] | list[list[Translation]]:
-        """Source strings → output strings in input order.
+        """Source strings → output strings in input order (unset settings: `self.search`, the checkpoint's
+        defaults as an export of it has them).
 
         With `num_hypotheses` (an integer 1 … beam_size, else SearchError naming them) or
         `return_scores`, per source a list of `Translation(text, score, tokens)` instead: the num_hypotheses
@@ -53,7 +78,7 @@ class Translator:
         included, / length ** len_penalty). The first text is always what the plain call returns."""
         if isinstance(texts, str):
             texts = [texts]
-        search = Search(
+        search = self.search_settings(
             beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len
         )
         with torch.inference_mode():
@@ -62,8 +87,13 @@ class Translator:
             n = 1 if num_hypotheses is None else num_hypotheses
             return translate_texts_nbest(self.model, self.tokenizer, list(texts), search, n)
 
+    def search_settings(self, **given: Any) -> Search:
+        """The checkpoint's search defaults with the given (non-None) settings, validated (SearchError), as
+        ExportedModel.search_settings gives its manifest's."""
+        return checkpoint_search(self.payload, given)
+
     def score(
-        self, sources: str | Sequence[str], targets: str | Sequence[str], len_penalty: float = 1.0
+        self, sources: str | Sequence[str], targets: str | Sequence[str], len_penalty: float | None = None
     ) -> list[Scored]:
         """Forced decoding: per (source, target) pair the target's `Scored(tokens, token_logprobs, score)` — the
         log-probability of each target token and of eos, and the sentence score normalised as `translate` ranks
@@ -72,9 +102,11 @@ class Translator:
         hypothesis text re-tokenises differently from the ids the search produced (score those with
         zoo.evaluation.score_ids). Sources are truncated as `translate` truncates them, targets to
         max_positions - 2 tokens (the longest output the search can produce); an empty target scores eos
-        alone. ScoreError unless there is one target per source."""
+        alone. `len_penalty`: default the checkpoint's (`self.search`). ScoreError unless there is one target per
+        source."""
         if isinstance(sources, str):
             sources = [sources]
         if isinstance(targets, str):
             targets = [targets]
-        return score_texts(self.model, self.tokenizer, list(sources), list(targets), len_penalty)
+        penalty = self.search_settings(len_penalty=len_penalty).len_penalty
+        return score_texts(self.model, self.tokenizer, list(sources), list(targets), penalty)

@@ -14,12 +14,12 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from export.runtime.search import Search, SearchError
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import DataError, Example, build_splits, load_tokenizer
 from zoo.errors import one_line_errors
 from zoo.evaluation import Translation, evaluate_examples
 from zoo.flops import format_size_summary, size_summary
-from zoo.generate import Search, SearchError, check_num_hypotheses
 
 
 def _read_lines(path: str) -> list[str]:
@@ -59,9 +59,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         examples = examples[: int(cfg.limit)]
     g = cfg.generation
     search = Search.from_generation(g)
-    nbest = cfg.nbest
-    if nbest is not None:  # refused before decoding anything
-        nbest = check_num_hypotheses(nbest, max(1, search.beam_size))
+    nbest = cfg.nbest  # checked once, before decoding anything, by translate_texts_nbest
     task = payload.get("task", "translation")
     result = evaluate_examples(
         model,

@@ -27,6 +27,8 @@ from zoo.generate import generate_nbest, score_targets
 from zoo.metrics import quality_report, tokenized_bleu
 from zoo.model import Transformer
 
+DEFAULT_SEARCH = Search()  # the search settings' one home, for the defaults of the functions below
+
 
 def encode_sources(tokenizer: TextTokenizer, texts: Sequence[str], max_positions: int) -> list[list[int]]:
     """Token ids per source, truncated as the runtime truncates them (search.truncate_sources)."""
@@ -51,7 +53,7 @@ def translate_texts(
     model: Transformer,
     tokenizer: TextTokenizer,
     texts: Sequence[str],
-    search: Search = Search(),
+    search: Search = DEFAULT_SEARCH,
     max_tokens: int = 6000,
     max_sentences: int = 128,
     progress: bool = False,
@@ -67,7 +69,7 @@ def translate_texts_nbest(
     model: Transformer,
     tokenizer: TextTokenizer,
     texts: Sequence[str],
-    search: Search = Search(),
+    search: Search = DEFAULT_SEARCH,
     num_hypotheses: int = 1,
     max_tokens: int = 6000,
     max_sentences: int = 128,
@@ -98,7 +100,7 @@ def score_ids(
     model: Transformer,
     sources: Sequence[Sequence[int]],
     targets: Sequence[Sequence[int]],
-    len_penalty: float = 1.0,
+    len_penalty: float = DEFAULT_SEARCH.len_penalty,
     max_tokens: int = 6000,
     max_sentences: int = 128,
 ) -> list[Scored]:
@@ -121,7 +123,7 @@ def score_texts(
     tokenizer: TextTokenizer,
     sources: Sequence[str],
     targets: Sequence[str],
-    len_penalty: float = 1.0,
+    len_penalty: float = DEFAULT_SEARCH.len_penalty,
     max_tokens: int = 6000,
     max_sentences: int = 128,
 ) -> list[Scored]:
@@ -146,7 +148,7 @@ def evaluate_examples(
     tokenizer: TextTokenizer,
     examples: Sequence[Example],
     task: str,
-    search: Search = Search(),
+    search: Search = DEFAULT_SEARCH,
     remove_bpe: str | None = None,
     progress: bool = False,
     nbest: int | None = None,

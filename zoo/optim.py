@@ -94,6 +94,17 @@ def budget_left(
     return left
 
 
+def budget_reached(fraction: float, step: int, max_updates: int, elapsed_s: float, max_minutes: float) -> str:
+    """Which limit of a run's budget `fraction` of it has been spent of after `step` updates and `elapsed_s`
+    training seconds: "max_updates", "max_minutes" (0 = no wall-clock limit) or "". One rule for the end of
+    training (fraction 1, the trainer) and for what happens partway (GHT-PS votes at a fractional vote_at)."""
+    if step >= fraction * max_updates:
+        return "max_updates"
+    if max_minutes and elapsed_s >= fraction * max_minutes * 60:
+        return "max_minutes"
+    return ""
+
+
 def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id: int) -> tuple[Tensor, Tensor]:
     """Summed label-smoothed cross-entropy and summed NLL over non-pad target tokens.
 

@@ -24,6 +24,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from export.runtime.search import Search, SearchError
 from zoo import distributed as dist
 from zoo.allocator import cpu_allocator
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
@@ -33,7 +34,6 @@ from zoo.entries import entry_model_config, missing_model_message
 from zoo.errors import ZooError, one_line_errors
 from zoo.evaluation import evaluate_examples
 from zoo.flops import format_size_summary, size_summary
-from zoo.generate import Search, SearchError
 from zoo.ght.procedure import GHTOptions, GHTProcedure
 from zoo.model import ModelConfig, Transformer, build_model
 from zoo.pretrained import Pretrained, load_pretrained, read_init, write_init
@@ -289,7 +289,7 @@ def prepare_data(cfg: DictConfig, run_dir: Path, seed: int, pretrained: Pretrain
 
 def target_lengths(pairs: list[tuple[list[int], list[int]]]) -> dict[str, int]:
     """Median, 99th percentile and longest training target, in pieces (no eos): what an export of a summarizer
-    bounds its summaries by (export.exporter.task_length_defaults), with no corpus at hand."""
+    bounds its summaries by (zoo.api.task_length_defaults), with no corpus at hand."""
     lengths = sorted(len(t) for _, t in pairs) or [0]
     pick = lambda q: lengths[min(len(lengths) - 1, int(q * len(lengths)))]  # noqa: E731
     return {"p50": pick(0.5), "p99": pick(0.99), "max": lengths[-1]}

@@ -25,18 +25,19 @@ import torch
 from torch import Tensor, nn
 from torch.profiler import record_function
 
+from export.runtime.search import Search
 from zoo import distributed as dist
 from zoo.allocator import CPU_ALLOCATORS
 from zoo.checkpoint import average_weights, load_checkpoint, save_checkpoint
 from zoo.data import Example, TextTokenizer
 from zoo.data.batching import Batch, TokenBatchSampler, collate
 from zoo.evaluation import evaluate_examples
-from zoo.generate import Search
 from zoo.model import Transformer
 from zoo.optim import (
     LR_SCHEDULES,
     OPTIMIZER_KERNELS,
     budget_left,
+    budget_reached,
     build_optimizer,
     inverse_sqrt_schedule,
     label_smoothed_loss,
@@ -83,8 +84,8 @@ class TrainerConfig:
     precision: str  # PRECISIONS
     validate_every: int
     valid_quality_sentences: int
-    valid_max_len_a: float
-    valid_max_len_b: int
+    valid_max_len_a: float | None  # None: Search's default
+    valid_max_len_b: int | None
     best_metric: str  # BEST_METRICS
     patience: int  # 0 = off
     average_last: int  # < 2 = off
@@ -349,7 +350,9 @@ class Trainer:
             seed=cfg.seed,
         )
         self.state = TrainState()
-        self.search = Search(beam_size=1, max_len_a=cfg.valid_max_len_a, max_len_b=cfg.valid_max_len_b)
+        self.search = Search.from_generation(
+            {"beam_size": 1, "max_len_a": cfg.valid_max_len_a, "max_len_b": cfg.valid_max_len_b}
+        )
         self.procedure.bind(self)
 
     def _schedule(self) -> torch.optim.lr_scheduler.LambdaLR:
@@ -362,8 +365,7 @@ class Trainer:
         raise ValueError(f"trainer.lr_schedule={kind!r} is not a schedule; use one of {', '.join(LR_SCHEDULES)}")
 
     def budget_left(self, step: int) -> float:
-        """What the linear schedule decays by: the fraction of max_updates / max_minutes left (whichever is
-        smaller), so a run stopped by its wall-clock budget is annealed too."""
+        """What the linear schedule decays by: zoo.optim.budget_left, its wall-clock part from warm-up's end."""
         cfg, st = self.cfg, self.state
         if st.warmup_end_s is None and step >= cfg.warmup_updates:
             st.warmup_end_s = st.elapsed_s
@@ -615,9 +617,9 @@ class Trainer:
         reason = self.procedure.stop_reason(self)
         if reason:
             pass
-        elif st.step >= cfg.max_updates:
+        elif (spent := budget_reached(1.0, st.step, cfg.max_updates, st.elapsed_s, cfg.max_minutes)) == "max_updates":
             reason = f"reached max_updates={cfg.max_updates}"
-        elif cfg.max_minutes and st.elapsed_s >= cfg.max_minutes * 60:
+        elif spent == "max_minutes":
             reason = f"reached the time budget max_minutes={cfg.max_minutes}"
         elif cfg.max_epochs and st.epoch >= cfg.max_epochs:
             reason = f"reached max_epochs={cfg.max_epochs}"

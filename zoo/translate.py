@@ -7,18 +7,21 @@ from __future__ import annotations
 import argparse
 import sys
 
+from export.runtime.search import Search, SearchError
 from zoo.api import Translator
 from zoo.errors import one_line_errors
-from zoo.generate import SearchError
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo.translate", description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", "-c", required=True, help="run directory or .pt file")
-    parser.add_argument("--beam", type=int, default=5, help="beam size (1 = greedy)")
-    parser.add_argument("--len-penalty", type=float, default=1.0)
-    parser.add_argument("--max-len-a", type=float, default=1.2)
-    parser.add_argument("--max-len-b", type=int, default=10)
+    # an unset flag is the checkpoint's own setting (zoo.api.checkpoint_search), else Search's, the values' one home
+    default = Search()
+    own = "default: the checkpoint's, else"
+    parser.add_argument("--beam", type=int, help=f"beam size, 1 = greedy ({own} {default.beam_size})")
+    parser.add_argument("--len-penalty", type=float, help=f"{own} {default.len_penalty}")
+    parser.add_argument("--max-len-a", type=float, help=f"output ≤ a · source + b tokens ({own} {default.max_len_a})")
+    parser.add_argument("--max-len-b", type=int, help=f"{own} {default.max_len_b}")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("text", nargs="*", help="sentences to translate; read stdin lines when none are given")
     args = parser.parse_args(argv)

@@ -221,15 +221,19 @@ _RUNTIME_FIELDS = {
 
 
 def sha256_file(path: Path) -> str:
-    """A file's sha256, read in 1 MiB blocks (graph files are large)."""
+    """A file's sha256 (`sha256_read`): the one digest helper of the project — exports, checkpoints, downloads."""
     with path.open("rb") as fh:
-        return _sha256(fh)
+        return sha256_read(fh)
 
 
-def _sha256(fh: BinaryIO) -> str:
+def sha256_read(fh: BinaryIO, copy_to: BinaryIO | None = None) -> str:
+    """The sha256 of what is left to read in `fh`, read in 1 MiB blocks (graph files are large); each block is
+    also written to `copy_to` when given, so that a copy is checked as it is made (one read, no window between)."""
     digest = hashlib.sha256()
     for block in iter(lambda: fh.read(1 << 20), b""):
         digest.update(block)
+        if copy_to is not None:
+            copy_to.write(block)
     return digest.hexdigest()
 
 
@@ -301,7 +305,7 @@ def read_manifest(
         if name not in held:
             continue
         with open_regular(directory / name) as fh:
-            if check_files and _sha256(fh) != digest:
+            if check_files and sha256_read(fh) != digest:
                 raise ExportedModelError(
                     f"{directory / name} does not match its sha256 in {MANIFEST}; the export is corrupt"
                 )

@@ -300,7 +300,10 @@ class ExportedModel:
         `generate`'s output; fewer than asked only when the search finished fewer (a length limit of 1 token
         leaves the empty hypothesis alone). SearchError for num_hypotheses outside 1 … beam_size."""
         search = search or self.search
-        n = check_num_hypotheses(num_hypotheses, search.beam_size)
+        return self._nbest(src, search, check_num_hypotheses(num_hypotheses, search.beam_size), limits)
+
+    def _nbest(self, src: np.ndarray, search: Search, n: int, limits: RowLimits | None) -> list[list[Hypothesis]]:
+        """`generate_nbest` with `n` already checked — once per call, where the value came in, not per batch."""
         if search.beam_size <= 1:
             return [[h] for h in self._greedy(src, search, limits)]
         return [hyps[:n] for hyps in self._beam(src, search, limits)]
@@ -362,14 +365,26 @@ class ExportedModel:
         first, in input order (the first text is `translate_encoded`'s output). `limits`: each source's length
         bounds in place of search's (a server batching requests whose length settings differ). SearchError for
         num_hypotheses outside 1 … beam_size, raised before anything runs."""
-        num_hypotheses = check_num_hypotheses(num_hypotheses, search.beam_size)
+        n = check_num_hypotheses(num_hypotheses, search.beam_size)
         if limits is not None and len(limits.max_len) != len(encoded):
             raise SearchError(f"got length bounds for {len(limits.max_len)} sentences but {len(encoded)} sources")
+        return self._translate_nbest(encoded, search, n, max_tokens, max_sentences, limits)
+
+    def _translate_nbest(
+        self,
+        encoded: Sequence[Sequence[int]],
+        search: Search,
+        n: int,
+        max_tokens: int | None,
+        max_sentences: int | None,
+        limits: RowLimits | None = None,
+    ) -> list[list[Translation]]:
+        """`translate_encoded_nbest` with its arguments already checked (by it, or by `translate`)."""
         outputs: list[list[Translation]] = [[] for _ in encoded]
 
         def run(model: ExportedModel, idx: list[int]) -> list[list[Hypothesis]]:
             part = None if limits is None else limits.take(idx)
-            return model.generate_nbest(model.pad([encoded[i] for i in idx]), search, num_hypotheses, part)
+            return model._nbest(model.pad([encoded[i] for i in idx]), search, n, part)
 
         batches = self._batches([len(e) for e in encoded], max_tokens, max_sentences)
         for idx, nbest in zip(batches, self.replicas.map(run, batches), strict=True):
@@ -412,7 +427,7 @@ class ExportedModel:
         if num_hypotheses is None and not return_scores:
             return self.translate_encoded(self.encode_texts(texts), search, max_tokens, max_sentences)
         n = check_num_hypotheses(1 if num_hypotheses is None else num_hypotheses, search.beam_size)
-        return self.translate_encoded_nbest(self.encode_texts(texts), search, n, max_tokens, max_sentences)
+        return self._translate_nbest(self.encode_texts(texts), search, n, max_tokens, max_sentences)
 
     # ------------------------------------------------------------------ forced decoding
     def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:

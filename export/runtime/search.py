@@ -39,6 +39,12 @@ SEARCH_LIMITS: dict[str, tuple[int | float, int | float]] = {
     "shortlist": (0, 1),  # 1: decode over the export's vocabulary shortlist (shortlist.py), 0: the whole vocabulary
 }
 _INTEGER_SETTINGS = frozenset({"beam_size", "max_len_b", "min_len", "shortlist"})
+# A server's default budgets in decoder row-steps (rows × beam × max output tokens: ExportedModel.request_cost), one
+# home for serve's settings and the Triton models: they keep one request of the CPU preset's model (d_model 256,
+# 3+3 layers) to a few seconds on one core (serve/README.md measures them)
+DEFAULT_MAX_REQUEST_COST = 10_000  # the most one request may ask for (more: refused)
+DEFAULT_MAX_EXECUTE_COST = 40_000  # the most one batch runs at once (the rest waits for the next batch)
+DEFAULT_EXPRESS_COST = 1_000  # requests up to this (≈ 4 sentences at beam 5) run in the express lane
 # what the error says when a setting sent as text is not written as `_integer_text` / `_decimal_text` read it
 WRITTEN = {
     True: "written in ASCII digits (e.g. '10'; no '_', exponent, '+' or other scripts)",
@@ -148,8 +154,9 @@ class Search:
     @classmethod
     def from_generation(cls, gen: Mapping[str, Any]) -> Search:
         """The one conversion of a `generation` node — a config's (train, evaluate, export) or a manifest's —
-        into settings; keys it lacks keep their defaults, and its batching keys are not search settings."""
-        return cls(**{f.name: gen[f.name] for f in fields(cls) if f.name in gen})
+        into settings; keys it lacks or leaves None (a config's null) keep their defaults, the values written
+        here only, and its batching keys are not search settings."""
+        return cls(**{f.name: gen[f.name] for f in fields(cls) if gen.get(f.name) is not None})
 
 
 class Hypothesis(NamedTuple):

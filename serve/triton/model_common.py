@@ -54,6 +54,11 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from export_runtime.search import (  # budgets in decoder row-steps (rows × beam × max output tokens)
+    DEFAULT_EXPRESS_COST,
+    DEFAULT_MAX_EXECUTE_COST,
+    DEFAULT_MAX_REQUEST_COST,
+)
 from model_lanes import EXPRESS_BATCHES, Lane, Ticket
 from model_metrics import ModelMetrics
 
@@ -86,11 +91,6 @@ RESERVED = frozenset(
 )
 OUTPUT_SETTINGS = ("num_hypotheses", "return_scores")  # what to return, beside the search settings
 SCORING_SETTINGS = ("len_penalty",)  # what a scoring request (with TARGET) may set
-# Budgets in decoder row-steps (rows × beam × max output tokens). The defaults keep one request of the CPU
-# preset's model (d_model 256, 3+3 layers) to a few seconds on one core: measured in serve/README.md.
-DEFAULT_MAX_REQUEST_COST = 10_000
-DEFAULT_MAX_EXECUTE_COST = 40_000
-DEFAULT_EXPRESS_COST = 1_000  # requests up to this (≈ 4 sentences at beam 5) run in the express lane
 QUEUED_BATCHES = 4  # a lane holds at most this many batches' worth of work (max_queued_cost by default)
 EXPRESS, BULK = "express", "bulk"
 MAX_PIECE_CHARS = 16  # sentencepiece's default max_sentencepiece_length: a token covers at most this many chars

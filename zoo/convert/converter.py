@@ -13,10 +13,10 @@ with one line naming the field or weight, and no file appears):
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
+from export.runtime.manifest import sha256_file
 from zoo.checkpoint import save_checkpoint
 from zoo.convert import fsmt, marian
 from zoo.convert.common import generation_defaults
@@ -27,10 +27,6 @@ FAMILIES = {"marian": marian, "fsmt": fsmt}  # --from: the module that reads tha
 FORMATS = tuple(FAMILIES)
 HELDOUT_SENTENCES = 32  # as zoo.train stores: what export verifies on and keep_heads= scores heads with
 DATA_NAME = "pretrained"  # the data part of the public name <entry>-<data>: no corpus trained it here
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def read_heldout(src: Path, tgt: Path) -> dict[str, list[str]]:
@@ -81,7 +77,7 @@ def convert(
         "converted_from": {
             "format": source_format,
             "directory": str(directory.resolve()),
-            "files": {p.name: _sha256(p) for p in files},
+            "files": {p.name: sha256_file(p) for p in files},
         },
     }
     save_checkpoint(out, payload)

@@ -23,6 +23,7 @@ from zoo.ght.features import MODULE_KINDS, head_points, module_kind
 from zoo.ght.kmeans import group_means, kmeans
 from zoo.ght.voting import RENAMED, SELECTIONS, fixed_groups, head_votes, plot_votes, select_heads
 from zoo.model import Transformer
+from zoo.optim import budget_reached
 from zoo.trainer import Procedure, Trainer, spread_sample
 
 log = logging.getLogger("zoo.ght")
@@ -276,18 +277,20 @@ class GHTProcedure(Procedure):
             self._probe(trainer)
         if not self.options.prune:
             return
-        limit = self.options.vote_at if self.options.vote_at >= 1 else self.options.vote_at * trainer.cfg.max_updates
-        # a fractional vote_at is a fraction of the budget, and on the CPU preset the budget that ends
-        # training is wall time (max_minutes), not max_updates: without this GCT never reaches voting there
-        minutes = trainer.cfg.max_minutes or 0
-        vote_at = self.options.vote_at
-        out_of_time = vote_at < 1 and minutes > 0 and trainer.state.elapsed_s >= vote_at * minutes * 60
+        # a fractional vote_at is a fraction of the budget, by the trainer's own rule: on the CPU preset the budget
+        # that ends training is wall time (max_minutes), not max_updates — without it GCT never reaches voting there
+        vote_at, cfg = self.options.vote_at, trainer.cfg
+        spent = (
+            ("max_updates" if self.step >= vote_at else "")
+            if vote_at >= 1
+            else budget_reached(vote_at, self.step, cfg.max_updates, trainer.state.elapsed_s, cfg.max_minutes or 0)
+        )
         if self.options.vote_trigger == "converged" and self.converged_checks >= self.options.patience:
             why = "trained groups' centres converged on the probe batch"
-        elif self.step >= limit:
-            why = f"reached vote_at={self.options.vote_at}"
-        elif out_of_time:
-            why = f"reached vote_at={self.options.vote_at} of max_minutes={minutes}"
+        elif spent == "max_updates":
+            why = f"reached vote_at={vote_at}"
+        elif spent == "max_minutes":
+            why = f"reached vote_at={vote_at} of max_minutes={cfg.max_minutes or 0}"
         else:
             return
         log.info("GCT stage ends at update %d (%s): Voting-to-Stay", self.step, why)

@@ -25,11 +25,10 @@ import numpy as np
 
 import export
 from export.rss_probe import vm_hwm
+from export.runtime.search import Search
 
 
-def workload_lengths(
-    max_positions: int, encoded: list[list[int]], lengths: Sequence[int], search: export.Search
-) -> list[int]:
+def workload_lengths(max_positions: int, encoded: list[list[int]], lengths: Sequence[int], search: Search) -> list[int]:
     """Each sentence's forced output tokens: its given length, at most what the search's limit lets it emit
     (a model's position limit enters only through `max_positions`, so equal limits give equal work)."""
     limits = export.runtime.max_lengths(np.array([len(e) for e in encoded]), search, max_positions)
@@ -42,7 +41,7 @@ def lengths_digest(lengths: Sequence[int]) -> str:
 
 
 def measure(
-    model: export.ExportedModel, encoded: list[list[int]], lengths: list[int], search: export.Search, batch: int
+    model: export.ExportedModel, encoded: list[list[int]], lengths: list[int], search: Search, batch: int
 ) -> dict[str, Any]:
     """Decode every sentence once to its forced length (length-sorted batches) after one untimed warm-up batch;
     checks that every output has its forced length."""
@@ -76,9 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--texts", required=True, help="source sentences, one per line")
     parser.add_argument("--lengths", required=True, help="JSON list: output tokens per sentence (without eos)")
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--beam-size", type=int, default=5)
-    parser.add_argument("--max-len-a", type=float, default=1.2)
-    parser.add_argument("--max-len-b", type=int, default=10)
+    default = Search()  # the settings' one home
+    parser.add_argument("--beam-size", type=int, default=default.beam_size)
+    parser.add_argument("--max-len-a", type=float, default=default.max_len_a)
+    parser.add_argument("--max-len-b", type=int, default=default.max_len_b)
     parser.add_argument("--threads", type=int, default=None, help="ORT intra-op threads (default: the export's)")
     parser.add_argument("--out", help="also write the JSON record here")
     args = parser.parse_args(argv)
@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--batch={args.batch}: give a positive batch size")
     try:
         model = export.load(args.model, threads=args.threads)
-        search = export.Search(beam_size=args.beam_size, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+        search = Search(beam_size=args.beam_size, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
     except export.runtime.ExportRuntimeError as exc:
         parser.error(str(exc))
     encoded = model.encode_texts(texts)

@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from export.runtime.search import Search
 from zoo.errors import ZooError
 
 TASK_METRICS = {"translation": ("bleu", "chrf"), "summarization": ("rouge1", "rouge2", "rougeL")}
@@ -34,6 +35,7 @@ MARGIN_EXPECTATIONS = ("match", "not_worse", "not_better")
 OURS = "ours"  # `paper: ours`: a question of this project, not a paper's claim — its own table, no quote needed
 CLAIM_KEYS = ("paper", "claim", "design", "system", "baseline", "expect")
 SOURCE_KEYS = ("paper", "where", "quote")
+DEFAULT_SEARCH = Search()  # a speed setting without max_len_a/b bounds its outputs as every search does by default
 
 
 class SuiteError(ZooError, ValueError):
@@ -229,8 +231,8 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
             name=str(s["name"]),
             beam_size=int(s["beam_size"]),
             batch=int(s["batch"]),
-            max_len_a=float(s.get("max_len_a", 1.2)),
-            max_len_b=int(s.get("max_len_b", 10)),
+            max_len_a=float(s.get("max_len_a", DEFAULT_SEARCH.max_len_a)),
+            max_len_b=int(s.get("max_len_b", DEFAULT_SEARCH.max_len_b)),
         )
         for s in speed.get("settings", [])
     )
