@@ -54,11 +54,6 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from export_runtime.search import (  # budgets in decoder row-steps (rows × beam × max output tokens)
-    DEFAULT_EXPRESS_COST,
-    DEFAULT_MAX_EXECUTE_COST,
-    DEFAULT_MAX_REQUEST_COST,
-)
 from model_lanes import EXPRESS_BATCHES, Lane, Ticket
 from model_metrics import ModelMetrics
 
@@ -69,6 +64,11 @@ PACKAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "packages")
 if PACKAGES not in sys.path:
     sys.path.insert(0, PACKAGES)
 from export import runtime as export_runtime  # noqa: E402 (after the line above, which finds it)
+from export.runtime.search import (  # noqa: E402 — budgets in decoder row-steps (rows × beam × max output tokens)
+    DEFAULT_EXPRESS_COST,
+    DEFAULT_MAX_EXECUTE_COST,
+    DEFAULT_MAX_REQUEST_COST,
+)
 
 INPUT = "TEXT"
 TARGET = "TARGET"
