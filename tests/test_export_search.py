@@ -16,6 +16,7 @@ import torch
 import export
 from export import runtime as rt
 from export.pruning import prune
+from export.runtime.search import Scored, Search
 from export.verify import encode_pairs, graph_parity
 from tests.export_testing import (
     PLAN,
@@ -25,7 +26,6 @@ from zoo import evaluation
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import Tokenizer
 from zoo.evaluation import score_ids, translate_texts, translate_texts_nbest
-from export.runtime.search import Scored, Search
 from zoo.generate import TorchStep, generate
 
 
@@ -184,7 +184,6 @@ def test_max_lengths_match_torch() -> None:
     for a in (0.0, 0.5, 1.1, 1.2, 1.5, 2.0):
         for b in (0, 3, 10):
             for limit in (64, 256, 1024):
-                search = Search(max_len_a=a, max_len_b=b)
                 # torch's (a·len + b).long() in float32, capped at the position limit, clamped to [1, limit - 1]
                 raw = torch.minimum(torch.tensor(a) * src.ne(0).sum(1).float() + b, torch.tensor(float(limit)))
                 ref = raw.long().clamp(1, limit - 1).numpy()
@@ -312,9 +311,9 @@ def _clearly_ranked(lp: np.ndarray, tol: float = 1e-4) -> np.ndarray:
 @pytest.mark.parametrize("entry", TRAINED_ENTRIES)
 def test_the_torch_step_equals_the_runtime_stepper(entry: str, exported, smoke_run, smoke_corpus) -> None:
     """Both engines run the runtime's one search loop; what differs is their step. Fed the same tokens and the
-    same row selections (beams reordered within their sentence, with repeats; sentences leaving), the zoo model's `TorchStep` (cached
-    and full recompute) and the exported graph's `Stepper` give every row the same best tokens, log-probs equal to
-    1e-4."""
+    same row selections (beams reordered within their sentence, with repeats; sentences leaving), the zoo model's
+    `TorchStep` (cached and full recompute) and the exported graph's `Stepper` give every row the same best tokens,
+    log-probs equal to 1e-4."""
     out, manifest = exported(entry)
     payload = load_checkpoint(smoke_run(entry))
     _, reference = prune(model_from_checkpoint(payload), manifest["head_plan"], remove=False)

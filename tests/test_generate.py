@@ -11,6 +11,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from export.runtime.search import ScoreError, Search, SearchError, check_num_hypotheses, max_lengths
 from tests.export_testing import TRAINED_ENTRIES
 from tests.zoo_testing import ENTRIES, tiny_model
 from zoo.api import Translator
@@ -18,7 +19,6 @@ from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import Tokenizer
 from zoo.entries import CONF_DIR
 from zoo.evaluate import evaluate
-from export.runtime.search import ScoreError, Search, SearchError, check_num_hypotheses, max_lengths
 from zoo.generate import generate, generate_nbest, score_targets
 
 
@@ -188,11 +188,12 @@ def test_translator_nbest_and_score(smoke_run) -> None:
 
 
 def test_evaluate_writes_an_nbest_file(smoke_run, tmp_path) -> None:
+    checkpoint = smoke_run("transformer")  # trained (with Hydra of its own) before the compose below
+
     def run(out, *extra: str) -> dict:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(
-                "evaluate",
-                [f"checkpoint={smoke_run('transformer')}", f"out={out}", "limit=6", "generation.beam_size=3", *extra],
+                "evaluate", [f"checkpoint={checkpoint}", f"out={out}", "limit=6", "generation.beam_size=3", *extra]
             )
         return evaluate(cfg)
 
