@@ -35,13 +35,13 @@ only mode where analytic FLOPs describe the work exactly), plus the GHT paper's 
 by default), always measured with at least 3 interleaved rounds and summarised last. With
 `--pruned-export`, pruned vs unpruned speed (torch and ORT) next to the analytic FLOP ratio of the
 same work. With `--roofline`, each fixed-length point is set against this machine's limits, measured in the
-same run (export/roofline.py): the time its own matmuls — the encoder's, then every step's at its rows — take
+same run (export/bench/roofline.py): the time its own matmuls — the encoder's, then every step's at its rows — take
 at the faster of torch.mm and onnxruntime's MatMul on each shape, over the measured time (fp32 engines), and
 at batch 1 the weight bytes the steps read over the measured memory read bandwidth (INT8: one byte per weight);
-`python -m export.bench_table REPORT --limits` renders that table. With `--int8-export` the INT8 export is
+`python -m export.bench.table REPORT --limits` renders that table. With `--int8-export` the INT8 export is
 timed beside fp32 (pair int8/ort). Peak memory in-process is the rise of the process's peak RSS (VmHWM, reset through
 /proc/self/clear_refs) over its RSS before one run of the point; what a torch-free server pays is
-measured in a fresh process per runtime and export (export/rss_probe.py: VmHWM after loading and
+measured in a fresh process per runtime and export (export/bench/rss_probe.py: VmHWM after loading and
 after the headline work) next to the export's weight bytes. With `--int8-export`, BLEU of fp32 vs
 INT8 ORT on the test split (paired bootstrap).
 
@@ -80,12 +80,12 @@ import numpy as np
 import onnx
 import torch
 
-from export import rss_probe
 from export import runtime as runtime_package
-from export.bench_table import machine, paired_ratio
+from export.bench import rss_probe
+from export.bench.roofline import MachineLimits, decoder_steps, matmul_flops, search_matmuls, step_weight_bytes
+from export.bench.table import machine, paired_ratio
 from export.graph import ExportError
 from export.pruning import prune
-from export.roofline import MachineLimits, decoder_steps, matmul_flops, search_matmuls, step_weight_bytes
 from export.runtime import ExportedModel, ExportRuntimeError, Search, load
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import build_splits
@@ -154,7 +154,7 @@ def fresh_process_rss(
     runtime_file: Path, export_dir: Path, batches: list[np.ndarray], threads: int, spinning: bool, fixed_len: int
 ) -> dict[str, Any]:
     """Peak RSS (MB) of a new interpreter that imports only `runtime_file` (a runtime package or file), loads
-    the export and decodes `batches` once with beam 5 to exactly `fixed_len` tokens (export/rss_probe.py): what
+    the export and decodes `batches` once with beam 5 to exactly `fixed_len` tokens (export/bench/rss_probe.py): what
     a torch-free server pays, which this process — torch, the checkpoint, every engine — cannot show."""
     with tempfile.TemporaryDirectory(prefix="bench-rss-") as tmp:
         work = Path(tmp) / "batches.npz"
