@@ -57,6 +57,10 @@ INT8 ORT on the test split (paired bootstrap).
   memory    a fresh torch-free process per runtime and export on the headline's batches
   pruning   with --pruned-export: pruned vs unpruned speed on the last point's batches, beside the FLOP ratio
   int8      with --int8-export: BLEU of fp32 vs INT8
+
+One point — its batches, the engines timed interleaved, its record and line — is export/bench/points.py; peak
+memory is export/bench/memory.py; the pruning and int8 steps, which compare two exports of one checkpoint,
+are export/bench/variants.py.
 """
 
 from __future__ import annotations
@@ -64,36 +68,25 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
-import statistics
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
-import onnx
 import torch
 
 from export import runtime as runtime_package
 from export.bench import rss_probe
-from export.bench.roofline import MachineLimits, decoder_steps, matmul_flops, search_matmuls, step_weight_bytes
-from export.bench.table import machine, paired_ratio
+from export.bench.memory import export_weights, fresh_process_rss
+from export.bench.points import Inputs, Sweep, load_sentences, make_batches, pair, pairs_text, point_line, searches
+from export.bench.roofline import MachineLimits
+from export.bench.table import machine
+from export.bench.variants import int8_bleu, pruned_vs_unpruned
 from export.graph import ExportError
 from export.pruning import prune
 from export.runtime import ExportedModel, ExportRuntimeError, Search, load
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
-from zoo.data import build_splits
 from zoo.errors import one_line_errors
-from zoo.flops import model_flops
-from zoo.generate import generate
-from zoo.metrics import paired_bootstrap
-from zoo.model import Transformer
 
 TARGETS = {("greedy", 1): 1.5, ("beam5", 32): 1.2}  # ORT / torch sentences-per-second, natural mode
 HEADLINE_BEAM, HEADLINE_BATCH, HEADLINE_SENTENCES = 5, 32, 64  # the fixed-length point every run measures
@@ -101,79 +94,6 @@ HEADLINE_MIN_ROUNDS = 3
 BASELINE_MODULE = "export_bench_baseline_runtime"  # the module name another runtime is imported under
 SQUARE = (1024, 1024, 1024)  # the matmul of the header's roofline: what a kernel reaches at its best
 RUNTIME_FILE = Path(runtime_package.__file__).parent.resolve()  # the runtime engine `ort` runs (export.runtime)
-
-
-# ---------------------------------------------------------------------------------------------- memory
-def _status(field: str) -> int:
-    """A /proc/self/status value in bytes (0 where /proc is unavailable)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def peak_rss_rise(fn: Callable[[], Any]) -> int | None:
-    """Bytes the peak RSS rose above the current RSS while `fn` ran (None if it cannot be reset)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-    except OSError:
-        return None
-    base = _status("VmRSS")
-    fn()
-    return max(0, _status("VmHWM") - base)
-
-
-def graph_weight_bytes(path: str | Path) -> int:
-    """Bytes of every initializer of an ONNX graph, from dims × element size: tensors kept in external data
-    files count without being read, and nothing is deduplicated (a tied embedding in both graphs counts twice)."""
-    graph = onnx.load(str(path), load_external_data=False).graph
-    return sum(
-        math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in graph.initializer
-    )
-
-
-def export_weights(runtime: ExportedModel) -> dict[str, Any]:
-    """What the export weighs: initializer bytes per graph (what ORT holds), and the exported model's unique
-    parameters from the manifest (shared tensors once) at 4 bytes each — the fp32 model the graphs encode."""
-    graphs = runtime.manifest["graphs"]
-    per_graph = {k: graph_weight_bytes(runtime.directory / graphs[k]["file"]) for k in ("encoder", "decoder")}
-    params = runtime.manifest.get("size", {}).get("after", {}).get("params")
-    return {
-        "encoder_bytes": per_graph["encoder"],
-        "decoder_bytes": per_graph["decoder"],
-        "graph_bytes": sum(per_graph.values()),
-        "unique_params": params,
-        "unique_param_bytes_fp32": 4 * params if params is not None else None,
-    }
-
-
-def fresh_process_rss(
-    runtime_file: Path, export_dir: Path, batches: list[np.ndarray], threads: int, spinning: bool, fixed_len: int
-) -> dict[str, Any]:
-    """Peak RSS (MB) of a new interpreter that imports only `runtime_file` (a runtime package or file), loads
-    the export and decodes `batches` once with beam 5 to exactly `fixed_len` tokens (export/bench/rss_probe.py): what
-    a torch-free server pays, which this process — torch, the checkpoint, every engine — cannot show."""
-    with tempfile.TemporaryDirectory(prefix="bench-rss-") as tmp:
-        work = Path(tmp) / "batches.npz"
-        np.savez(work, *batches)
-        command = [sys.executable, str(Path(rss_probe.__file__).resolve()), "--runtime", str(runtime_file)]
-        command += ["--export", str(export_dir), "--batches", str(work), "--threads", str(threads)]
-        command += ["--beam", str(HEADLINE_BEAM), "--fixed-len", str(fixed_len)]
-        command += ["--spinning"] if spinning else []
-        proc = subprocess.run(command, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise ExportError(f"the memory probe failed ({' '.join(command)}): {proc.stderr.strip()[-2000:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {
-        "after_load_mb": out["after_load_bytes"] / 1e6,
-        "peak_mb": out["peak_bytes"] / 1e6,
-        "seconds": out["seconds"],
-        "sentences": out["sentences"],
-        "torch_imported": out["torch_imported"],
-    }
 
 
 # ---------------------------------------------------------------------------------------------- baseline runtime
@@ -255,248 +175,6 @@ def load_with_baseline(
     return baseline
 
 
-def search_for(engine: Any, search: Search) -> Any:
-    """`search` as the Search class of the runtime module that defined `engine` (a baseline runtime has its
-    own class; fields it does not know are left out)."""
-    cls = sys.modules[type(engine).__module__].Search
-    if cls is Search:
-        return search
-    known = {f.name for f in fields(cls)}
-    return cls(**{k: v for k, v in asdict(search).items() if k in known})
-
-
-# ---------------------------------------------------------------------------------------------- work
-def load_sentences(
-    payload: dict[str, Any] | None, path: str | None, n: int, runtime: ExportedModel
-) -> tuple[list[str], list[str] | None]:
-    """Source sentences (and references when known): a file, else the checkpoint's test split,
-    else its held-out sentences repeated (the export's own held-out sample without a checkpoint)."""
-    if path:
-        lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-        return (lines * (n // max(len(lines), 1) + 1))[:n], None
-    if payload is None:
-        if "heldout" not in runtime.manifest:
-            raise ExportError(f"{runtime.directory} has no held-out sample: give --src (or --checkpoint)")
-        held = json.loads((runtime.directory / runtime.manifest["heldout"]).read_text(encoding="utf-8"))["src"]
-        return (held * (n // len(held) + 1))[:n], None
-    try:
-        test = build_splits(payload["data_config"]).test
-        if test:
-            reps = n // len(test) + 1  # a small test set is repeated to fill the largest batch
-            return [e.src for e in test] * reps, [e.tgt for e in test] * reps
-    except Exception as exc:  # corpus not available here: fall back to the held-out sample
-        print(f"(test split unavailable: {exc}; using the checkpoint's held-out sentences)")
-    held = payload["heldout"]["src"]
-    return (held * (n // len(held) + 1))[:n], None
-
-
-def make_batches(runtime: ExportedModel, texts: list[str], batch: int, count: int) -> list[np.ndarray]:
-    """`count` sentences, sorted by length (as evaluation buckets them), in padded batches of `batch`."""
-    ids = runtime.encode_texts(texts[:count])
-    ids.sort(key=len)
-    return [runtime.pad(ids[i : i + batch]) for i in range(0, len(ids), batch)]
-
-
-def work_flops(model: Transformer, batches: list[np.ndarray], out_len: int, beam: int, pad: int) -> int:
-    """Analytic FLOPs (zoo.flops conventions) of decoding every sentence to exactly `out_len`
-    tokens with `beam` rows: encoder once, decoder and vocabulary projection per beam row. Padding
-    and the incremental path's half-triangle self-attention are not modelled."""
-    total = 0
-    for src in batches:
-        for n in (src != pad).sum(1).tolist():
-            f = model_flops(model, src_len=max(1, n), tgt_len=out_len)
-            total += f["encoder"] + beam * (f["decoder"] + f["output_proj"])
-    return total
-
-
-# ---------------------------------------------------------------------------------------------- timing
-def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
-    """Run every fn `repeats` times, alternating the order each round; wall seconds per call."""
-    names = list(fns)
-    for name in names:  # warm-up (allocators, ORT's first-run planning)
-        fns[name]()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(repeats):
-        for name in names if r % 2 == 0 else reversed(names):
-            start = time.perf_counter()
-            fns[name]()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
-def _searches(spec: str, fixed_len: int | None) -> Search:
-    beam = 1 if spec == "greedy" else int(spec.removeprefix("beam"))
-    if fixed_len:
-        return Search(beam_size=beam, max_len_a=0.0, max_len_b=fixed_len, min_len=fixed_len)
-    return Search(beam_size=beam)
-
-
-def bench_point(
-    label: str,
-    engines: dict[str, tuple[str, Any]],
-    batches: list[np.ndarray],
-    search: Search,
-    repeats: int,
-    flops_models: dict[str, Transformer] | None = None,
-    out_len: int | None = None,
-    pad: int = 0,
-    pairs: Sequence[tuple[str, str]] = (),
-    limits: MachineLimits | None = None,
-) -> dict[str, Any]:
-    """Time engines {name: ("torch", model) | ("ort", runtime)} on the same batches and search; `pairs`
-    [(engine, its baseline), …] get a speed ratio and a hypothesis agreement each (default: the second
-    engine against the first). `ratio` is the first pair's. With analytic FLOPs and `limits`, each fp32 engine's
-    GFLOP/s is set against the step's own matmul roofline, and at batch 1 its weight traffic against the
-    measured read bandwidth (roofline.py)."""
-    tensors = [torch.from_numpy(b) for b in batches]
-    results: dict[str, list[list[int]]] = {}
-
-    def runner(name: str, kind: str, engine: Any) -> Callable[[], None]:
-        if kind == "torch":
-
-            def run() -> None:
-                results[name] = [h for src in tensors for h in generate(engine, src, search)]
-
-        else:
-            own = search_for(engine, search)
-
-            def run() -> None:
-                results[name] = [h for src in batches for h in engine.generate(src, own)]
-
-        return run
-
-    fns = {name: runner(name, kind, engine) for name, (kind, engine) in engines.items()}
-    times = interleaved(fns, repeats)
-    sentences = sum(len(b) for b in batches)
-    point: dict[str, Any] = {
-        "label": label,
-        "sentences": sentences,
-        "batch": len(batches[0]),
-        "search": asdict(search),
-        "rounds": repeats,
-        "engines": {},
-    }
-    for name in engines:
-        med = statistics.median(times[name])
-        entry = {
-            "median_s": med,
-            "sentences_per_s": sentences / med,
-            "times_s": times[name],
-            "peak_rss_rise_mb": None,
-        }
-        rise = peak_rss_rise(fns[name])
-        if rise is not None:
-            entry["peak_rss_rise_mb"] = rise / 1e6
-        if flops_models and out_len and name in flops_models:
-            flops = work_flops(flops_models[name], batches, out_len, search.beam_size, pad)
-            entry.update(gflops=flops / 1e9, gflops_per_s=flops / med / 1e9)
-            if limits is not None:
-                width = 1.0 if name.startswith("int8") else 4.0  # bytes per MatMul weight
-                entry.update(_against_limits(flops_models[name], limits, batches, search, out_len, med, width))
-        point["engines"][name] = entry
-    names = list(engines)
-    if not pairs and len(names) >= 2:
-        pairs = [(names[1], names[0])]
-    point["pairs"] = [
-        {
-            "engine": new,
-            "baseline": base,
-            "ratio": point["engines"][new]["sentences_per_s"] / point["engines"][base]["sentences_per_s"],
-            "paired_ratio": paired_ratio(times[base], times[new]),
-            "identical": sum(a == b for a, b in zip(results[base], results[new], strict=True)),
-        }
-        for new, base in pairs
-    ]
-    if point["pairs"]:
-        point["ratio"] = point["pairs"][0]["ratio"]
-    return point
-
-
-def _against_limits(
-    model: Transformer,
-    limits: MachineLimits,
-    batches: list[np.ndarray],
-    search: Search,
-    out_len: int,
-    seconds: float,
-    bytes_per_weight: float,
-) -> dict[str, Any]:
-    """A fixed-length point against the machine's limits (roofline.py). Arithmetic, for fp32 engines: the time the
-    search's own matmuls (encoder, then every step at its rows) take at the best kernel's speed on their shapes, over
-    the measured time — the same work on both sides, so everything else the search does counts against it. Memory,
-    at batch 1: the weight bytes every step reads over the measured read bandwidth; the encoder's time is in
-    `seconds` too, so that share is a lower bound of the decoder's own."""
-    out: dict[str, Any] = {}
-    if bytes_per_weight == 4:  # INT8 MatMuls have no fp32 roofline
-        shapes = search_matmuls(model, batches, out_len, search.beam_size)
-        flops, ideal = matmul_flops(shapes), limits.matmul_seconds(shapes)
-        out.update(
-            matmul_gflop=flops / 1e9,
-            matmul_gflops_per_s=flops / seconds / 1e9,
-            roofline_gflops=flops / ideal / 1e9,
-            roofline_seconds=ideal,
-            efficiency=ideal / seconds,
-        )
-    if len(batches[0]) == 1:
-        steps = decoder_steps(batches, out_len)
-        weights = step_weight_bytes(model, bytes_per_weight)
-        gbps = weights * steps / seconds / 1e9
-        out.update(step_weight_bytes=weights, weight_gb_per_s=gbps, bandwidth_fraction=gbps / limits.bandwidth_gbps)
-    return out
-
-
-def pair(point: dict[str, Any], engine: str, baseline: str) -> dict[str, Any] | None:
-    """The point's comparison of `engine` against `baseline`, if it made one."""
-    return next((p for p in point["pairs"] if (p["engine"], p["baseline"]) == (engine, baseline)), None)
-
-
-def _pairs_text(p: dict[str, Any]) -> str:
-    same = p.get("same_model", True)
-    return ", ".join(
-        f"{q['engine']}/{q['baseline']} {q['ratio']:.2f}x"
-        + f" (paired {q['paired_ratio']:.2f}x)"
-        + (f" (same hyps {q['identical']}/{p['sentences']})" if same else "")
-        for q in p["pairs"]
-    )
-
-
-def _line(p: dict[str, Any], roofline: float | None) -> str:
-    parts = []
-    for n, e in p["engines"].items():
-        s = f"{n} {e['sentences_per_s']:8.1f} sent/s"
-        if "gflops_per_s" in e:
-            s += f" ({e['gflops_per_s']:.2f} GFLOP/s"
-            s += f" = {100 * e['gflops_per_s'] / roofline:.1f}% of mm" if roofline else ""
-            if "efficiency" in e:
-                s += f"; matmuls {e['matmul_gflops_per_s']:.2f} GFLOP/s = {100 * e['efficiency']:.0f}% of their"
-                s += f" roofline {e['roofline_gflops']:.1f}"
-            if "bandwidth_fraction" in e:
-                s += f"; weights {e['weight_gb_per_s']:.1f} GB/s = {100 * e['bandwidth_fraction']:.0f}% of memory"
-            s += ")"
-        if e["peak_rss_rise_mb"] is not None:
-            s += f" peak +{e['peak_rss_rise_mb']:.0f}MB"
-        parts.append(s)
-    ratios = f"  {_pairs_text(p)}" if p["pairs"] else ""
-    return f"  {p['label']:<37} " + " | ".join(parts) + ratios
-
-
-def _mb(n: float) -> str:
-    """Bytes as MB (1e6), whole above 10 MB; a tiny test model's weights would print as 0 otherwise."""
-    return f"{n / 1e6:.0f}" if n >= 1e7 else f"{n / 1e6:.2f}"
-
-
-def _memory_line(kind: str, fixed_len: int, entry: dict[str, Any]) -> str:
-    w = entry["weights"]
-    engines = ", ".join(
-        f"{name} peak {_mb(m['peak_mb'] * 1e6)} MB (after load {_mb(m['after_load_mb'] * 1e6)} MB)"
-        for name, m in entry["engines"].items()
-    )
-    unique = f"{_mb(w['unique_param_bytes_fp32'])} MB weights" if w["unique_params"] is not None else "weights"
-    graphs = f"unique fp32 parameters; encoder {_mb(w['encoder_bytes'])} + decoder {_mb(w['decoder_bytes'])} MB"
-    work = f"beam {HEADLINE_BEAM} × batch {HEADLINE_BATCH}, fixed {fixed_len}"
-    return f"memory (fresh process, {work}): {kind} {engines} for {unique} ({graphs} in the graphs)"
-
-
 # ---------------------------------------------------------------------------------------------- main
 def run(args: argparse.Namespace) -> dict[str, Any]:
     previous_threads = torch.get_num_threads()
@@ -522,54 +200,16 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     if inputs.limits is not None:  # every shape the points timed
         report["limits"] = inputs.limits.as_json()
     if args.pruned_export:
-        report["pruning"] = _pruning(args, inputs, last_batches)
+        report["pruning"] = pruned_vs_unpruned(args, inputs, last_batches)
     if inputs.int8 is not None:
-        _int8_bleu(args, inputs, report)
+        int8_bleu(args, inputs, report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return report
 
 
-# ---------------------------------------------------------------------------------------------- the steps' results
-@dataclass
-class _Inputs:
-    """What every point is measured on (the load step)."""
-
-    payload: dict[str, Any] | None  # the checkpoint (None with --no-torch and no --checkpoint)
-    runtime: ExportedModel  # --export
-    int8: ExportedModel | None  # --int8-export
-    model: Transformer | None  # the torch model the export holds
-    texts: list[str]
-    refs: list[str] | None  # references of `texts`, when known
-    roofline: float | None  # fp32 matmul GFLOP/s at SQUARE (with --roofline)
-    limits: MachineLimits | None  # per-shape matmul timings and the read bandwidth (with --roofline)
-
-
-@dataclass
-class _Sweep:
-    """The engines timed side by side, the pairs compared, and the points measured so far (the engines step)."""
-
-    engines: dict[str, tuple[str, Any]]
-    pairs: list[tuple[str, str]]
-    flops_models: dict[str, Transformer] | None
-    limits: MachineLimits | None
-    pad: int
-    baseline_file: Path | None  # --baseline-runtime, resolved
-    baseline_exports: dict[str, Path]  # kind → the export the baseline runtime reads
-    points: list[dict[str, Any]] = field(default_factory=list)  # the report's "points"
-
-    def measure(
-        self, label: str, batches: list[np.ndarray], search: Search, repeats: int, fixed: int | None
-    ) -> dict[str, Any]:
-        """One point on every engine, kept in `points`; analytic FLOPs only where the work is fixed."""
-        flops = self.flops_models if fixed else None
-        p = bench_point(label, self.engines, batches, search, repeats, flops, fixed, self.pad, self.pairs, self.limits)
-        self.points.append(p)
-        return p
-
-
 # ---------------------------------------------------------------------------------------------- load
-def _load_inputs(args: argparse.Namespace) -> _Inputs:
+def _load_inputs(args: argparse.Namespace) -> Inputs:
     """The exports, the torch model they were made from, the sentences and the roofline, before any timing."""
     payload = load_checkpoint(args.checkpoint) if args.checkpoint else None
     runtime = load(args.export, threads=args.threads, spinning=args.ort_spinning)
@@ -590,11 +230,11 @@ def _load_inputs(args: argparse.Namespace) -> _Inputs:
     texts, refs = load_sentences(payload, args.src, max(sizes), runtime)
     limits = MachineLimits.measure(args.threads) if args.roofline else None
     roofline = limits.gflops(SQUARE) if limits is not None else None
-    return _Inputs(payload, runtime, int8, model, texts, refs, roofline, limits)
+    return Inputs(payload, runtime, int8, model, texts, refs, roofline, limits)
 
 
 # ---------------------------------------------------------------------------------------------- engines
-def _engines(args: argparse.Namespace, inputs: _Inputs, baseline: tuple[Path, ModuleType] | None) -> _Sweep:
+def _engines(args: argparse.Namespace, inputs: Inputs, baseline: tuple[Path, ModuleType] | None) -> Sweep:
     """Which engines run and which pairs are compared; a baseline runtime must load its export first, so a
     foreign checkpoint is refused before any timing."""
     engines: dict[str, tuple[str, Any]] = {}
@@ -627,10 +267,10 @@ def _engines(args: argparse.Namespace, inputs: _Inputs, baseline: tuple[Path, Mo
         pairs.append(("int8", "ort"))  # what quantisation buys (its hypotheses may differ)
     flops_models = {name: inputs.model for name in engines} if inputs.model is not None else None
     baseline_file = baseline[0] if baseline is not None else None
-    return _Sweep(engines, pairs, flops_models, inputs.limits, inputs.runtime.pad_id, baseline_file, baseline_exports)
+    return Sweep(engines, pairs, flops_models, inputs.limits, inputs.runtime.pad_id, baseline_file, baseline_exports)
 
 
-def _report_header(args: argparse.Namespace, inputs: _Inputs, sweep: _Sweep) -> dict[str, Any]:
+def _report_header(args: argparse.Namespace, inputs: Inputs, sweep: Sweep) -> dict[str, Any]:
     """The report's description of what was measured (its points are filled in by the later steps), printed in
     one line."""
     baseline_file = sweep.baseline_file
@@ -669,7 +309,7 @@ def _report_header(args: argparse.Namespace, inputs: _Inputs, sweep: _Sweep) -> 
 
 
 # ---------------------------------------------------------------------------------------------- points
-def _grid(args: argparse.Namespace, inputs: _Inputs, sweep: _Sweep) -> list[np.ndarray]:
+def _grid(args: argparse.Namespace, inputs: Inputs, sweep: Sweep) -> list[np.ndarray]:
     """Every mode × search × batch point, each checked against its target where one is set; returns the last
     point's batches."""
     per_batch = {1: args.batch1_sentences, 32: 64, 256: 256}
@@ -679,20 +319,20 @@ def _grid(args: argparse.Namespace, inputs: _Inputs, sweep: _Sweep) -> list[np.n
             for batch in args.batches:
                 fixed = args.fixed_len if mode == "fixed" else None
                 batches = make_batches(inputs.runtime, inputs.texts, batch, per_batch.get(batch, batch))
-                p = sweep.measure(f"{mode} {spec} batch {batch}", batches, _searches(spec, fixed), args.repeats, fixed)
+                p = sweep.measure(f"{mode} {spec} batch {batch}", batches, searches(spec, fixed), args.repeats, fixed)
                 p["mode"] = mode
                 target = TARGETS.get((spec, batch)) if mode == "natural" else None
                 vs_torch = pair(p, "ort", "torch")
                 if target and vs_torch:
                     p["target"], p["meets_target"] = target, vs_torch["ratio"] >= target
                     met = "met" if p["meets_target"] else "MISSED"
-                    print(_line(p, inputs.roofline) + f"  target ≥{target}x: {met}", flush=True)
+                    print(point_line(p, inputs.roofline) + f"  target ≥{target}x: {met}", flush=True)
                 else:
-                    print(_line(p, inputs.roofline), flush=True)
+                    print(point_line(p, inputs.roofline), flush=True)
     return batches
 
 
-def _headline(args: argparse.Namespace, inputs: _Inputs, sweep: _Sweep, report: dict[str, Any]) -> list[np.ndarray]:
+def _headline(args: argparse.Namespace, inputs: Inputs, sweep: Sweep, report: dict[str, Any]) -> list[np.ndarray]:
     """The headline, fixed-length beam 5 × batch 32: from the grid when it holds it with enough rounds, else
     measured apart; returns its batches (the memory probe decodes them)."""
     spec, batch = f"beam{HEADLINE_BEAM}", HEADLINE_BATCH
@@ -701,31 +341,48 @@ def _headline(args: argparse.Namespace, inputs: _Inputs, sweep: _Sweep, report: 
     head = next((p for p in sweep.points if p["label"] == label and p["rounds"] >= HEADLINE_MIN_ROUNDS), None)
     if head is None:
         rounds = max(args.repeats, HEADLINE_MIN_ROUNDS)
-        search = _searches(spec, args.fixed_len)
+        search = searches(spec, args.fixed_len)
         head = sweep.measure(f"headline: {label}", head_batches, search, rounds, args.fixed_len)
         head["mode"] = "fixed"
-        print(_line(head, inputs.roofline), flush=True)
+        print(point_line(head, inputs.roofline), flush=True)
     report["headline"] = {"label": head["label"], "rounds": head["rounds"], "pairs": head["pairs"]}
     if head["pairs"]:
         print(
             f"headline (fixed beam {HEADLINE_BEAM} × batch {batch}, {args.fixed_len} tokens, median of "
-            f"{head['rounds']} interleaved rounds): {_pairs_text(head)}",
+            f"{head['rounds']} interleaved rounds): {pairs_text(head)}",
             flush=True,
         )
     return head_batches
 
 
-def _paper_point(args: argparse.Namespace, inputs: _Inputs, sweep: _Sweep) -> list[np.ndarray]:
+def _paper_point(args: argparse.Namespace, inputs: Inputs, sweep: Sweep) -> list[np.ndarray]:
     """The GHT paper's speed setting (beam 5, at most 10 output tokens); returns its batches."""
     paper = Search(beam_size=5, max_len_a=0.0, max_len_b=10)
     batches = make_batches(inputs.runtime, inputs.texts, args.paper_batch, args.paper_batch)
     p = sweep.measure(f"paper: beam 5, batch {args.paper_batch}, max len 10", batches, paper, args.repeats, None)
-    print(_line(p, inputs.roofline), flush=True)
+    print(point_line(p, inputs.roofline), flush=True)
     return batches
 
 
 # ---------------------------------------------------------------------------------------------- memory
-def _memory(args: argparse.Namespace, inputs: _Inputs, sweep: _Sweep, head_batches: list[np.ndarray]) -> dict[str, Any]:
+def _mb(n: float) -> str:
+    """Bytes as MB (1e6), whole above 10 MB; a tiny test model's weights would print as 0 otherwise."""
+    return f"{n / 1e6:.0f}" if n >= 1e7 else f"{n / 1e6:.2f}"
+
+
+def _memory_line(kind: str, fixed_len: int, entry: dict[str, Any]) -> str:
+    w = entry["weights"]
+    engines = ", ".join(
+        f"{name} peak {_mb(m['peak_mb'] * 1e6)} MB (after load {_mb(m['after_load_mb'] * 1e6)} MB)"
+        for name, m in entry["engines"].items()
+    )
+    unique = f"{_mb(w['unique_param_bytes_fp32'])} MB weights" if w["unique_params"] is not None else "weights"
+    graphs = f"unique fp32 parameters; encoder {_mb(w['encoder_bytes'])} + decoder {_mb(w['decoder_bytes'])} MB"
+    work = f"beam {HEADLINE_BEAM} × batch {HEADLINE_BATCH}, fixed {fixed_len}"
+    return f"memory (fresh process, {work}): {kind} {engines} for {unique} ({graphs} in the graphs)"
+
+
+def _memory(args: argparse.Namespace, inputs: Inputs, sweep: Sweep, head_batches: list[np.ndarray]) -> dict[str, Any]:
     """Peak RSS of a torch-free process per runtime and export on the headline's batches: what a server pays,
     which this process cannot show."""
     memory: dict[str, Any] = {
@@ -742,90 +399,11 @@ def _memory(args: argparse.Namespace, inputs: _Inputs, sweep: _Sweep, head_batch
         for name, file in runtimes.items():
             directory = sweep.baseline_exports.get(kind, rt.directory) if name == "ort-baseline" else rt.directory
             entry["engines"][name] = fresh_process_rss(
-                file, directory, head_batches, args.threads, args.ort_spinning, args.fixed_len
+                file, directory, head_batches, args.threads, args.ort_spinning, args.fixed_len, HEADLINE_BEAM
             )
         memory[kind] = entry
         print(_memory_line(kind, args.fixed_len, entry), flush=True)
     return memory
-
-
-# ---------------------------------------------------------------------------------------------- pruning
-def _pruning(args: argparse.Namespace, inputs: _Inputs, batches: list[np.ndarray]) -> dict[str, Any]:
-    """Pruned vs unpruned speed (torch and ORT) on `batches` (the last point's), beside the analytic FLOP ratio of
-    the same work: whether removing heads pays what its FLOPs promise."""
-    pruned_rt = load(args.pruned_export, threads=args.threads, spinning=args.ort_spinning)
-    plan = pruned_rt.manifest["head_plan"]
-    assert inputs.payload is not None and inputs.model is not None  # main() requires --checkpoint
-    pruned_model = prune(model_from_checkpoint(inputs.payload), plan)[0]
-    gated = inputs.model  # the unpruned model: --export, with every head computed (remove_heads=false)
-    fixed = Search(beam_size=5, max_len_a=0.0, max_len_b=10, min_len=10)
-    pad = inputs.runtime.pad_id
-    flops = {
-        "unpruned": work_flops(gated, batches, 10, 5, pad),
-        "pruned": work_flops(pruned_model, batches, 10, 5, pad),
-    }
-    prune_report = {
-        "plan": plan,
-        "analytic_flops_ratio": flops["pruned"] / flops["unpruned"],
-        "manifest_flops_ratio": pruned_rt.manifest["size"]["flops_ratio"],
-    }
-    kinds = [("ort", ("ort", inputs.runtime), ("ort", pruned_rt))]
-    if not args.no_torch:
-        kinds.insert(0, ("torch", ("torch", gated), ("torch", pruned_model)))
-    for kind, a, b in kinds:
-        p = bench_point(
-            f"{kind} unpruned vs pruned (fixed 10)",
-            {f"{kind}": a, f"{kind}-pruned": b},
-            batches,
-            fixed,
-            args.repeats,
-        )
-        p["same_model"] = False
-        prune_report[kind] = {"speedup": p["ratio"], "time_ratio": 1 / p["ratio"], "point": p}
-        print(
-            _line(p, inputs.roofline) + f"  time ratio {1 / p['ratio']:.2f} vs analytic FLOP ratio "
-            f"{prune_report['analytic_flops_ratio']:.2f}",
-            flush=True,
-        )
-    return prune_report
-
-
-# ---------------------------------------------------------------------------------------------- int8
-def _int8_bleu(args: argparse.Namespace, inputs: _Inputs, report: dict[str, Any]) -> None:
-    """BLEU of fp32 vs INT8 ORT on the test split (paired bootstrap) as report["int8"], where the two exports
-    share a head plan and references are known; otherwise says why it was not measured."""
-    runtime, int8, texts, refs = inputs.runtime, inputs.int8, inputs.texts, inputs.refs
-    assert int8 is not None
-    if int8.manifest.get("head_plan") != runtime.manifest.get("head_plan"):
-        print("  int8: --int8-export has another head plan than --export; its BLEU cost is not comparable")
-        return
-    if refs is None:
-        print("  int8: no references (test split unavailable): BLEU cost not measured")
-        return
-    n = min(args.bleu_sentences or len(texts), len(set(texts)))  # one pass over the test split
-    start = time.perf_counter()
-    fp32_out = runtime.translate(texts[:n], beam_size=5)
-    fp32_s = time.perf_counter() - start
-    start = time.perf_counter()
-    int8_out = int8.translate(texts[:n], beam_size=5)
-    int8_s = time.perf_counter() - start
-    test = paired_bootstrap(fp32_out, int8_out, refs[:n])
-    report["int8"] = {
-        "sentences": n,
-        "bleu_fp32": test["baseline"]["bleu"],
-        "bleu_int8": test["system"]["bleu"],
-        "p_value": test["p_value"],
-        "significant": test["significant"],
-        "fp32_s": fp32_s,
-        "int8_s": int8_s,
-        "identical_outputs": sum(a == b for a, b in zip(fp32_out, int8_out, strict=True)),
-    }
-    r = report["int8"]
-    print(
-        f"  int8 on {n} test sentences (beam 5): BLEU {r['bleu_fp32']:.2f} → {r['bleu_int8']:.2f} "
-        f"(paired bootstrap p={r['p_value']:.3f}{', significant' if r['significant'] else ''}); "
-        f"{n / fp32_s:.1f} → {n / int8_s:.1f} sent/s; {r['identical_outputs']}/{n} outputs identical"
-    )
 
 
 def main(argv: list[str] | None = None) -> None:
