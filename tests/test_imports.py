@@ -211,7 +211,7 @@ def test_module_imports_in_a_fresh_interpreter(module: str) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("module", ["zoo.data.debian", "serve.proxy", "serve.perf_analyzer"])
+@pytest.mark.parametrize("module", ["zoo.data.debian", "serve.proxy", "serve.bench.perf_analyzer"])
 def test_debian_fetcher_loads_no_torch(module: str) -> None:
     """Serving fetches nginx (serve.proxy) and perf_analyzer's libb64 through zoo.data's Debian fetcher; on a
     serving host that must not load torch (seconds of start-up, and a serving host may not have it)."""

@@ -6,7 +6,7 @@ real tritonserver, and for each model × protocol × client batch × concurrency
 flight (one client thread each). Ours runs for `duration_s` or `max_requests`, whichever ends first; per point:
 sentences/s, latency p50/p95/p99, errors, and Triton's effective batch (Δinference_count / Δexecution_count from
 its statistics API); then the in-process export runtime (same ORT threads) translating batches of that size
-gives the overhead ratio served / in-process. perf_analyzer (serve/perf_analyzer.py, installed into the cache on
+gives the overhead ratio served / in-process. perf_analyzer (serve/bench/perf_analyzer.py, installed into the cache on
 first use) measures the same point — server, model, protocol, concurrency, client batch, texts and search
 settings — with its own windows and stabilisation; its sentences/s and p50/p95/p99 go beside ours (`pa_*`
 fields) with the ratio perf_analyzer ÷ ours.
@@ -45,7 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import export
 from export.runtime import ExportRuntimeError
-from serve import perf_analyzer as pa
+from serve.bench import perf_analyzer as pa
 from serve.client import Client, ClientError
 from serve.errors import ServeError
 from serve.model_config import ModelSettings, read_manifest
@@ -716,7 +716,7 @@ def _machine() -> dict[str, Any]:
 
 
 def main() -> None:
-    @hydra.main(config_path="../conf", config_name="bench", version_base="1.3")
+    @hydra.main(config_path="../../conf", config_name="bench", version_base="1.3")
     def run(cfg: DictConfig) -> None:
         with one_line_errors(ServeError, ExportRuntimeError):
             bench(cfg)
