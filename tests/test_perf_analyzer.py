@@ -20,7 +20,7 @@ import pytest
 
 from export.runtime import SEARCH_LIMITS
 from serve.bench import perf_analyzer as pa
-from serve.bench.sweep import load_sentences
+from serve.bench.points import load_sentences
 from serve.client import Client
 from serve.model_config import ModelSettings
 from serve.repository import write_python_model
