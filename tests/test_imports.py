@@ -219,3 +219,28 @@ def test_debian_fetcher_loads_no_torch(module: str) -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "[]", f"importing {module} loaded torch: {proc.stdout.strip()}"
+
+
+LAB = ("export.bench", "serve.bench")  # measurement beside the product (zoo/DESIGN.md §7)
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_product_imports_nothing_from_the_lab() -> None:
+    """export/ and serve/ read as what they ship: no module of theirs outside export.bench / serve.bench imports
+    one inside (the lab imports the product, and zoo.report / zoo.devtools run the lab, never the reverse)."""
+    graph = import_graph(package_modules())
+    assert all(lab in graph for lab in LAB)
+    product = [m for m in graph if m.split(".")[0] in ("export", "serve") and not any(_in(m, lab) for lab in LAB)]
+    leaks = sorted(f"{m} -> {t}" for m in product for t in graph[m] if any(_in(t, lab) for lab in LAB))
+    assert not leaks, "the product imports the lab:\n" + "\n".join(leaks)
+    lazy = [
+        f"{path.relative_to(REPO)}: {line.strip()}"
+        for m, path in package_modules().items()
+        if m in product
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if "import" in line and any(lab in line for lab in LAB)
+    ]
+    assert not lazy, "the product imports the lab inside a function:\n" + "\n".join(lazy)
