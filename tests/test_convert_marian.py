@@ -18,8 +18,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import export
-from export.exporter import export_checkpoint
 from export.exporter import search_settings as export_search
+from export.exporter import export_checkpoint
 from tests.convert_testing import (
     PAIRS,
     assert_refused,
