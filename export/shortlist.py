@@ -5,7 +5,7 @@ it: ranked by p(t | s) = c(s, t) / c(s), sentence counts of the training pairs (
 lexical translation table, no aligner needed; Marian ranks by an aligner's lexical probabilities), plus the most
 frequent targets, which every batch may produce. Ranked by Dice instead, the lists held about as many of a trained
 model's output tokens at more than twice the size per batch (results/runtime/README.md). What a shortlist costs in
-BLEU and gains in speed is measured by `python -m export.bench_shortlist`, not assumed.
+BLEU and gains in speed is measured by `python -m export.bench.shortlist`, not assumed.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from serve.errors import ServeError
-from serve.server import ADMIN_HEADER, GRPC_ADMIN_HEADER
+from serve.launch import ADMIN_HEADER, GRPC_ADMIN_HEADER
 from zoo.errors import one_line_errors
 
 INPUT, OUTPUT, TRUNCATED = "TEXT", "OUTPUT", "TRUNCATED"

@@ -11,4 +11,9 @@ class ServeError(Exception):
     """A serving problem the user can fix; the message names it and the fix."""
 
 
-__all__ = ["ServeError"]
+class ServerError(ServeError):
+    """A server that cannot start or stop; the message names the cause and the fix (raised by serve.server and
+    the modules it starts a server with: serve.launch, serve.server_settings)."""
+
+
+__all__ = ["ServeError", "ServerError"]

@@ -22,9 +22,11 @@ from types import FrameType
 import hydra
 from omegaconf import DictConfig
 
-from serve.errors import ServeError
+from serve.errors import ServeError, ServerError
+from serve.launch import ADMIN_HEADER, RESTRICTED_APIS
 from serve.proxy import ProxySettings
-from serve.server import ADMIN_HEADER, RESTRICTED_APIS, Server, ServerError, ServerSettings, state_dir_for
+from serve.server import Server, state_dir_for
+from serve.server_settings import ServerSettings
 from zoo.errors import one_line_errors
 
 

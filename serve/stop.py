@@ -14,7 +14,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from serve.server import Server, clean_stale_shm, read_info, state_dir_for
+from serve.server import Server, read_info, state_dir_for
+from serve.shm import clean_stale_shm
 from serve.state_lock import held
 
 

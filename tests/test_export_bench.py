@@ -16,8 +16,9 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from export import bench, bench_table, roofline
 from export import runtime as rt
+from export.bench import roofline, speed
+from export.bench import table as bench_table
 from tests.zoo_testing import REPO, tiny_model
 
 
@@ -26,7 +27,7 @@ def test_bench_runs_side_by_side(ght_ps_unpruned, exported, smoke_run, tmp_path,
     _, unpruned, _ = ght_ps_unpruned
     pruned, _ = exported("ght_ps")
     report_path = tmp_path / "bench.json"
-    bench.main(
+    speed.main(
         [
             "--roofline",
             "--checkpoint",
@@ -138,7 +139,7 @@ def test_bench_against_a_baseline_runtime_without_torch(exported, tmp_path, caps
     int8, _ = exported("transformer", "keep_heads=2", "quantize=true")
     runtime_file = (REPO / "export" / "runtime").resolve()
     report_path = tmp_path / "bench.json"
-    bench.main(
+    speed.main(
         [
             *("--export", str(fp32), "--int8-export", str(int8), "--baseline-runtime", str(runtime_file)),
             *("--no-torch", "--threads", "1", "--repeats", "1", "--modes", "fixed", "--searches", "beam5"),
@@ -194,7 +195,7 @@ def test_bench_refuses_a_baseline_export_of_another_checkpoint(exported, capsys)
     other, _ = exported("mgk_4head")
     runtime_file = REPO / "export" / "runtime"
     with pytest.raises(SystemExit) as exc:
-        bench.main(
+        speed.main(
             [
                 *("--export", str(fp32), "--no-torch", "--baseline-runtime", str(runtime_file)),
                 *("--baseline-export", str(other)),
@@ -216,20 +217,20 @@ def test_bench_refuses_a_missing_or_foreign_baseline_runtime(tmp_path, capsys) -
     ]
     for path, message in cases:
         with pytest.raises(SystemExit) as exc:
-            bench.main(["--export", str(tmp_path / "export"), "--no-torch", "--baseline-runtime", str(path)])
+            speed.main(["--export", str(tmp_path / "export"), "--no-torch", "--baseline-runtime", str(path)])
         err = capsys.readouterr().err
         assert exc.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
         assert message in err and "export/runtime.py" in err, err
     checkout = tmp_path / "checkout"  # what `git worktree add /tmp/checkout <commit>` leaves
     (checkout / "export").mkdir(parents=True)
     shutil.copytree(REPO / "export" / "runtime", checkout / "export" / "runtime")
-    assert bench.resolve_runtime(checkout) == (checkout / "export" / "runtime").resolve()
-    path, module = bench.load_baseline_runtime(checkout / "export")
+    assert speed.resolve_runtime(checkout) == (checkout / "export" / "runtime").resolve()
+    path, module = speed.load_baseline_runtime(checkout / "export")
     assert path == (checkout / "export" / "runtime").resolve() and module.load is not rt.load
     old = tmp_path / "old" / "export"  # a commit from before the package: one export/runtime.py
     old.mkdir(parents=True)
     (old / "runtime.py").write_text("class Search: ...\n\n\ndef load(directory): ...\n")
-    assert bench.load_baseline_runtime(old.parent)[0] == (old / "runtime.py").resolve()
+    assert speed.load_baseline_runtime(old.parent)[0] == (old / "runtime.py").resolve()
     with pytest.raises(SystemExit) as exc:  # torch compared without a checkpoint
-        bench.main(["--export", str(tmp_path / "export")])
+        speed.main(["--export", str(tmp_path / "export")])
     assert exc.value.code == 2 and "--checkpoint is required unless --no-torch" in capsys.readouterr().err

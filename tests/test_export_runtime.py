@@ -23,9 +23,9 @@ import torch
 from onnx import numpy_helper
 
 import export
-from export import bench_threads
 from export import graph as export_graph
 from export import runtime as rt
+from export.bench import threads as bench_threads
 from export.graph import CacheSpec
 from tests.zoo_testing import REPO
 
@@ -249,7 +249,7 @@ def test_throughput_mode_decodes_batches_concurrently_to_the_same_outputs(export
 
 
 def test_bench_threads_reports_every_configuration_at_every_point(exported, tmp_path) -> None:
-    """`python -m export.bench_threads`: each (inter, intra) at the four standard points in fresh processes, the
+    """`python -m export.bench.threads`: each (inter, intra) at the four standard points in fresh processes, the
     ratio to the first configuration, the peak memory, and a table naming them."""
     out, _ = exported("transformer")
     src = tmp_path / "src.txt"
@@ -257,7 +257,7 @@ def test_bench_threads_reports_every_configuration_at_every_point(exported, tmp_
     report_file = tmp_path / "report.json"
     args = ["--export", str(out), "--src", str(src), "--configs", "1x1,2x1", "--rounds", "1", "--fixed-len", "3"]
     proc = subprocess.run(
-        [sys.executable, "-m", "export.bench_threads", *args, "--sentences-b1", "3", "--sentences-b32", "6"]
+        [sys.executable, "-m", "export.bench.threads", *args, "--sentences-b1", "3", "--sentences-b32", "6"]
         + ["--json", str(report_file)],
         cwd=REPO,
         capture_output=True,
@@ -275,7 +275,7 @@ def test_bench_threads_reports_every_configuration_at_every_point(exported, tmp_
     assert "| beam5_b32 |" in proc.stdout and "2x1 sent/s (× 1x1)" in proc.stdout
     rendered = bench_threads.render(report, "r.json")
     assert (
-        rendered.startswith("Rendered by `python -m export.bench_threads --render r.json`")
+        rendered.startswith("Rendered by `python -m export.bench.threads --render r.json`")
         and bench_threads.table(report) in rendered
     )
 

@@ -15,8 +15,8 @@ import torch
 
 import export
 import export.shortlist as shortlist_builder
-from export import bench_shortlist
 from export import runtime as rt
+from export.bench import shortlist as bench_shortlist
 from export.exporter import export_checkpoint
 from export.graph import ExportError
 from export.pruning import prune
@@ -241,14 +241,14 @@ def test_shortlist_on_an_export_without_one_is_refused_naming_the_fix(exported) 
 
 
 def test_bench_shortlist_measures_quality_sizes_and_speed(exported, smoke_corpus, tmp_path) -> None:
-    """`python -m export.bench_shortlist`: quality with and without the shortlist (paired bootstrap), candidate
+    """`python -m export.bench.shortlist`: quality with and without the shortlist (paired bootstrap), candidate
     sizes, coverage, both modes at the four standard points in fresh processes, and its README render."""
     out, _ = exported("transformer", "shortlist.build=true")
     report_file = tmp_path / "report.json"
     args = ["--export", str(out), "--src", str(smoke_corpus / "test.de"), "--ref", str(smoke_corpus / "test.en")]
     args += ["--rounds", "1", "--sentences-b1", "3", "--sentences-b32", "6", "--quality-sentences", "12"]
     proc = subprocess.run(
-        [sys.executable, "-m", "export.bench_shortlist", *args, "--json", str(report_file)],
+        [sys.executable, "-m", "export.bench.shortlist", *args, "--json", str(report_file)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -266,4 +266,4 @@ def test_bench_shortlist_measures_quality_sizes_and_speed(exported, smoke_corpus
         assert point["ratio"] > 0 and all(point[m]["median_sentences_per_s"] > 0 for m in ("full", "shortlist"))
     assert "| beam5_b32 |" in proc.stdout
     rendered = bench_shortlist.render([(report, "r.json")])
-    assert "`python -m export.bench_shortlist --render r.json`" in rendered and "paired bootstrap p =" in rendered
+    assert "`python -m export.bench.shortlist --render r.json`" in rendered and "paired bootstrap p =" in rendered

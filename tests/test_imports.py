@@ -216,7 +216,7 @@ def test_module_imports_in_a_fresh_interpreter(module: str) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("module", ["zoo.data.debian", "serve.proxy", "serve.perf_analyzer"])
+@pytest.mark.parametrize("module", ["zoo.data.debian", "serve.proxy", "serve.bench.perf_analyzer"])
 def test_debian_fetcher_loads_no_torch(module: str) -> None:
     """Serving fetches nginx (serve.proxy) and perf_analyzer's libb64 through zoo.data's Debian fetcher; on a
     serving host that must not load torch (seconds of start-up, and a serving host may not have it)."""
@@ -306,3 +306,24 @@ def test_importing_the_runtime_runs_nothing_above_it() -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == ["[]", "[]"], proc.stdout
+
+
+LAB = ("export.bench", "serve.bench")  # measurement beside the product (zoo/DESIGN.md §7)
+
+
+def test_the_product_imports_nothing_from_the_lab() -> None:
+    """export/ and serve/ read as what they ship: no module of theirs outside export.bench / serve.bench imports
+    one inside (the lab imports the product, and zoo.report / zoo.devtools run the lab, never the reverse)."""
+    graph = import_graph(package_modules())
+    assert all(lab in graph for lab in LAB)
+    product = [m for m in graph if m.split(".")[0] in ("export", "serve") and not any(_within(m, lab) for lab in LAB)]
+    leaks = sorted(f"{m} -> {t}" for m in product for t in graph[m] if any(_within(t, lab) for lab in LAB))
+    assert not leaks, "the product imports the lab:\n" + "\n".join(leaks)
+    lazy = [
+        f"{path.relative_to(REPO)}: {line.strip()}"
+        for m, path in package_modules().items()
+        if m in product
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if "import" in line and any(lab in line for lab in LAB)
+    ]
+    assert not lazy, "the product imports the lab inside a function:\n" + "\n".join(lazy)

@@ -1,4 +1,4 @@
-"""perf_analyzer (issue 22): NVIDIA's real binary, installed by `serve.perf_analyzer` into the cache (downloaded
+"""perf_analyzer (issue 22): NVIDIA's real binary, installed by `serve.bench.perf_analyzer` into the cache (downloaded
 once; without network the install's error fails these tests, it never skips them), run for a few seconds against
 the smoke model served by a real tritonserver, and its CSV parsed; `serve.bench tool=both` puts its numbers next
 to ours. No stand-in for the binary anywhere.
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from export.runtime import SEARCH_LIMITS
-from serve import perf_analyzer as pa
-from serve.bench import load_sentences
+from serve.bench import perf_analyzer as pa
+from serve.bench.points import load_sentences
 from serve.client import Client
 from serve.model_config import ModelSettings
 from serve.repository import write_python_model
@@ -68,7 +68,11 @@ def test_install_is_cached_verified_and_pinned(installation) -> None:
     assert stamp["wheels"] == {w.filename: w.sha256 for w in (pa.PERF_ANALYZER_WHEEL, pa.CUDART_WHEEL)}
     assert sorted(p.name for p in installation.lib_dir.iterdir()) == ["libb64.so.0d", "libcudart.so.12"]
     proc = subprocess.run(
-        [sys.executable, "-m", "serve.perf_analyzer", "install"], cwd=REPO, capture_output=True, text=True, check=False
+        [sys.executable, "-m", "serve.bench.perf_analyzer", "install"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0 and str(installation.binary) in proc.stdout and pa.VERSION in proc.stdout
 
@@ -79,7 +83,11 @@ def test_an_unreachable_index_is_one_line_naming_the_fix(tmp_path) -> None:
     env |= {"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0"}
     env[pa.ENV_DIR] = str(tmp_path / "cache")
     proc = subprocess.run(
-        [sys.executable, "-m", "serve.perf_analyzer", "install"], cwd=REPO, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "serve.bench.perf_analyzer", "install"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "network access to PyPI" in proc.stderr and "install`" in proc.stderr

@@ -15,7 +15,9 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
-from export import bench_shortlist, bench_table, bench_threads
+from export.bench import shortlist as bench_shortlist
+from export.bench import table as bench_table
+from export.bench import threads as bench_threads
 from tests.zoo_testing import REPO
 from zoo.devtools import pretrained_quality, pretrained_speed
 from zoo.report.publish import Published, publish
@@ -86,12 +88,12 @@ def _block_and_report(block_name: str, command: str) -> tuple[str, str, dict]:
 
 def test_readme_runtime_table_is_the_render_of_its_report(capsys) -> None:
     """The runtime's memory and speed table (results/runtime/README.md, beside the reports) is `python -m
-    export.bench_table <report>`'s output for the stored export.bench report the block names; a report that cannot
+    export.bench.table <report>`'s output for the stored export.bench report the block names; a report that cannot
     be read is refused naming what to give."""
     assert bench_table.README == RUNTIME_README  # where `--readme` writes is where this test reads
-    block, source, report = _block_and_report(bench_table.BLOCK, "export.bench_table")
+    block, source, report = _block_and_report(bench_table.BLOCK, "export.bench.table")
     assert block == bench_table.render(report, source), (
-        f"results/runtime/README.md's bench:runtime block differs from its report: run `python -m export.bench_table "
+        f"results/runtime/README.md's bench:runtime block differs from its report: run `python -m export.bench.table "
         f"{source} --readme`"
     )
     with pytest.raises(SystemExit, match=r"cannot render .*python -m export\.bench"):
@@ -99,11 +101,11 @@ def test_readme_runtime_table_is_the_render_of_its_report(capsys) -> None:
 
 
 def test_runtime_limits_table_is_the_render_of_its_report() -> None:
-    """results/runtime/README.md's machine-limits table is `python -m export.bench_table <report> --limits`'s output
+    """results/runtime/README.md's machine-limits table is `python -m export.bench.table <report> --limits`'s output
     for the stored `export.bench --roofline` report it names, whose shares count the same matmuls on both sides."""
-    block, source, report = _block_and_report(bench_table.LIMITS_BLOCK, "export.bench_table")
+    block, source, report = _block_and_report(bench_table.LIMITS_BLOCK, "export.bench.table")
     assert block == bench_table.render_limits(report, source), (
-        f"results/runtime/README.md's bench:limits block differs from its report: run `python -m export.bench_table "
+        f"results/runtime/README.md's bench:limits block differs from its report: run `python -m export.bench.table "
         f"{source} --limits --readme`"
     )
     fixed = [p["engines"]["ort"] for p in report["points"] if p.get("mode") == "fixed"]
@@ -126,12 +128,12 @@ def test_pretrained_tables_are_the_render_of_their_results(tool) -> None:
 
 
 def test_runtime_throughput_table_is_the_render_of_its_report() -> None:
-    """results/runtime/README.md's throughput-mode table is `python -m export.bench_threads --render <report>`'s
+    """results/runtime/README.md's throughput-mode table is `python -m export.bench.threads --render <report>`'s
     output for the stored report it names."""
-    block, source, report = _block_and_report(bench_threads.BLOCK, "export.bench_threads --render")
+    block, source, report = _block_and_report(bench_threads.BLOCK, "export.bench.threads --render")
     assert block == bench_threads.render(report, source), (
         f"results/runtime/README.md's bench:threads block differs from its report: run `python -m "
-        f"export.bench_threads --render {source}`"
+        f"export.bench.threads --render {source}`"
     )
 
 
@@ -161,13 +163,13 @@ def test_paired_ratio_is_the_median_of_each_rounds_ratio_and_the_table_shows_it(
 
 
 def test_runtime_shortlist_table_is_the_render_of_its_reports() -> None:
-    """results/runtime/README.md's shortlist tables are `python -m export.bench_shortlist --render <reports>`'s output
+    """results/runtime/README.md's shortlist tables are `python -m export.bench.shortlist --render <reports>`'s output
     for the stored reports they name."""
     block = bench_table.read_block(RUNTIME_README.read_text(encoding="utf-8"), bench_shortlist.BLOCK)
-    sources = re.findall(r"`python -m export\.bench_shortlist --render (\S+)`", block)
+    sources = re.findall(r"`python -m export\.bench\.shortlist --render (\S+)`", block)
     assert sources, "the bench:shortlist block must name the reports it renders"
     reports = [(json.loads((REPO / s).read_text(encoding="utf-8")), s) for s in sources]
     assert block == bench_shortlist.render(reports), (
         "results/runtime/README.md's bench:shortlist block differs from its reports: run `python -m "
-        f"export.bench_shortlist --render {' '.join(sources)}`"
+        f"export.bench.shortlist --render {' '.join(sources)}`"
     )

@@ -41,7 +41,9 @@ from serve.client import Client, ClientError, translate
 from serve.model_config import ModelSettings, RepositoryError, read_manifest
 from serve.ngc import python_standins
 from serve.repository import write_repository
-from serve.server import OUR_SHM, SHM_DIR, Server, ServerError, _mapped_shm, free_ports, port_free
+from serve.server import Server, ServerError
+from serve.server_settings import free_ports, port_free
+from serve.shm import OUR_SHM, SHM_DIR, _mapped_shm
 from serve.warmup import SAMPLE_FILE, WARMUP_DIR, plan_warmup, serialize_strings
 from tests.conftest import smoke_overrides
 from tests.zoo_testing import REPO, compose_train

@@ -522,8 +522,8 @@ def test_logs_stay_bounded_under_fifty_thousand_bad_requests(server) -> None:
 
 
 def test_the_gate_bench_measures_every_path(server) -> None:
-    """`python -m serve.gate_bench`'s measurement (README: what the gate costs) on the test server, 3 rounds."""
-    from serve.gate_bench import measure
+    """`python -m serve.bench.gate`'s measurement (README: what the gate costs) on the test server, 3 rounds."""
+    from serve.bench.gate import measure
 
     result = measure(server, rounds=3)
     assert set(result["median_ms"]) == {

@@ -31,10 +31,11 @@ from tritonclient.utils import InferenceServerException
 
 import export
 from export import runtime as rt
+from serve.launch import rotate_log
 from serve.model_config import ModelSettings, RepositoryError
 from serve.proxy import ProxySettings
 from serve.repository import write_repository
-from serve.server import Server, ServerError, rotate_log
+from serve.server import Server, ServerError
 from serve.warmup import WarmupError
 from tests.serve_testing import flood_while_probing
 

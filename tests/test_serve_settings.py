@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from serve.server import ADMIN_KEY_FILE, Server, ServerError, ServerSettings, pick_ports, triton_command
+from serve.launch import ADMIN_KEY_FILE, triton_command
+from serve.server import Server, ServerError
+from serve.server_settings import ServerSettings, pick_ports
 from serve.start import settings_from
 from zoo.entries import CONF_DIR
 

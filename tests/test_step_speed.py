@@ -21,7 +21,7 @@ from zoo.allocator import tunable
 from zoo.optim import OPTIMIZER_KERNELS, build_optimizer
 from zoo.profile_render import render_profiles
 from zoo.profiling import OTHER, PHASE_CATEGORIES, summarize_profile
-from zoo.trainer import TrainerConfig
+from zoo.trainer_config import TrainerConfig
 
 # Minor page faults per malloc-write-free of a 64 MB block in a fresh process (torch's CPU tensors come from this
 # malloc): whether a freed block is reused depends on what else the heap holds, and a test process's heap holds

@@ -39,7 +39,8 @@ from zoo.model import ModelConfig, Transformer, build_model
 from zoo.pretrained import Pretrained, load_pretrained, read_init, write_init
 from zoo.runs import DONE_MARKER, RunBusyError, lock_run_dir, new_run_dir, resolve_resume, write_provenance
 from zoo.threads import ThreadChoice, choose_threads, describe, torch_threads
-from zoo.trainer import Trainer, TrainerConfig
+from zoo.trainer import Trainer
+from zoo.trainer_config import TrainerConfig
 
 log = logging.getLogger("zoo.train")
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 import export
-from export.rss_probe import vm_hwm
+from export.bench.rss_probe import vm_hwm
 from export.runtime.search import Search
 
 

@@ -17,7 +17,7 @@ loads without a GPU). `install()` puts all three in one cache directory, without
 Wheels are fetched with this interpreter's pip (so the user's index and proxy settings apply) and checked against
 pinned sha256 digests; the Debian package through the corpus tools' private apt state (zoo.data.debian). An
 interrupted install leaves only verified downloads and a `.tmp-*` directory; the next one reuses the former and
-removes the latter. `python -m serve.perf_analyzer install` does it from the command line.
+removes the latter. `python -m serve.bench.perf_analyzer install` does it from the command line.
 
 `run()` drives one model at one concurrency with real texts (`--input-data` JSON of BYTES `TEXT`
 tensors, shape [1] per batch row), in synchronous mode (one client thread per request in flight, like our
@@ -93,7 +93,7 @@ LIBB64 = "lib/libb64.so.0d"
 LIBB64_IN_PACKAGE = "usr/lib/x86_64-linux-gnu/libb64.so.0d"
 STAMP = "install.json"
 ENV_DIR = "ZOO_PERF_ANALYZER_DIR"
-INSTALL_HINT = "then re-run `python -m serve.perf_analyzer install`"
+INSTALL_HINT = "then re-run `python -m serve.bench.perf_analyzer install`"
 # what --version prints (on stderr) when the binary and both libraries load
 VERSION_LINE = re.compile(r"Perf Analyzer Version (\S+)")
 # the CSV columns we read (-f; microseconds); --verbose-csv adds "Avg latency"
@@ -465,7 +465,7 @@ def parse_csv(path: Path) -> list[Row]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m serve.perf_analyzer",
+        prog="python -m serve.bench.perf_analyzer",
         description=f"Install NVIDIA's perf_analyzer {VERSION} (tritonclient wheel + libb64 + libcudart) into a "
         f"cache directory and check that it starts. Cache: --cache-dir, else ${ENV_DIR}, else "
         "$ZOO_CACHE/perf_analyzer (default ~/.cache/attention_zoo/perf_analyzer).",

@@ -1,4 +1,4 @@
-"""`python -m serve.gate_bench <export dir> [--rounds 200]`: what the request gate costs per request.
+"""`python -m serve.bench.gate <export dir> [--rounds 200]`: what the request gate costs per request.
 
 One server (nginx → gate → Triton, as `serve.start` runs it); each round sends one short translation (2 output
 tokens, beam 1: the hops dominate) over every path in turn — through nginx, to the gate directly, to Triton's own

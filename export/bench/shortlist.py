@@ -1,9 +1,9 @@
 """A vocabulary shortlist's cost and gain: BLEU/chrF with and without it (paired bootstrap), the candidate-set
 sizes, how many of the full search's tokens it holds, and sentences/s at the four standard points.
 
-    python -m export.bench_shortlist --export exports/transformer-deen --src test.de --ref test.en
+    python -m export.bench.shortlist --export exports/transformer-deen --src test.de --ref test.en
         [--rounds 3] [--sentences-b1 48] [--sentences-b32 256] [--quality-sentences N] [--json report.json]
-    python -m export.bench_shortlist --render results/runtime/<report>.json   # results/runtime/README.md's block
+    python -m export.bench.shortlist --render results/runtime/<report>.json   # results/runtime/README.md's block
 
 The export must carry a shortlist (`python -m export … shortlist.build=true`). Quality: the whole `--src` translated
 with the export's own search (beam 5 unless it says otherwise), shortlist=0 against shortlist=1, sacreBLEU's paired
@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 import export
-from export import bench_table
-from export.rss_probe import vm_hwm
+from export.bench import table as bench_table
+from export.bench.rss_probe import vm_hwm
 from export.runtime import ExportedModel
 from export.runtime.search import forced_limits, length_batches
 from zoo.metrics import corpus_chrf, paired_bootstrap
@@ -75,7 +75,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _measure(args: argparse.Namespace, mode: str, point: str) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "export.bench_shortlist", "--child", "--export", args.export]
+    cmd = [sys.executable, "-m", "export.bench.shortlist", "--child", "--export", args.export]
     cmd += ["--src", args.src, "--ref", args.ref, "--mode", mode, "--point", point]
     cmd += ["--sentences-b1", str(args.sentences_b1), "--sentences-b32", str(args.sentences_b32)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -184,7 +184,7 @@ def render(reports: list[tuple[dict[str, Any], str]]) -> str:
             f"layers, d_model {mo['d_model']}, vocabulary {mo['vocab']:,}); shortlist counted on {s['built_from']} "
             f"({s['pairs']:,} pairs): {s['per_source_token']} targets per source token, {s['frequent']} frequent. "
             f"{bench_table.cpu_name(m)}, {m['cores']} cores; "
-            f"rendered by `python -m export.bench_shortlist --render {source}`.\n\n"
+            f"rendered by `python -m export.bench.shortlist --render {source}`.\n\n"
             + _quality_line(report["quality"])
             + _sizes_line(report["candidates"], mo["vocab"])
             + speed_table(report)
@@ -223,7 +223,7 @@ def speed_table(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m export.bench_shortlist", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m export.bench.shortlist", description=__doc__.split("\n")[0])
     parser.add_argument("--export", help="export directory (built with shortlist.build=true)")
     parser.add_argument("--src", help="source sentences, one per line")
     parser.add_argument("--ref", help="their references (quality, and each sentence's decoded length)")

@@ -2,8 +2,8 @@
 baseline runtime (a report made with `--baseline-runtime`), or with `--limits` efficiency against the machine's own
 limits (a report made with `--roofline`).
 
-    python -m export.bench_table results/runtime/<report>.json [--limits]            # print the table
-    python -m export.bench_table results/runtime/<report>.json [--limits] --readme   # rewrite README.md's block
+    python -m export.bench.table results/runtime/<report>.json [--limits]            # print the table
+    python -m export.bench.table results/runtime/<report>.json [--limits] --readme   # rewrite README.md's block
 
 Why: a published number is the render of a stored measurement, never typed (zoo/DESIGN.md §3b'). The block between
 `<!-- bench:runtime -->` and `<!-- /bench:runtime -->` (`bench:limits` for `--limits`) in results/runtime/README.md
@@ -25,7 +25,7 @@ from typing import Any
 
 from zoo.machine import cpu_model, cpu_signature
 
-README = Path(__file__).resolve().parent.parent / "results" / "runtime" / "README.md"
+README = Path(__file__).resolve().parents[2] / "results" / "runtime" / "README.md"
 BLOCK = "bench:runtime"
 LIMITS_BLOCK = "bench:limits"
 KINDS = (("fp32", "ort", "ort-baseline"), ("INT8", "int8", "int8-baseline"))
@@ -92,7 +92,7 @@ def render(report: dict[str, Any], source: str) -> str:
     baseline = report.get("baseline_runtime") or {}
     head = report["headline"]["label"]
     lines = [
-        f"Rendered by `python -m export.bench_table {source}` from that report: "
+        f"Rendered by `python -m export.bench.table {source}` from that report: "
         f"{cpu_name(machine)}, {machine.get('cores', '?')} cores, {report['threads']} threads, "
         f"medians of {report['repeats']} interleaved rounds (the headline {report['headline']['rounds']}); "
         f"baseline: the runtime with sha256 {baseline.get('sha256', '?')[:12]} on its own export.",
@@ -143,7 +143,7 @@ def render_limits(report: dict[str, Any], source: str) -> str:
     weights = report.get("memory", {}).get("fp32", {}).get("weights", {})
     params = f"{weights['unique_params'] / 1e6:.1f}M params, " if weights.get("unique_params") else ""
     lines = [
-        f"Rendered by `python -m export.bench_table {source} --limits` from that report: "
+        f"Rendered by `python -m export.bench.table {source} --limits` from that report: "
         f"{cpu_name(machine)}, {machine.get('cores', '?')} cores, {report['threads']} threads; "
         f"{params}{model['encoder_layers']}+{model['decoder_layers']} layers, d_model {model['d_model']}, FFN "
         f"{model['ffn_dim']}, vocabulary {model['vocab_size']:,}; every sentence decoded to its length limit "
@@ -208,7 +208,7 @@ def replace_block(text: str, block: str, name: str = BLOCK) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m export.bench_table", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m export.bench.table", description=__doc__.split("\n\n")[0])
     ap.add_argument("report", help="an export.bench --json report made with --baseline-runtime (or --roofline)")
     ap.add_argument("--limits", action="store_true", help="the machine-limits table of a --roofline report")
     ap.add_argument("--readme", action="store_true", help="rewrite results/runtime/README.md's block with the table")

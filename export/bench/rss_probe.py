@@ -1,6 +1,6 @@
 """Peak memory of a fresh process that loads an export with one given runtime and decodes given batches.
 
-    python export/rss_probe.py --runtime export/runtime --export exports/transformer-deen \
+    python export/bench/rss_probe.py --runtime export/runtime --export exports/transformer-deen \
         --batches work.npz [--threads 1] [--spinning] [--beam 5] [--fixed-len 30]
 
 Prints one JSON object on stdout: VmHWM (peak RSS, bytes) right after the export is loaded and after
@@ -11,7 +11,7 @@ Why a separate process, started on this file's path: the in-process numbers of `
 top of torch, the checkpoint and every other engine, and VmHWM only ever grows. A process that
 imports the standard library, numpy and then nothing but the runtime (a package, or an older commit's
 single runtime.py; it brings onnxruntime and sentencepiece) measures what a torch-free server pays.
-Running the file by path, not `python -m export.rss_probe`, keeps the `export` package — and through it
+Running the file by path, not `python -m export.bench.rss_probe`, keeps the `export` package — and through it
 the working tree's own runtime — out of a probe of another runtime. So this module imports nothing from
 the project.
 """

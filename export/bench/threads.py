@@ -1,9 +1,9 @@
 """Throughput mode against one search: sentences/s and peak memory of `export.load(dir, inter_threads=N,
 intra_threads=M)` for several (N, M), at the four standard points (greedy and beam 5, batch 1 and 32).
 
-    python -m export.bench_threads --export exports/transformer-deen --src test.de [--configs 1x2,2x1]
+    python -m export.bench.threads --export exports/transformer-deen --src test.de [--configs 1x2,2x1]
         [--rounds 3] [--fixed-len 30] [--sentences-b1 48] [--sentences-b32 256] [--json report.json]
-    python -m export.bench_threads --render results/runtime/<report>.json   # results/runtime/README.md's block
+    python -m export.bench.threads --render results/runtime/<report>.json   # results/runtime/README.md's block
 
 Every measurement runs in a fresh process (so its peak resident set, VmHWM, is that configuration's alone), decoding
 the first sentences of `--src` through `translate_encoded_nbest` — the path that hands batches to the copies — each
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import export
-from export import bench_table
-from export.rss_probe import vm_hwm
+from export.bench import table as bench_table
+from export.bench.rss_probe import vm_hwm
 from export.runtime.search import forced_limits
 
 POINTS = {"greedy_b1": (1, 1), "greedy_b32": (1, 32), "beam5_b1": (5, 1), "beam5_b32": (5, 32)}
@@ -69,7 +69,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _measure(args: argparse.Namespace, config: tuple[int, int], point: str) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "export.bench_threads", "--child", "--export", args.export, "--src", args.src]
+    cmd = [sys.executable, "-m", "export.bench.threads", "--child", "--export", args.export, "--src", args.src]
     cmd += ["--config", f"{config[0]}x{config[1]}", "--point", point, "--fixed-len", str(args.fixed_len)]
     cmd += ["--sentences-b1", str(args.sentences_b1), "--sentences-b32", str(args.sentences_b32)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -121,7 +121,7 @@ def render(report: dict[str, Any], source: str) -> str:
     """The stored report as README markdown: where and how it was measured, then the table."""
     m, mo = report["machine"], report["model"]
     return (
-        f"Rendered by `python -m export.bench_threads --render {source}`: {bench_table.cpu_name(m)}, "
+        f"Rendered by `python -m export.bench.threads --render {source}`: {bench_table.cpu_name(m)}, "
         f"{m['cores']} cores; "
         f"`{mo['name']}` ({mo['params'] / 1e6:.1f}M params: {mo['layers'][0]}+{mo['layers'][1]} layers, d_model "
         f"{mo['d_model']}, vocabulary {mo['vocab']:,}); every sentence decoded to {report['fixed_len']} tokens "
@@ -147,7 +147,7 @@ def table(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m export.bench_threads", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m export.bench.threads", description=__doc__.split("\n")[0])
     parser.add_argument("--export", help="export directory")
     parser.add_argument("--src", help="source sentences, one per line")
     parser.add_argument("--render", metavar="REPORT", help="rewrite results/runtime/README.md's block from a report")
