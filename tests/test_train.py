@@ -300,7 +300,7 @@ def test_spread_sample_covers_the_whole_split() -> None:
 
 def test_checkpoint_average_is_kept_only_if_it_validates_at_least_as_well_as_best(tmp_path, smoke_run) -> None:
     """avg.pt must earn its place on the validation score best.pt was chosen by."""
-    from zoo.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+    from zoo.checkpoint import REQUIRED_KEYS, load_checkpoint, model_from_checkpoint, save_checkpoint
     from zoo.data import Example, Tokenizer
     from zoo.data.batching import encode_examples
     from zoo.trainer import Trainer
@@ -321,13 +321,13 @@ def test_checkpoint_average_is_kept_only_if_it_validates_at_least_as_well_as_bes
         pairs,
         tcfg,
         tmp_path,
-        {"tokenizer": payload["tokenizer"]},
+        {key: payload[key] for key in REQUIRED_KEYS},  # a run's keys; model_payload() adds its own weights
         "translation",
         torch.device("cpu"),
     )
     trainer.ckpt_dir.mkdir()
     for name in ("step_1.pt", "step_2.pt"):
-        save_checkpoint(trainer.ckpt_dir / name, {"model": model.state_dict()})
+        save_checkpoint(trainer.ckpt_dir / name, trainer.model_payload())  # averaging reads them as checkpoints
     trainer.state.kept_checkpoints = ["step_1.pt", "step_2.pt"]
     score = trainer._score(trainer.validate())
     trainer.state.best = score + 1.0
