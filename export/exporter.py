@@ -58,7 +58,7 @@ from export.runtime.shortlist import SHORTLIST_FILE
 from export.shortlist import ShortlistSettings, build_shortlist, count_pairs
 from export.staging import staged_directory
 from export.verify import encode_pairs, verify_export
-from zoo.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from zoo.checkpoint import CheckpointError, CheckpointPayload, load_checkpoint, model_from_checkpoint
 from zoo.data import DataError, TextTokenizer, build_splits, load_tokenizer
 from zoo.entries import CONF_DIR, list_entries
 from zoo.flops import size_summary
@@ -139,7 +139,7 @@ def _export(cfg: DictConfig) -> dict[str, Any]:
 class _Source:
     """What the export is made from (the load step)."""
 
-    payload: dict[str, Any]  # the checkpoint
+    payload: CheckpointPayload  # the checkpoint
     model: Transformer  # as trained (a GHT-PS model with its pruned heads gated off)
     name: str  # public model name
     out: Path
@@ -191,7 +191,7 @@ def _load_source(cfg: DictConfig) -> _Source:
     return _Source(payload, model, name, out, tokenizer, srcs, tgts, size_summary(model))
 
 
-def _load(cfg: DictConfig) -> tuple[dict[str, Any], Transformer]:
+def _load(cfg: DictConfig) -> tuple[CheckpointPayload, Transformer]:
     payload = load_checkpoint(cfg.checkpoint)
     try:
         ModelConfig.from_dict(dict(payload["model_config"]))
@@ -208,20 +208,17 @@ def _load(cfg: DictConfig) -> tuple[dict[str, Any], Transformer]:
         model = model_from_checkpoint(payload)
     except RuntimeError as exc:  # state dict does not fit the config
         raise CheckpointError(f"{payload['path']}: weights do not match its model config: {exc}") from exc
-    for key in ("tokenizer", "data_config"):
-        if key not in payload:
-            raise CheckpointError(f"{payload['path']} lacks '{key}'; it was not written by zoo.train")
     return payload, model
 
 
-def _public_name(cfg: DictConfig, payload: dict[str, Any]) -> str:
+def _public_name(cfg: DictConfig, payload: CheckpointPayload) -> str:
     if cfg.name:
         return str(cfg.name)
     data = (payload.get("data_config") or {}).get("name", "data")
     return f"{payload.get('entry')}-{data}" + ("-int8" if cfg.quantize else "")
 
 
-def _heldout(payload: dict[str, Any], n: int) -> tuple[list[str], list[str]]:
+def _heldout(payload: CheckpointPayload, n: int) -> tuple[list[str], list[str]]:
     held = payload.get("heldout") or {}
     src, tgt = list(held.get("src", []))[:n], list(held.get("tgt", []))[:n]
     if not src or len(src) != len(tgt):
@@ -248,7 +245,7 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- plan
-def _plan(cfg: DictConfig, model: Transformer, payload: dict[str, Any], tokenizer: TextTokenizer) -> _HeadPlan:
+def _plan(cfg: DictConfig, model: Transformer, payload: CheckpointPayload, tokenizer: TextTokenizer) -> _HeadPlan:
     """The head plan in original head indices, where it came from, and the importance scores if computed."""
     if cfg.head_plan and cfg.keep_heads:
         raise ExportError("give either head_plan=<file.json> or keep_heads=<k>, not both")
@@ -292,7 +289,7 @@ def _prune(cfg: DictConfig, source: _Source, plan: _HeadPlan) -> _Exported:
 SUMMARY_LENGTH_MARGIN = 1.1  # a summarizer's max_len_b: this × the 99th percentile of its training summaries
 
 
-def task_length_defaults(payload: dict[str, Any]) -> dict[str, Any]:
+def task_length_defaults(payload: CheckpointPayload) -> dict[str, Any]:
     """A summarizer's length bound from its training summaries: max_len_b = ⌈1.1 × their 99th percentile⌉ pieces,
     independent of the document (max_len_a = 0) — translation's 1.2 · source + 10 lets a summary of a 500-token
     document run to 610 tokens. A translator (or a checkpoint saved before the lengths were stored) gets {}: the
@@ -308,7 +305,7 @@ def task_length_defaults(payload: dict[str, Any]) -> dict[str, Any]:
     return {"max_len_a": 0.0, "max_len_b": max(1, math.ceil(SUMMARY_LENGTH_MARGIN * lengths["p99"]))}
 
 
-def search_settings(cfg: DictConfig, payload: dict[str, Any]) -> Search:
+def search_settings(cfg: DictConfig, payload: CheckpointPayload) -> Search:
     """The search settings of the export (its manifest's defaults, and what verification runs in both engines):
     what the command line gives, else the checkpoint's own (a converted model's num_beams and length_penalty), else
     the task's (a summarizer's length bound: `task_length_defaults`), else the zoo's (Search's defaults)."""
@@ -336,7 +333,7 @@ def _write_tokenizer_and_heldout(directory: Path, source: _Source) -> None:
     )
 
 
-def _shortlist_pairs(cfg: DictConfig, payload: dict[str, Any]) -> tuple[list[str], list[str], str]:
+def _shortlist_pairs(cfg: DictConfig, payload: CheckpointPayload) -> tuple[list[str], list[str], str]:
     """(sources, targets, what they are) a shortlist is counted on: shortlist.src/tgt, else the checkpoint's
     training split (its corpus rebuilt here)."""
     vocab = payload["model_config"]
@@ -490,7 +487,7 @@ def _quantize(
 
 
 def _quality_pairs(
-    cfg: DictConfig, payload: dict[str, Any], srcs: list[str], tgts: list[str]
+    cfg: DictConfig, payload: CheckpointPayload, srcs: list[str], tgts: list[str]
 ) -> tuple[list[str], list[str], str]:
     """(sources, references, split label) the INT8 quality cost is measured on: the checkpoint's test
     split when its corpus can be rebuilt here (`quantize_eval.split=test`), else the held-out sample."""

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from zoo.checkpoint import load_checkpoint, model_from_checkpoint
+from zoo.checkpoint import CheckpointPayload, load_checkpoint, model_from_checkpoint
 from zoo.data import TextTokenizer, load_tokenizer
 from zoo.evaluation import Translation, score_texts, translate_texts, translate_texts_nbest
 from zoo.generate import Scored, Search
@@ -21,7 +20,7 @@ class Translator:
     The export runtime (`export.load(dir)`) has the same `translate` and `score` and returns the same results
     (hypotheses identical, scores equal to 1e-4), without torch."""
 
-    def __init__(self, model: Transformer, tokenizer: TextTokenizer, payload: dict[str, Any]) -> None:
+    def __init__(self, model: Transformer, tokenizer: TextTokenizer, payload: CheckpointPayload) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.entry: str = payload.get("entry", "unknown")
