@@ -8,8 +8,8 @@ directory:
   prune     physical pruning (export/pruning.py), rebuilt from its config alone; the decoder's cache layout
   stage     a temporary directory beside `out` (export/staging.py)
   graphs    encoder.onnx + decoder.onnx by the dynamo exporter (export/onnx_files.py), tokenizer, held-out sample
-  manifest  manifest.json with checksums, sizes before/after, versions (export/manifest.py; its keys and types:
-            export.runtime.Manifest)
+  manifest  the steps' results as one ExportSpec, validated, → manifest.json with checksums, sizes before/after,
+            versions (export/manifest.py; its keys and types: export.runtime.Manifest)
   verify    the fp32 graphs against torch (export/verify.py)
   int8      optionally: INT8-quantise, verify without failing on drift, measure the BLEU cost
   publish   swap the directory in as `out`, print the summary table
@@ -35,6 +35,7 @@ from export.graph import CacheSpec, ExportError, discover_caches
 from export.manifest import (
     HELDOUT_FILE,
     TOKENIZER_FILE,
+    ExportSpec,
     build_manifest,
     checksums,
     manifest_dict,
@@ -113,7 +114,7 @@ def _export(cfg: DictConfig) -> dict[str, Any]:
         laps("onnx_export")
         _write_tokenizer_and_heldout(directory, source)
         shortlist = _write_shortlist(cfg, directory, source, shortlist_pairs) if shortlist_pairs else None
-        manifest = _manifest(cfg, directory, source, plan, exported, graphs, search)
+        manifest = build_manifest(directory, _spec(cfg, source, plan, exported, graphs, search))
         if shortlist is not None:
             manifest["shortlist"] = shortlist
         write_manifest(directory, manifest)  # the runtime loads (and checks) the export through it
@@ -394,35 +395,29 @@ def _write_shortlist(
 
 
 # ---------------------------------------------------------------------------------------------- manifest
-def _manifest(
-    cfg: DictConfig,
-    directory: Path,
-    source: _Source,
-    plan: _HeadPlan,
-    exported: _Exported,
-    graphs: Graphs,
-    search: Search,
-) -> Manifest:
+def _spec(
+    cfg: DictConfig, source: _Source, plan: _HeadPlan, exported: _Exported, graphs: Graphs, search: Search
+) -> ExportSpec:
+    """The export as the steps before made it, and the serving defaults the config gives: what the manifest says."""
     threads = cfg.runtime.threads
-    return build_manifest(
-        directory,
+    return ExportSpec(
         name=source.name,
-        payload=source.payload,
+        checkpoint=source.payload,
         tokenizer=source.tokenizer,
-        model=exported.model,
-        plan=exported.plan,
-        plan_source=plan.source,
-        heads_removed=bool(cfg.remove_heads),
-        importance=plan.importance,
-        graphs=graphs,
-        caches=exported.caches,
-        quantized=bool(cfg.quantize),
         size_before=source.size,
+        model=exported.model,
+        head_plan=exported.plan,
+        head_plan_source=plan.source,
+        heads_removed=bool(cfg.remove_heads),
+        head_importance=plan.importance,
+        caches=exported.caches,
         size_after=exported.size,
+        graphs=graphs,
+        quantized=bool(cfg.quantize),
         search=search,
         max_tokens=int(cfg.generation.max_tokens),
         max_sentences=int(cfg.generation.max_sentences),
-        optimization_level=cfg.runtime.graph_optimization_level,
+        graph_optimization_level=cfg.runtime.graph_optimization_level,
         threads=int(threads) if threads else None,
     )
 
