@@ -63,7 +63,7 @@ class CheckpointPayload(StoredKeys, total=False):
     data_stats: dict[str, Any]
     step: int
     target_lengths: dict[str, int]  # p50, p99, max of the training targets, in pieces
-    generation: dict[str, Any]  # a converted model's own search defaults (num_beams → beam_size, …)
+    generation: dict[str, Any]  # a converted model's search defaults in the zoo's names (beam_size, len_penalty)
     converted_from: dict[str, Any]  # format, directory, sha256 of every file read
     initialised_from: dict[str, Any]  # init=: the path, entry (and converted_from, generation) started from
     averaged: list[str]  # the interval checkpoints avg.pt is the mean of
