@@ -8,8 +8,8 @@ directory:
   prune     physical pruning (export/pruning.py), rebuilt from its config alone; the decoder's cache layout
   stage     a temporary directory beside `out` (export/staging.py)
   graphs    encoder.onnx + decoder.onnx by the dynamo exporter (export/onnx_files.py), tokenizer, held-out sample
-  manifest  manifest.json with checksums, sizes before/after, versions (export/manifest.py; its keys and types:
-            export.runtime.Manifest)
+  manifest  the steps' results as one ExportSpec, validated, → manifest.json with checksums, sizes before/after,
+            versions (export/manifest.py; its keys and types: export.runtime.Manifest)
   verify    the fp32 graphs against torch (export/verify.py)
   int8      optionally: INT8-quantise, verify without failing on drift, measure the BLEU cost
   publish   swap the directory in as `out`, print the summary table
@@ -34,6 +34,7 @@ from export.graph import CacheSpec, ExportError, discover_caches
 from export.manifest import (
     HELDOUT_FILE,
     TOKENIZER_FILE,
+    ExportSpec,
     build_manifest,
     checksums,
     manifest_dict,
@@ -58,7 +59,7 @@ from export.shortlist import ShortlistSettings, build_shortlist, count_pairs
 from export.staging import staged_directory
 from export.verify import encode_pairs, verify_export
 from zoo.api import checkpoint_search
-from zoo.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from zoo.checkpoint import CheckpointError, CheckpointPayload, load_checkpoint, model_from_checkpoint
 from zoo.data import DataError, TextTokenizer, build_splits, load_tokenizer
 from zoo.entries import CONF_DIR, list_entries
 from zoo.flops import size_summary
@@ -113,7 +114,7 @@ def _export(cfg: DictConfig) -> dict[str, Any]:
         laps("onnx_export")
         _write_tokenizer_and_heldout(directory, source)
         shortlist = _write_shortlist(cfg, directory, source, shortlist_pairs) if shortlist_pairs else None
-        manifest = _manifest(cfg, directory, source, plan, exported, graphs, search)
+        manifest = build_manifest(directory, _spec(cfg, source, plan, exported, graphs, search))
         if shortlist is not None:
             manifest["shortlist"] = shortlist
         write_manifest(directory, manifest)  # the runtime loads (and checks) the export through it
@@ -139,7 +140,7 @@ def _export(cfg: DictConfig) -> dict[str, Any]:
 class _Source:
     """What the export is made from (the load step)."""
 
-    payload: dict[str, Any]  # the checkpoint
+    payload: CheckpointPayload  # the checkpoint
     model: Transformer  # as trained (a GHT-PS model with its pruned heads gated off)
     name: str  # public model name
     out: Path
@@ -191,7 +192,7 @@ def _load_source(cfg: DictConfig) -> _Source:
     return _Source(payload, model, name, out, tokenizer, srcs, tgts, size_summary(model))
 
 
-def _load(cfg: DictConfig) -> tuple[dict[str, Any], Transformer]:
+def _load(cfg: DictConfig) -> tuple[CheckpointPayload, Transformer]:
     payload = load_checkpoint(cfg.checkpoint)
     try:
         ModelConfig.from_dict(dict(payload["model_config"]))
@@ -208,20 +209,17 @@ def _load(cfg: DictConfig) -> tuple[dict[str, Any], Transformer]:
         model = model_from_checkpoint(payload)
     except RuntimeError as exc:  # state dict does not fit the config
         raise CheckpointError(f"{payload['path']}: weights do not match its model config: {exc}") from exc
-    for key in ("tokenizer", "data_config"):
-        if key not in payload:
-            raise CheckpointError(f"{payload['path']} lacks '{key}'; it was not written by zoo.train")
     return payload, model
 
 
-def _public_name(cfg: DictConfig, payload: dict[str, Any]) -> str:
+def _public_name(cfg: DictConfig, payload: CheckpointPayload) -> str:
     if cfg.name:
         return str(cfg.name)
     data = (payload.get("data_config") or {}).get("name", "data")
     return f"{payload.get('entry')}-{data}" + ("-int8" if cfg.quantize else "")
 
 
-def _heldout(payload: dict[str, Any], n: int) -> tuple[list[str], list[str]]:
+def _heldout(payload: CheckpointPayload, n: int) -> tuple[list[str], list[str]]:
     held = payload.get("heldout") or {}
     src, tgt = list(held.get("src", []))[:n], list(held.get("tgt", []))[:n]
     if not src or len(src) != len(tgt):
@@ -248,7 +246,7 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- plan
-def _plan(cfg: DictConfig, model: Transformer, payload: dict[str, Any], tokenizer: TextTokenizer) -> _HeadPlan:
+def _plan(cfg: DictConfig, model: Transformer, payload: CheckpointPayload, tokenizer: TextTokenizer) -> _HeadPlan:
     """The head plan in original head indices, where it came from, and the importance scores if computed."""
     if cfg.head_plan and cfg.keep_heads:
         raise ExportError("give either head_plan=<file.json> or keep_heads=<k>, not both")
@@ -289,7 +287,7 @@ def _prune(cfg: DictConfig, source: _Source, plan: _HeadPlan) -> _Exported:
     return _Exported(pruned, gated, final, size, discover_caches(pruned))
 
 
-def search_settings(cfg: DictConfig, payload: dict[str, Any]) -> Search:
+def search_settings(cfg: DictConfig, payload: CheckpointPayload) -> Search:
     """The search settings of the export (its manifest's defaults, and what verification runs in both engines):
     zoo.api.checkpoint_search's rule, the one zoo.load follows — what the command line gives, else the checkpoint's
     own, else the task's, else Search's defaults."""
@@ -323,7 +321,7 @@ def _write_tokenizer_and_heldout(directory: Path, source: _Source) -> None:
     )
 
 
-def _shortlist_pairs(cfg: DictConfig, payload: dict[str, Any]) -> tuple[list[str], list[str], str]:
+def _shortlist_pairs(cfg: DictConfig, payload: CheckpointPayload) -> tuple[list[str], list[str], str]:
     """(sources, targets, what they are) a shortlist is counted on: shortlist.src/tgt, else the checkpoint's
     training split (its corpus rebuilt here)."""
     vocab = payload["model_config"]
@@ -384,35 +382,29 @@ def _write_shortlist(
 
 
 # ---------------------------------------------------------------------------------------------- manifest
-def _manifest(
-    cfg: DictConfig,
-    directory: Path,
-    source: _Source,
-    plan: _HeadPlan,
-    exported: _Exported,
-    graphs: Graphs,
-    search: Search,
-) -> Manifest:
+def _spec(
+    cfg: DictConfig, source: _Source, plan: _HeadPlan, exported: _Exported, graphs: Graphs, search: Search
+) -> ExportSpec:
+    """The export as the steps before made it, and the serving defaults the config gives: what the manifest says."""
     threads = cfg.runtime.threads
-    return build_manifest(
-        directory,
+    return ExportSpec(
         name=source.name,
-        payload=source.payload,
+        checkpoint=source.payload,
         tokenizer=source.tokenizer,
-        model=exported.model,
-        plan=exported.plan,
-        plan_source=plan.source,
-        heads_removed=bool(cfg.remove_heads),
-        importance=plan.importance,
-        graphs=graphs,
-        caches=exported.caches,
-        quantized=bool(cfg.quantize),
         size_before=source.size,
+        model=exported.model,
+        head_plan=exported.plan,
+        head_plan_source=plan.source,
+        heads_removed=bool(cfg.remove_heads),
+        head_importance=plan.importance,
+        caches=exported.caches,
         size_after=exported.size,
+        graphs=graphs,
+        quantized=bool(cfg.quantize),
         search=search,
         max_tokens=int(cfg.generation.max_tokens),
         max_sentences=int(cfg.generation.max_sentences),
-        optimization_level=cfg.runtime.graph_optimization_level,
+        graph_optimization_level=cfg.runtime.graph_optimization_level,
         threads=int(threads) if threads else None,
     )
 
@@ -477,7 +469,7 @@ def _quantize(
 
 
 def _quality_pairs(
-    cfg: DictConfig, payload: dict[str, Any], srcs: list[str], tgts: list[str]
+    cfg: DictConfig, payload: CheckpointPayload, srcs: list[str], tgts: list[str]
 ) -> tuple[list[str], list[str], str]:
     """(sources, references, split label) the INT8 quality cost is measured on: the checkpoint's test
     split when its corpus can be rebuilt here (`quantize_eval.split=test`), else the held-out sample."""

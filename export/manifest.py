@@ -1,9 +1,11 @@
-"""manifest.json of an export directory: built from what the export step knew, written in the schema's key order,
-and summarised for the console.
+"""manifest.json of an export directory: built from the export's spec, written in the schema's key order, and
+summarised for the console.
 
 The keys and their types are written down once, as `export.runtime.Manifest` (a TypedDict in the runtime package,
-because the Triton models get a copy of that package alone and read manifests with it). `build_manifest` fills every
-key the schema requires; the export adds the optional ones (verification, INT8 results, timings) as it proceeds and
+because the Triton models get a copy of that package alone and read manifests with it). What the exporter's steps
+decided is one `ExportSpec` (CTranslate2's converter: spec → validate → save); `build_manifest` validates it and
+fills every key the schema requires; the export adds the optional ones (verification, INT8 results, timings) as it
+proceeds and
 `write_manifest` writes whatever it has in the schema's order — so the file's bytes do not depend on the order in
 which the exporter filled the dictionary.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import platform
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ import onnxscript
 import sentencepiece
 import torch
 
-from export.graph import CacheSpec
+from export.graph import CacheSpec, ExportError
 from export.runtime import (
     MANIFEST,
     MANIFEST_KEYS,
@@ -44,6 +46,7 @@ from export.runtime import (
     sha256_file,
 )
 from export.runtime.shortlist import SHORTLIST_FILE
+from zoo.checkpoint import CheckpointPayload
 from zoo.data import TextTokenizer
 from zoo.model import Transformer
 
@@ -129,36 +132,82 @@ def shared_weights(directory: Path, graphs: Graphs) -> list[SharedWeight]:
     return shared
 
 
-def build_manifest(
-    directory: Path,
-    *,
-    name: str,
-    payload: dict[str, Any],
-    tokenizer: TextTokenizer,
-    model: Transformer,
-    plan: dict[str, list[int]],
-    plan_source: str,
-    heads_removed: bool,
-    importance: dict[str, dict[int, float]] | None,
-    graphs: Graphs,
-    caches: list[CacheSpec],
-    quantized: bool,
-    size_before: dict[str, Any],
-    size_after: dict[str, Any],
-    search: Search,
-    max_tokens: int,
-    max_sentences: int,
-    optimization_level: str,
-    threads: int | None,
-) -> Manifest:
+SIZE_KEYS = ("params", "params_excl_emb", "flops", "src_len")  # of a size_summary the manifest's `size` reads
+
+
+@dataclass(frozen=True)
+class ExportSpec:
+    """One export as the exporter's steps made it, each value once: what `build_manifest` writes down with the
+    files of the export directory. Grouped by the step that decides them (export/exporter.py)."""
+
+    # load
+    name: str  # the public model name
+    checkpoint: CheckpointPayload  # what the export is made from (manifest entry, data, task, checkpoint)
+    tokenizer: TextTokenizer
+    size_before: dict[str, Any]  # size_summary of the model as trained
+    # plan and prune
+    model: Transformer  # the exported model: heads removed physically (or gated, heads_removed=False)
+    head_plan: dict[str, list[int]]  # the plan `model` realises, in original head indices
+    head_plan_source: str  # where it came from: checkpoint, json:<file>, importance:…
+    heads_removed: bool
+    head_importance: dict[str, dict[int, float]] | None  # the scores, when the plan was computed from them
+    caches: list[CacheSpec]  # the decoder's cache layout
+    size_after: dict[str, Any]  # size_summary of `model`
+    # graphs
+    graphs: Graphs
+    quantized: bool
+    # the defaults the export is served with
+    search: Search
+    max_tokens: int
+    max_sentences: int
+    graph_optimization_level: str
+    threads: int | None
+
+    def validate(self) -> ExportSpec:
+        """ExportError unless the values agree with each other and the exported model: what no reader of the
+        manifest can check, lacking the model. Ranges of the serving defaults are the runtime's to check, once
+        (export.runtime.manifest_checks), when the exporter loads the export it wrote."""
+        modules = self.model.attention_modules()
+        every = list(range(self.model.cfg.num_heads))
+        unknown = sorted(set(self.head_plan) - set(modules))
+        if unknown:
+            raise ExportError(f"export spec: head_plan names modules the exported model lacks: {unknown}")
+        for name, kept in self.head_plan.items():
+            if not kept or len(set(kept)) != len(kept) or not set(kept) <= set(every):
+                raise ExportError(f"export spec: head_plan[{name!r}]={kept} is not a set of heads of {every}")
+        if self.heads_removed:
+            for name, module in modules.items():
+                kept = self.head_plan.get(name, every)
+                if module.num_heads != len(kept):
+                    raise ExportError(
+                        f"export spec: {name} has {module.num_heads} heads in the exported model, but the plan keeps "
+                        f"{len(kept)} ({kept})"
+                    )
+        for label, size in (("size_before", self.size_before), ("size_after", self.size_after)):
+            missing = [key for key in SIZE_KEYS if key not in size]
+            if missing:
+                raise ExportError(f"export spec: {label} lacks {missing}; it must be a zoo.flops.size_summary")
+        if self.size_before["params"] <= 0 or self.size_before["flops"] <= 0:
+            raise ExportError(f"export spec: size_before has no params or FLOPs ({self.size_before})")
+        names = [spec.name for spec in self.caches]
+        if not names or len(set(names)) != len(names):
+            raise ExportError(f"export spec: the decoder's caches must be named once each, got {names}")
+        if not Path(self.checkpoint["path"]).is_file():
+            raise ExportError(f"export spec: the checkpoint {self.checkpoint['path']} is not a file to checksum")
+        return self
+
+
+def build_manifest(directory: Path, spec: ExportSpec) -> Manifest:
     """The manifest of the export in `directory` (its files already written there): every required key of
-    `export.runtime.Manifest`. `model` is the exported (pruned) model, `plan` the head plan it realises."""
-    mcfg = model.cfg
+    `export.runtime.Manifest`, from `spec` once validated and from the files (checksums, shared weights)."""
+    spec.validate()
+    mcfg = spec.model.cfg
+    graphs, payload, importance = spec.graphs, spec.checkpoint, spec.head_importance
     return Manifest(
         format_version=MANIFEST_FORMAT,
         # the oldest runtime that reads it: a decoder with a shortlist input needs format 3
         runtime_format=RUNTIME_FORMAT if "vocab_rows" in graphs["decoder"]["inputs"] else OLDEST_RUNTIME_FORMAT,
-        name=name,
+        name=spec.name,
         entry=str(payload.get("entry")),
         data=(payload.get("data_config") or {}).get("name"),
         task=payload.get("task", "translation"),
@@ -166,25 +215,31 @@ def build_manifest(
         attention_options=dict(mcfg.attention_options),
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         checkpoint=CheckpointRef(path=payload["path"], sha256=sha256_file(Path(payload["path"]))),
-        head_plan=plan,
-        head_plan_source=plan_source,
-        heads_removed=heads_removed,
+        head_plan=spec.head_plan,
+        head_plan_source=spec.head_plan_source,
+        heads_removed=spec.heads_removed,
         head_importance={n: {str(h): v for h, v in s.items()} for n, s in importance.items()} if importance else None,
-        heads=heads_info(model, plan),
+        heads=heads_info(spec.model, spec.head_plan),
         model_config=mcfg.to_dict(),
         vocab=Vocab(
-            size=mcfg.vocab_size, pad_id=mcfg.pad_id, unk_id=tokenizer.unk_id, bos_id=mcfg.bos_id, eos_id=mcfg.eos_id
+            size=mcfg.vocab_size,
+            pad_id=mcfg.pad_id,
+            unk_id=spec.tokenizer.unk_id,
+            bos_id=mcfg.bos_id,
+            eos_id=mcfg.eos_id,
         ),
         max_positions=mcfg.max_positions,
         tokenizer=TOKENIZER_FILE,
         heldout=HELDOUT_FILE,
         graphs=graphs,
-        caches=[spec.to_dict() for spec in caches],  # type: ignore[misc]  # CacheSpec.to_dict is a CacheEntry
+        caches=[c.to_dict() for c in spec.caches],  # type: ignore[misc]  # CacheSpec.to_dict is a CacheEntry
         next_prefix=NEXT_PREFIX,
-        quantized=quantized,
-        size=size_info(size_before, size_after),
-        generation=GenerationDefaults(**asdict(search), max_tokens=max_tokens, max_sentences=max_sentences),
-        runtime=RuntimeDefaults(graph_optimization_level=optimization_level, threads=threads),
+        quantized=spec.quantized,
+        size=size_info(spec.size_before, spec.size_after),
+        generation=GenerationDefaults(
+            **asdict(spec.search), max_tokens=spec.max_tokens, max_sentences=spec.max_sentences
+        ),
+        runtime=RuntimeDefaults(graph_optimization_level=spec.graph_optimization_level, threads=spec.threads),
         versions=versions(),
         files=checksums(directory, graphs),
         shared_weights=shared_weights(directory, graphs),

@@ -274,7 +274,7 @@ def test_fine_tunes_from_the_converted_model(converted: Path, smoke_corpus: Path
     summary = train(compose_train(overrides))
     run = Path(summary["run_dir"])
     assert (run / "tokenizer.model").read_bytes() == source["tokenizer"]
-    last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    last = load_checkpoint(run / "checkpoints" / "last.pt")
     assert last["model_config"] == source["model_config"] and last["train_state"]["step"] == 4
     name = "decoder.layers.0.ffn.fc1.weight"
     assert not torch.equal(last["model"][name], source["model"][name])

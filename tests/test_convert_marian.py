@@ -336,7 +336,7 @@ def test_ght_ps_trains_from_the_converted_model(converted: Path, smoke_corpus: P
     summary = train(compose_train(overrides))
     run = Path(summary["run_dir"])
     assert (run / "tokenizer.model").read_bytes() == source["tokenizer"]
-    last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    last = load_checkpoint(run / "checkpoints" / "last.pt")
     architecture = {k: v for k, v in last["model_config"].items() if k != "head_plan"}
     assert architecture == {k: v for k, v in source["model_config"].items() if k != "head_plan"}
     # the final logits bias is a buffer no update touches: equal to the converted one only if init= loaded it

@@ -15,6 +15,7 @@ import torch
 
 from tests.conftest import smoke_overrides
 from tests.zoo_testing import REPO, compose_train
+from zoo.checkpoint import CheckpointPayload, load_checkpoint
 from zoo.ght.constraint import dunn_index, group_constraint_loss, homogeneity_diversity, silhouette
 from zoo.ght.kmeans import canonical_labels, kmeans, reseed_empty_groups
 from zoo.ght.voting import fixed_groups, head_votes, nearest_heads, select_heads
@@ -389,8 +390,8 @@ GHT_FAST = [
 ]
 
 
-def _ckpt(path: Path) -> dict:
-    return torch.load(path, weights_only=True)
+def _ckpt(path: Path) -> CheckpointPayload:
+    return load_checkpoint(path)
 
 
 def test_ght_ps_runs_all_stages_and_freezes_pruned_heads(tmp_path, smoke_corpus) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from tests.conftest import smoke_overrides
 from tests.zoo_testing import REPO, compose_train
+from zoo.checkpoint import load_checkpoint
 from zoo.runs import lock_run_dir
 from zoo.train import train
 
@@ -26,7 +27,7 @@ def _cli(overrides: list[str]) -> list[str]:
 
 
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["model"]
+    return load_checkpoint(run_dir / "checkpoints" / "last.pt")["model"]
 
 
 def _only_run(root: Path) -> Path:
@@ -51,7 +52,7 @@ def test_resume_after_kill_gives_identical_weights(tmp_path, smoke_corpus) -> No
     proc.kill()  # SIGKILL: no chance to save anything more
     proc.wait()
     run_dir = _only_run(interrupted_root)
-    killed_at = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["train_state"]["step"]
+    killed_at = load_checkpoint(run_dir / "checkpoints" / "last.pt")["train_state"]["step"]
     assert 0 < killed_at < 24
     assert not (run_dir / "DONE").exists()
 
@@ -88,7 +89,7 @@ def test_sigterm_saves_and_resume_dir_continues(tmp_path, smoke_corpus) -> None:
     assert proc.returncode != 0
     assert "resume=" in err  # tells the user how to continue
     run_dir = _only_run(root)
-    step = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["train_state"]["step"]
+    step = load_checkpoint(run_dir / "checkpoints" / "last.pt")["train_state"]["step"]
     assert 0 < step < 200
     done = subprocess.run(
         _cli([f"resume={run_dir}", "trainer.max_updates=999"]), cwd=REPO, capture_output=True, text=True, timeout=900
@@ -300,7 +301,7 @@ def test_spread_sample_covers_the_whole_split() -> None:
 
 def test_checkpoint_average_is_kept_only_if_it_validates_at_least_as_well_as_best(tmp_path, smoke_run) -> None:
     """avg.pt must earn its place on the validation score best.pt was chosen by."""
-    from zoo.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+    from zoo.checkpoint import REQUIRED_KEYS, model_from_checkpoint, save_checkpoint
     from zoo.data import Example, Tokenizer
     from zoo.data.batching import encode_examples
     from zoo.trainer import Trainer
@@ -321,13 +322,13 @@ def test_checkpoint_average_is_kept_only_if_it_validates_at_least_as_well_as_bes
         pairs,
         tcfg,
         tmp_path,
-        {"tokenizer": payload["tokenizer"]},
+        {key: payload[key] for key in REQUIRED_KEYS},  # a run's keys; model_payload() adds its own weights
         "translation",
         torch.device("cpu"),
     )
     trainer.ckpt_dir.mkdir()
     for name in ("step_1.pt", "step_2.pt"):
-        save_checkpoint(trainer.ckpt_dir / name, {"model": model.state_dict()})
+        save_checkpoint(trainer.ckpt_dir / name, trainer.model_payload())  # averaging reads them as checkpoints
     trainer.state.kept_checkpoints = ["step_1.pt", "step_2.pt"]
     score = trainer._score(trainer.validate())
     trainer.state.best = score + 1.0

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from export.runtime.search import Scored, Search
-from zoo.checkpoint import load_checkpoint, model_from_checkpoint
+from zoo.checkpoint import CheckpointPayload, load_checkpoint, model_from_checkpoint
 from zoo.data import TextTokenizer, load_tokenizer
 from zoo.evaluation import Translation, score_texts, translate_texts, translate_texts_nbest
 from zoo.model import Transformer
@@ -44,7 +44,7 @@ class Translator:
     (`checkpoint_search`, which its manifest holds), and returns the same results (hypotheses identical, scores
     equal to 1e-4), without torch."""
 
-    def __init__(self, model: Transformer, tokenizer: TextTokenizer, payload: dict[str, Any]) -> None:
+    def __init__(self, model: Transformer, tokenizer: TextTokenizer, payload: CheckpointPayload) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.entry: str = payload.get("entry", "unknown")

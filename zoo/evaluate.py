@@ -15,7 +15,7 @@ import torch
 from omegaconf import DictConfig
 
 from export.runtime.search import Search, SearchError
-from zoo.checkpoint import load_checkpoint, model_from_checkpoint
+from zoo.checkpoint import CheckpointPayload, load_checkpoint, model_from_checkpoint
 from zoo.data import DataError, Example, build_splits, load_tokenizer
 from zoo.errors import one_line_errors
 from zoo.evaluation import Translation, evaluate_examples
@@ -32,7 +32,7 @@ def _read_lines(path: str) -> list[str]:
         raise DataError(f"{p} is not valid UTF-8 ({exc}); re-encode it as UTF-8") from exc
 
 
-def _examples(cfg: DictConfig, payload: dict[str, Any]) -> tuple[list[Example], str]:
+def _examples(cfg: DictConfig, payload: CheckpointPayload) -> tuple[list[Example], str]:
     if cfg.src or cfg.ref:
         if not (cfg.src and cfg.ref):
             raise DataError("give both src=FILE and ref=FILE (or neither, to use split=…)")

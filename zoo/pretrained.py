@@ -47,8 +47,6 @@ def load_pretrained(location: str, entry: DictConfig) -> Pretrained:
     """Read `location` and check that the composed entry `entry` (the `model` node) can train on its weights."""
     payload = load_checkpoint(location)
     config = dict(payload["model_config"])
-    if "tokenizer" not in payload:
-        raise PretrainedError(f"init={location}: the checkpoint has no tokenizer; convert or train it again")
     if config.get("head_plan"):
         raise PretrainedError(
             f"init={location}: the checkpoint is already pruned (head_plan for {len(config['head_plan'])} modules); "

@@ -20,7 +20,7 @@ from zoo.analyze.figures import (
 )
 from zoo.analyze.maps import collect_maps, module_kind, summarise_maps
 from zoo.analyze.scores import SCORE_DEFINITION, collect_scores, score_rank_report
-from zoo.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
+from zoo.checkpoint import CheckpointPayload, load_checkpoint, model_from_checkpoint, resolve_checkpoint
 from zoo.data import DataError, Example, SharedVocabTokenizer, Tokenizer, build_splits, load_tokenizer
 from zoo.data.batching import collate, encode_examples
 from zoo.errors import ZooError
@@ -67,7 +67,7 @@ def run_dir_of(checkpoint: Path) -> Path:
     return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
 
 
-def _examples(cfg: DictConfig, payload: dict[str, Any]) -> list[Example]:
+def _examples(cfg: DictConfig, payload: CheckpointPayload) -> list[Example]:
     if cfg.split == "heldout":
         held = payload.get("heldout") or {}
         if not held.get("src"):
@@ -79,7 +79,7 @@ def _examples(cfg: DictConfig, payload: dict[str, Any]) -> list[Example]:
 
 
 def _pairs_and_batches(
-    cfg: DictConfig, payload: dict[str, Any], model: Transformer, tok: Tokenizer | SharedVocabTokenizer
+    cfg: DictConfig, payload: CheckpointPayload, model: Transformer, tok: Tokenizer | SharedVocabTokenizer
 ) -> tuple[list[tuple[list[int], list[int]]], Batches]:
     examples = _examples(cfg, payload)
     if cfg.sentences:
@@ -97,7 +97,7 @@ def _pairs_and_batches(
 
 # ---------------------------------------------------------------------- one checkpoint
 def analyze_maps(
-    cfg: DictConfig, payload: dict[str, Any], model: Transformer, batches: Batches, sentences: int, pad_id: int
+    cfg: DictConfig, payload: CheckpointPayload, model: Transformer, batches: Batches, sentences: int, pad_id: int
 ) -> dict[str, Any]:
     """Post-softmax map ranks and singular-value curves of every module (zoo.analyze.maps)."""
     maps = collect_maps(model, batches, cfg.map, pad_id)
@@ -134,7 +134,7 @@ def analyze_maps(
 def analyze_scores(
     cfg: DictConfig,
     label: str,
-    payload: dict[str, Any],
+    payload: CheckpointPayload,
     model: Transformer,
     batches: Batches,
     sentences: int,
@@ -212,12 +212,12 @@ def write_sentence_figure(
     return path
 
 
-def checkpoint_label(payload: dict[str, Any]) -> str:
+def checkpoint_label(payload: CheckpointPayload) -> str:
     """The entry name a checkpoint was trained as (its file stem for a checkpoint without one)."""
     return str(payload.get("entry") or Path(payload["path"]).stem)
 
 
-def analyze_checkpoint(cfg: DictConfig, payload: dict[str, Any], out: Path, label: str) -> dict[str, Any]:
+def analyze_checkpoint(cfg: DictConfig, payload: CheckpointPayload, out: Path, label: str) -> dict[str, Any]:
     """Everything for one loaded checkpoint; its files go to `out`. Returns {"label", "maps", "qk",
     "figure"} (qk None with qk_rank=false, figure None without figure_sentence)."""
     model = model_from_checkpoint(payload).to(device=cfg.device, dtype=DTYPES[cfg.dtype])
