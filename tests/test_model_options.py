@@ -25,7 +25,7 @@ from zoo.api import Translator
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from zoo.data import DataError
 from zoo.data import load_tokenizer as zoo_load_tokenizer
-from zoo.generate import beam_search, greedy_search, score_targets
+from zoo.generate import generate, score_targets
 from zoo.model import FeedForward, ModelConfig, build_model, marian_positions, sinusoidal_positions
 
 TINY = dict(d_model=16, encoder_layers=2, decoder_layers=2, num_heads=4, ffn_dim=32, dropout=0.0, max_positions=64)
@@ -123,12 +123,12 @@ def _searches_follow_the_definition(model, src: torch.Tensor) -> list[list[int]]
     equal the recomputing ones, and scoring feeds the start token first; the greedy outputs."""
     cfg = model.cfg
     search = Search(beam_size=1, max_len_a=0, max_len_b=12)
-    got = greedy_search(model, src, search)
+    got = generate(model, src, search)
     lengths = src.ne(cfg.pad_id).sum(1).tolist()
     assert got == [_reference_greedy(model, src[i : i + 1, : lengths[i]], 11) for i in range(len(src))]
-    assert got == greedy_search(model, src, search, use_cache=False)
+    assert got == generate(model, src, search, use_cache=False)
     beam = Search(beam_size=3, max_len_a=0, max_len_b=12)
-    assert beam_search(model, src, beam) == beam_search(model, src, beam, use_cache=False)
+    assert generate(model, src, beam) == generate(model, src, beam, use_cache=False)
     scored = score_targets(model, src[:1], [[11, 12]])[0]
     with torch.no_grad():
         memory, pad = model.encode(src[:1])
