@@ -84,7 +84,7 @@ from export.bench.table import machine
 from export.bench.variants import int8_bleu, pruned_vs_unpruned
 from export.graph import ExportError
 from export.pruning import prune
-from export.runtime import ExportedModel, ExportRuntimeError, Search, load
+from export.runtime import ExportedModel, ExportRuntimeError, Search, load, sha256_file
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.errors import one_line_errors
 
@@ -97,13 +97,13 @@ RUNTIME_FILE = Path(runtime_package.__file__).parent.resolve()  # the runtime en
 
 
 # ---------------------------------------------------------------------------------------------- baseline runtime
-def sha256_file(path: Path) -> str:
+def runtime_sha256(path: Path) -> str:
     """Which runtime a report measured (paths move, worktrees get removed): a runtime.py file's sha256, or a
     runtime package's — the sha256 of what `sha256sum *.py` prints in it (files in name order)."""
     if path.is_dir():
-        lines = [f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}\n" for f in sorted(path.glob("*.py"))]
+        lines = [f"{sha256_file(f)}  {f.name}\n" for f in sorted(path.glob("*.py"))]
         return hashlib.sha256("".join(lines).encode()).hexdigest()
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return sha256_file(path)
 
 
 def _is_runtime(path: Path) -> bool:
@@ -279,9 +279,9 @@ def _report_header(args: argparse.Namespace, inputs: Inputs, sweep: Sweep) -> di
         "export": str(args.export),
         "int8_export": str(args.int8_export) if args.int8_export else None,
         "baseline_exports": {kind: str(path) for kind, path in sweep.baseline_exports.items()},
-        "runtime": {"path": str(RUNTIME_FILE), "sha256": sha256_file(RUNTIME_FILE)},
+        "runtime": {"path": str(RUNTIME_FILE), "sha256": runtime_sha256(RUNTIME_FILE)},
         "baseline_runtime": (
-            {"path": str(baseline_file), "sha256": sha256_file(baseline_file)} if baseline_file is not None else None
+            {"path": str(baseline_file), "sha256": runtime_sha256(baseline_file)} if baseline_file is not None else None
         ),
         "engines": list(sweep.engines),
         "machine": machine(),

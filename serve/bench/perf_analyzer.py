@@ -35,7 +35,6 @@ import argparse
 import contextlib
 import csv
 import fcntl
-import hashlib
 import json
 import os
 import platform
@@ -49,7 +48,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from export.runtime.manifest import sha256_file as _sha256
+from export.runtime.manifest import sha256_file
 from serve.errors import ServeError
 from zoo.data.cache import DEFAULT_CACHE, resolve_cache_dir
 from zoo.data.debian import DebianArchive
@@ -271,7 +270,7 @@ def _install(base: Path) -> Installation:
         stamp = {
             "version": VERSION,
             "wheels": {w.filename: w.sha256 for w in (PERF_ANALYZER_WHEEL, CUDART_WHEEL)},
-            "debian": {LIBB64_PACKAGE: hashlib.sha256(libb64.read_bytes()).hexdigest()},
+            "debian": {LIBB64_PACKAGE: sha256_file(libb64)},
         }
         found = Installation(stage / PERF_ANALYZER_WHEEL.target, stage / "lib", VERSION)
         check(found)  # before it is published
@@ -289,7 +288,7 @@ def _install(base: Path) -> Installation:
 def _download(wheel: Wheel, downloads: Path) -> Path:
     """The wheel in `downloads`, fetched with pip unless a verified copy is there already."""
     path = downloads / wheel.filename
-    if path.is_file() and _sha256(path) == wheel.sha256:
+    if path.is_file() and sha256_file(path) == wheel.sha256:
         return path
     path.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
@@ -304,7 +303,7 @@ def _download(wheel: Wheel, downloads: Path) -> Path:
             f"could not download {wheel.requirement} ({said or 'no file'}); perf_analyzer needs network access to "
             f"PyPI (or a PIP_INDEX_URL mirror that has {wheel.filename}), {INSTALL_HINT}"
         )
-    actual = _sha256(path)
+    actual = sha256_file(path)
     if actual != wheel.sha256:
         path.unlink()
         raise PerfAnalyzerError(
