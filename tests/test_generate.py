@@ -67,8 +67,9 @@ def test_cached_search_equals_full_recompute_for_every_entry(entry: str) -> None
 @pytest.mark.parametrize("entry", TRAINED_ENTRIES)
 def test_cached_search_equals_full_recompute_on_trained_checkpoints(entry: str, smoke_run) -> None:
     """The same on smoke-trained checkpoints (one per mechanism family; GHT-PS with its voted plan), whose
-    hypotheses end by emitting eos at different steps."""
-    src, model, _ = _sources(smoke_run(entry))
+    hypotheses end by emitting eos at different steps. 12 sources: the search loop is shared with the runtime (its
+    parity is the steppers', tests/test_export_search.py), so this checks the cache, whose cost is the recompute's."""
+    src, model, _ = _sources(smoke_run(entry), n=12)
     cfg = Search(beam_size=4, len_penalty=1.0, max_len_a=1.2, max_len_b=10)
     cached = beam_search(model, src, cfg, use_cache=True)
     reference = beam_search(model, src, cfg, use_cache=False)
