@@ -11,6 +11,8 @@ import torch
 from tqdm import tqdm
 
 from export.runtime.search import (
+    DEFAULT_MAX_SENTENCES,
+    DEFAULT_MAX_TOKENS,
     Scored,
     Search,
     Translation,
@@ -54,8 +56,8 @@ def translate_texts(
     tokenizer: TextTokenizer,
     texts: Sequence[str],
     search: Search = DEFAULT_SEARCH,
-    max_tokens: int = 6000,
-    max_sentences: int = 128,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    max_sentences: int = DEFAULT_MAX_SENTENCES,
     progress: bool = False,
 ) -> list[str]:
     """Source strings → output strings, in input order. Inputs longer than the model's position
@@ -71,8 +73,8 @@ def translate_texts_nbest(
     texts: Sequence[str],
     search: Search = DEFAULT_SEARCH,
     num_hypotheses: int = 1,
-    max_tokens: int = 6000,
-    max_sentences: int = 128,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    max_sentences: int = DEFAULT_MAX_SENTENCES,
     progress: bool = False,
 ) -> list[list[Translation]]:
     """Source strings → per source its `num_hypotheses` best outputs with scores, best first, in input order
@@ -101,8 +103,8 @@ def score_ids(
     sources: Sequence[Sequence[int]],
     targets: Sequence[Sequence[int]],
     len_penalty: float = DEFAULT_SEARCH.len_penalty,
-    max_tokens: int = 6000,
-    max_sentences: int = 128,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    max_sentences: int = DEFAULT_MAX_SENTENCES,
 ) -> list[Scored]:
     """Teacher-forced scores of token-id targets given token-id sources (zoo.generate.score_targets), in input
     order, batched by source length as the search is. ScoreError when the counts differ or a target is too long
@@ -124,8 +126,8 @@ def score_texts(
     sources: Sequence[str],
     targets: Sequence[str],
     len_penalty: float = DEFAULT_SEARCH.len_penalty,
-    max_tokens: int = 6000,
-    max_sentences: int = 128,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    max_sentences: int = DEFAULT_MAX_SENTENCES,
 ) -> list[Scored]:
     """Per (source, target) text pair the target's per-token log-probs and sentence score (forced decoding: for
     reranking, filtering, quality estimation). Sources are truncated as `translate_texts` does, targets to what

@@ -21,6 +21,8 @@ from .manifest import NEXT_PREFIX, Manifest, read_manifest
 from .manifest_checks import open_regular
 from .replicas import Replicas
 from .search import (
+    DEFAULT_MAX_SENTENCES,
+    DEFAULT_MAX_TOKENS,
     Hypothesis,
     RowLimits,
     Scored,
@@ -180,8 +182,8 @@ class ExportedModel:
         )
         gen = m.get("generation", {})
         self.search = Search.from_generation(gen)
-        self.max_tokens: int = gen.get("max_tokens", 6000)
-        self.max_sentences: int = gen.get("max_sentences", 128)
+        self.max_tokens: int = gen.get("max_tokens", DEFAULT_MAX_TOKENS)
+        self.max_sentences: int = gen.get("max_sentences", DEFAULT_MAX_SENTENCES)
         # a joint sentencepiece model or source and target models sharing one vocabulary (tokenizer.py)
         with open_regular(self.directory / m["tokenizer"]) as fh:  # a regular file, as read_manifest checked
             self.tokenizer: SentencePieceTokenizer | SharedVocabTokenizer = load_tokenizer(fh.read())

@@ -45,6 +45,10 @@ _INTEGER_SETTINGS = frozenset({"beam_size", "max_len_b", "min_len", "shortlist"}
 DEFAULT_MAX_REQUEST_COST = 10_000  # the most one request may ask for (more: refused)
 DEFAULT_MAX_EXECUTE_COST = 40_000  # the most one batch runs at once (the rest waits for the next batch)
 DEFAULT_EXPRESS_COST = 1_000  # requests up to this (≈ 4 sentences at beam 5) run in the express lane
+# A decoding batch's default size in both engines (an export's manifest may set its own): padded source tokens
+# and sentences (`length_batches`)
+DEFAULT_MAX_TOKENS = 6000
+DEFAULT_MAX_SENTENCES = 128
 # what the error says when a setting sent as text is not written as `_integer_text` / `_decimal_text` read it
 WRITTEN = {
     True: "written in ASCII digits (e.g. '10'; no '_', exponent, '+' or other scripts)",
