@@ -292,10 +292,10 @@ def search_settings(cfg: DictConfig, payload: CheckpointPayload) -> Search:
     zoo.api.checkpoint_search's rule, the one zoo.load follows — what the command line gives, else the checkpoint's
     own, else the task's, else Search's defaults."""
     if payload.get("task") == "summarization" and not payload.get("target_lengths"):
-        zoo = Search()
+        defaults = Search()
         log.warning(
             "this summarizer's checkpoint predates stored summary lengths: the manifest keeps translation's "
-            f"length defaults ({zoo.max_len_a} · source + {zoo.max_len_b}); give generation.max_len_a=0 "
+            f"length defaults ({defaults.max_len_a} · source + {defaults.max_len_b}); give generation.max_len_a=0 "
             "generation.max_len_b=<pieces>"
         )
     return checkpoint_search(payload, cfg.generation)
