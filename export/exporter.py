@@ -53,7 +53,7 @@ from export.pruning import (
 )
 from export.runtime import OPTIMIZATION_LEVELS, ExportedModel, Graphs, Int8Quality, Manifest, Search, load
 from export.runtime.manifest import ShortlistInfo
-from export.runtime.search import never_emitted
+from export.runtime.search_loop import never_emitted
 from export.runtime.shortlist import SHORTLIST_FILE
 from export.shortlist import ShortlistSettings, build_shortlist, count_pairs
 from export.staging import staged_directory

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -220,6 +221,86 @@ def test_greedy_and_beam_equal_generate(marian, converted: Path, beam: int) -> N
     assert min(lengths) < MAX_NEW - 1 and max(lengths) == MAX_NEW - 1  # natural and forced ends both compared
     if beam > 1:
         np.testing.assert_allclose([h.score for h in best], out.sequences_scores.numpy(), atol=1e-4)
+
+
+REPEAT_OPTIONS = {"no_repeat_ngram_size": 2, "repetition_penalty": 1.3}
+
+
+def _hf_reference_greedy_score(hf_model, out, start: list[int], forced_last: bool) -> float:
+    """generate() reports no score for greedy search: the reference is its own processors (repetition penalty,
+    no-repeat n-grams) applied to its raw logits, log-softmaxed at the chosen tokens — the distribution it picked
+    from, before its bans — summed and divided by the generated length (eos at the limit counts 0, as forced)."""
+    ids = out.sequences[0].tolist()
+    processors = transformers.LogitsProcessorList(
+        [
+            transformers.RepetitionPenaltyLogitsProcessor(REPEAT_OPTIONS["repetition_penalty"]),
+            transformers.NoRepeatNGramLogitsProcessor(REPEAT_OPTIONS["no_repeat_ngram_size"]),
+        ]
+    )
+    total, steps = 0.0, len(out.logits)
+    for s, raw in enumerate(out.logits):
+        so_far = torch.tensor([ids[: len(start) + s]])
+        lp = torch.log_softmax(processors(so_far, raw.clone()), dim=-1)[0, ids[len(start) + s]]
+        total += 0.0 if (forced_last and s == steps - 1) else float(lp)
+    return total / steps
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_prefix_and_repetition_options_equal_generate(marian, converted: Path, beam: int) -> None:
+    """A forced target prefix (generate()'s decoder_input_ids) of 1-3 tokens, no_repeat_ngram_size=2 and
+    repetition_penalty=1.3: the best hypothesis (prefix included) and its score — over the tokens after the prefix
+    — equal generate()'s, sentence by sentence (prefixes of different lengths). min_len and the length limit count
+    the prefix (generate()'s min/max_new_tokens do not: set to match)."""
+    _, hf_model, hf_tok = marian
+    cfg = hf_model.config
+    model = model_from_checkpoint(load_checkpoint(converted))
+    targets = hf_tok(text_target=[t for _, t in PAIRS])["input_ids"]
+    changed = 0
+    for i, (source, _) in enumerate(PAIRS):
+        prefix = [t for t in targets[i] if t not in (cfg.eos_token_id, cfg.pad_token_id)][: i % 3 + 1]
+        enc = hf_tok([source], return_tensors="pt")
+        start = [cfg.decoder_start_token_id, *prefix]
+        with torch.no_grad():
+            out = hf_model.generate(
+                **enc,
+                decoder_input_ids=torch.tensor([start]),
+                num_beams=beam,
+                max_new_tokens=MAX_NEW,
+                min_new_tokens=1,
+                do_sample=False,
+                bad_words_ids=[[cfg.pad_token_id]],
+                forced_eos_token_id=cfg.eos_token_id,
+                early_stopping=True,
+                length_penalty=1.0,
+                output_scores=True,
+                output_logits=True,
+                return_dict_in_generate=True,
+                **REPEAT_OPTIONS,
+            )
+        theirs = []
+        for t in out.sequences[0].tolist()[1:]:
+            if t in (cfg.eos_token_id, cfg.pad_token_id):
+                break
+            theirs.append(t)
+        search = Search(
+            beam_size=beam,
+            len_penalty=1.0,
+            max_len_a=0,
+            max_len_b=len(prefix) + MAX_NEW,
+            min_len=len(prefix) + 1,
+            **REPEAT_OPTIONS,
+        )
+        ours = generate_nbest(model, enc["input_ids"], search, prefixes=[prefix])[0][0]
+        assert ours.tokens == theirs
+        assert ours.tokens[: len(prefix)] == prefix
+        if beam > 1:
+            expected = float(out.sequences_scores[0])
+        else:
+            expected = _hf_reference_greedy_score(hf_model, out, start, len(theirs) == len(prefix) + MAX_NEW - 1)
+        assert ours.score == pytest.approx(expected, abs=1e-4)
+        plain = replace(search, no_repeat_ngram_size=0, repetition_penalty=1.0)
+        changed += generate_nbest(model, enc["input_ids"], plain, prefixes=[prefix])[0][0].tokens != ours.tokens
+    assert changed >= 2  # the options changed outputs: the comparison is not the plain search's again
 
 
 def test_zoo_commands_take_the_converted_checkpoint(converted: Path, tmp_path: Path, capsys) -> None:

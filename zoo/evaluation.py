@@ -15,6 +15,7 @@ from export.runtime.search import (
     DEFAULT_MAX_TOKENS,
     Scored,
     Search,
+    SearchError,
     Translation,
     check_num_hypotheses,
     check_pairs,
@@ -76,18 +77,30 @@ def translate_texts_nbest(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     max_sentences: int = DEFAULT_MAX_SENTENCES,
     progress: bool = False,
+    target_prefixes: Sequence[str] | None = None,
 ) -> list[list[Translation]]:
     """Source strings → per source its `num_hypotheses` best outputs with scores, best first, in input order
-    (batched and truncated as `translate_texts`, whose output is always each list's first text). SearchError
-    unless num_hypotheses is an integer 1 … beam_size."""
-    num_hypotheses = check_num_hypotheses(num_hypotheses, max(1, search.beam_size))  # even with no texts
+    (batched and truncated as `translate_texts`, whose output is always each list's first text; with sampling,
+    that many draws, keyed by the source's index here as the runtime keys them). `target_prefixes`: per source a
+    target text its output starts with (the runtime's `translate(target_prefix=…)`). SearchError unless
+    num_hypotheses is an integer 1 … most_hypotheses, or for a prefix the search cannot take."""
+    num_hypotheses = check_num_hypotheses(num_hypotheses, search.most_hypotheses, bool(search.sampling))  # no texts too
     model.eval()
     device = next(model.parameters()).device
     encoded = encode_sources(tokenizer, texts, model.cfg.max_positions)
+    prefixes = None
+    if target_prefixes is not None:
+        if len(target_prefixes) != len(texts):
+            raise SearchError(
+                f"got {len(target_prefixes)} target prefixes for {len(texts)} sources; give one per source"
+            )
+        prefixes = tokenizer.encode_targets(list(target_prefixes))
     outputs: list[list[Translation]] = [[] for _ in texts]
     for idx in _decode_batches(encoded, max_tokens, max_sentences, progress):
         src = _padded([encoded[i] for i in idx], model.cfg.pad_id, device)
-        for i, hyps in zip(idx, generate_nbest(model, src, search, num_hypotheses), strict=True):
+        given = None if prefixes is None else [prefixes[i] for i in idx]
+        nbest = generate_nbest(model, src, search, num_hypotheses, prefixes=given, keys=idx)
+        for i, hyps in zip(idx, nbest, strict=True):
             outputs[i] = [Translation(tokenizer.decode(h.tokens), h.score, h.tokens) for h in hyps]
     return outputs
 

@@ -1,7 +1,7 @@
 """The zoo's models decode through the runtime's one search loop; this module is their `Step`, and teacher-forced
 scoring.
 
-`export/runtime/search.py` owns greedy and beam search (numpy, over a `Step` that returns every live row's best
+`export/runtime/search_loop.py` owns greedy and beam search (numpy, over a `Step` that returns every live row's best
 tokens). `TorchStep` is that step for a `Transformer`: it decodes on the model's device, takes the top k there and
 hands [N, k] arrays to the loop — the loop synchronised with the host every step anyway — so the torch model and
 the exported graph run the same search by construction (fairseq2's split of the step from the generator), and
@@ -31,14 +31,20 @@ from export.runtime.search import (
     Scored,
     Search,
     SearchError,
+    check_num_hypotheses,
+    check_targets,
+    normalised,
+    row_limits,
+)
+from export.runtime.search_loop import (
     SearchVocab,
     beam,
     beam_first_rows,
-    check_num_hypotheses,
-    check_targets,
+    check_prefixes,
+    given_for,
     greedy,
-    normalised,
-    row_limits,
+    sample_rows,
+    samples_by_sentence,
 )
 from zoo.model import Transformer
 
@@ -62,6 +68,18 @@ class TorchStep:
     def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """last [N] tokens at position t → every row's k best (log-prob [N, k] f32, token [N, k] int64),
         descending."""
+        logits = self._logits(last, t)  # [N, V]
+        best = torch.log_softmax(logits, dim=-1).topk(min(k, logits.shape[-1]), dim=-1)  # [N, k], sorted
+        return best.values.cpu().numpy(), best.indices.cpu().numpy()
+
+    def full(self, last: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray, None]:
+        """last [N] tokens at position t → every row's (logits [N, V], log-probs [N, V]) on the host, -inf outside
+        a shortlist (columns are token ids: None) — for the search's options that reshape a distribution."""
+        logits = self._logits(last, t)  # [N, V]
+        return logits.cpu().numpy(), torch.log_softmax(logits, dim=-1).cpu().numpy(), None
+
+    def _logits(self, last: np.ndarray, t: int) -> Tensor:
+        """last [N] tokens at position t → next-token logits [N, V] f32 (-inf outside a shortlist)."""
         tokens = torch.from_numpy(np.ascontiguousarray(last, dtype=np.int64)).to(self.memory.device)[:, None]  # [N, 1]
         if self.state is not None:
             logits = self.model.decode(tokens, self.memory, self.pad_mask, self.state, t)
@@ -71,8 +89,7 @@ class TorchStep:
         logits = logits[:, -1].float()  # [N, V]
         if self.outside is not None:
             logits = logits.masked_fill(self.outside, -torch.inf)
-        best = torch.log_softmax(logits, dim=-1).topk(min(k, logits.shape[-1]), dim=-1)  # [N, k], sorted
-        return best.values.cpu().numpy(), best.indices.cpu().numpy()
+        return logits
 
     def select(self, rows: np.ndarray) -> None:
         """Continue from these rows of the last step: of the memory, the cache or prefix (beam reordering,
@@ -101,22 +118,40 @@ def _outside(model: Transformer, cfg: Search, vocab_rows: Tensor | None, device:
 
 @torch.inference_mode()
 def _search(
-    model: Transformer, src: Tensor, cfg: Search, use_cache: bool, vocab_rows: Tensor | None
+    model: Transformer,
+    src: Tensor,
+    cfg: Search,
+    use_cache: bool,
+    vocab_rows: Tensor | None,
+    n: int = 1,
+    prefixes: Sequence[Sequence[int]] | None = None,
+    keys: Sequence[int] | None = None,
 ) -> list[list[Hypothesis]]:
-    """Every finished hypothesis per sentence of src [B, S], best first: the runtime's greedy (one each) when
-    beam_size <= 1, else its beam search — over a `TorchStep`."""
+    """Every finished hypothesis per sentence of src [B, S], best first: the runtime's greedy (one each; with
+    sampling, `n` draws each) when beam_size <= 1, else its beam search — over a `TorchStep`. `prefixes`: each
+    sentence's given first output tokens; `keys`: each sentence's sampling key (default: its row)."""
     mcfg = model.cfg
     vocab = SearchVocab(mcfg.vocab_size, mcfg.pad_id, mcfg.bos_id, mcfg.eos_id)
     limits = row_limits(src.ne(mcfg.pad_id).sum(1).cpu().numpy(), cfg, mcfg.max_positions)
+    if prefixes is not None:
+        check_prefixes(prefixes, limits, vocab)
     outside = _outside(model, cfg, vocab_rows, src.device)
     memory, pad_mask = model.encode(src)  # [B, S, D], [B, S]
+    if cfg.sampling:
+        rows, row_keys = sample_rows(src.shape[0], n, keys)
+        given = given_for(len(rows), cfg, None if prefixes is None else [prefixes[i] for i in rows], row_keys)
+        index = torch.from_numpy(rows).to(src.device)
+        step = TorchStep(model, memory.index_select(0, index), pad_mask.index_select(0, index), use_cache, outside)
+        return samples_by_sentence(greedy(step, limits.take(rows), cfg, vocab, given), n)
+    given = given_for(src.shape[0], cfg, prefixes)
     if cfg.beam_size <= 1:
-        return [[h] for h in greedy(TorchStep(model, memory, pad_mask, use_cache, outside), limits, cfg, vocab)]
+        step = TorchStep(model, memory, pad_mask, use_cache, outside)
+        return [[h] for h in greedy(step, limits, cfg, vocab, given)]
     width = mcfg.vocab_size if outside is None else int((~outside).sum())  # tokens a step may produce
     g = beam_first_rows(cfg.beam_size, width)  # rows per sentence of the first step
     rows = torch.arange(src.shape[0], device=src.device).repeat_interleave(g)  # [B*g]
     step = TorchStep(model, memory.index_select(0, rows), pad_mask.index_select(0, rows), use_cache, outside)
-    return beam(step, g, limits, cfg, vocab)
+    return beam(step, g, limits, cfg, vocab, given)
 
 
 def generate(
@@ -125,10 +160,12 @@ def generate(
     cfg: Search = Search(),
     use_cache: bool = True,
     vocab_rows: Tensor | None = None,
+    prefixes: Sequence[Sequence[int]] | None = None,
 ) -> list[list[int]]:
     """The best hypothesis' token ids per sentence of src [B, S] (no bos/eos): greedy when beam_size == 1, else
-    beam search (`vocab_rows`: a shortlist's token ids [C], with cfg.shortlist; eos always allowed)."""
-    return [hyps[0].tokens if hyps else [] for hyps in _search(model, src, cfg, use_cache, vocab_rows)]
+    beam search (`vocab_rows`: a shortlist's token ids [C], with cfg.shortlist; eos always allowed; `prefixes`:
+    per sentence the token ids its output starts with, included in the output)."""
+    return [hyps[0].tokens if hyps else [] for hyps in _search(model, src, cfg, use_cache, vocab_rows, 1, prefixes)]
 
 
 def generate_nbest(
@@ -138,13 +175,16 @@ def generate_nbest(
     num_hypotheses: int = 1,
     use_cache: bool = True,
     vocab_rows: Tensor | None = None,
+    prefixes: Sequence[Sequence[int]] | None = None,
+    keys: Sequence[int] | None = None,
 ) -> list[list[Hypothesis]]:
     """The `num_hypotheses` best hypotheses per source of src [B, S] with their scores, best first (greedy when
-    beam_size == 1: its one hypothesis). The first is always `generate`'s output. Fewer than asked only when
-    the search finished fewer: a length limit of 1 token leaves the empty hypothesis alone. SearchError unless
-    num_hypotheses is an integer 1 … beam_size."""
-    n = check_num_hypotheses(num_hypotheses, max(1, cfg.beam_size))
-    return [hyps[:n] for hyps in _search(model, src, cfg, use_cache, vocab_rows)]
+    beam_size == 1: its one hypothesis; with sampling, that many draws, `keys`: each source's sampling key). The
+    first is always `generate`'s output. Fewer than asked only when the search finished fewer: a length limit of
+    1 token leaves the empty hypothesis alone. SearchError unless num_hypotheses is an integer 1 …
+    most_hypotheses."""
+    n = check_num_hypotheses(num_hypotheses, cfg.most_hypotheses, bool(cfg.sampling))
+    return [hyps[:n] for hyps in _search(model, src, cfg, use_cache, vocab_rows, n, prefixes, keys)]
 
 
 @torch.inference_mode()

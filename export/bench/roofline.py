@@ -28,7 +28,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from export.runtime.search import beam_first_rows
+from export.runtime.search_loop import beam_first_rows
 from zoo.model import Transformer
 from zoo.profiling import best_seconds, matmul_seconds
 
@@ -58,7 +58,7 @@ def encoder_matmuls(model: Transformer, tokens: int) -> list[Shape]:
 def search_matmuls(model: Transformer, batches: Iterable[np.ndarray], max_len: int, beam_size: int) -> Counter[Shape]:
     """Every matmul of decoding each padded batch [B, S] to its length limit `max_len` (eos banned before it): the
     encoder over B × S positions, then `max_len` − 1 decoder steps — the first on the rows beam search starts from,
-    the rest on beam × B rows; the last position's eos is forced without a step (export/runtime/search.py)."""
+    the rest on beam × B rows; the last position's eos is forced without a step (export/runtime/search_loop.py)."""
     first = 1 if beam_size == 1 else beam_first_rows(beam_size, model.cfg.vocab_size)
     shapes: Counter[Shape] = Counter()
     for src in batches:

@@ -47,7 +47,7 @@ from .manifest import (
     sha256_file,
 )
 from .manifest_checks import EXPORT_FILES, MANIFEST_LIMITS, open_regular, read_limited
-from .model import ExportedModel, Stepper, cross_rows, load
+from .model import ExportedModel, load
 from .search import (
     SEARCH_LIMITS,
     Hypothesis,
@@ -64,6 +64,7 @@ from .search import (
     row_limits,
     search_setting,
 )
+from .stepper import Stepper, cross_rows
 from .stores import SelfCache, StorePool, mapped_zeros
 
 __all__ = [

@@ -1,6 +1,6 @@
 """`ExportedModel`: an export directory's tokenizer, search and stores around a backend that runs its two graphs.
 
-Texts in, texts out as zoo.evaluation does it (same truncation, same batches, the search of `search.py`), plus
+Texts in, texts out as zoo.evaluation does it (same truncation, same batches, the search of `search_loop.py`), plus
 n-best lists with scores and teacher-forced scoring. Where the graphs run is the backend's business (`backend.py`):
 in-process onnxruntime sessions (`load`), or other Triton models (serve/triton/bls_model.py).
 """
@@ -28,14 +28,10 @@ from .search import (
     Scored,
     Search,
     SearchError,
-    SearchVocab,
     Translation,
-    beam,
-    beam_first_rows,
     check_num_hypotheses,
     check_pairs,
     check_targets,
-    greedy,
     length_batches,
     max_lengths,
     normalised,
@@ -44,114 +40,21 @@ from .search import (
     truncate_sources,
     truncate_targets,
 )
+from .search_loop import (
+    Given,
+    SearchVocab,
+    beam,
+    beam_first_rows,
+    check_prefixes,
+    given_for,
+    greedy,
+    sample_rows,
+    samples_by_sentence,
+)
 from .shortlist import Shortlist
-from .stores import SelfCache, StorePool
+from .stepper import Stepper
+from .stores import StorePool
 from .tokenizer import SentencePieceTokenizer, SharedVocabTokenizer, load_tokenizer
-
-EVERY_TOKEN = np.zeros(0, dtype=np.int64)  # vocab_rows of a step over the whole vocabulary (no shortlist)
-
-
-def cross_rows(sentence: np.ndarray, per_source: bool) -> np.ndarray:
-    """The source of every cross-cache row the decoder needs for decoder rows whose sources are `sentence` [N]:
-    one row per decoder row, or with `per_source` one per source — the rows then come in equal consecutive
-    groups of one source each, as every search makes them (a sentence's beams; one row per sentence)."""
-    n = len(sentence)
-    if not per_source or n == 0:
-        return sentence
-    changes = np.flatnonzero(sentence[1:] != sentence[:-1])
-    group = int(changes[0]) + 1 if changes.size else n
-    sources = sentence[::group]
-    if n % group or not np.array_equal(sentence, np.repeat(sources, group)):
-        raise ExportRuntimeError(f"decoder rows of sources {sentence.tolist()} are not equal groups of one source")
-    return sources
-
-
-class Stepper:
-    """A decoding state over the live rows: per-row best tokens from the backend's decoder, the self-attention
-    state in a host-owned `SelfCache`, the cross-attention inputs re-sliced on the host only when the set of
-    sentences changes (finished sentences leaving). Exports whose cross caches are per source (manifest shape
-    "sources") get one cache row per sentence, shared by its beams."""
-
-    def __init__(
-        self,
-        model: ExportedModel,
-        encoded: dict[str, np.ndarray],
-        rows: np.ndarray,
-        full: bool = False,
-        steps: int = 0,
-        slots: int = 0,
-        vocab_rows: np.ndarray | None = None,
-    ) -> None:
-        self.m = model
-        self._take_cross(encoded, rows)
-        self.cache = SelfCache(model.self_specs, len(rows), steps, slots, model.store_pool)
-        self.full = full
-        self.logits: np.ndarray | None = None  # [N, V] (or [N, C] over a shortlist) of the last step when `full`
-        self.log_probs: np.ndarray | None = None
-        # a shortlist's sorted token ids [C]: the graph computes their logits alone and returns positions in it
-        self.vocab_rows = vocab_rows
-        self.width = model.vocab_size if vocab_rows is None else len(vocab_rows)  # tokens a step scores
-
-    def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """last [N] int64 tokens at position t → the k best (log-prob [N, k] f32, token [N, k] int64)
-        of every row, descending (writable arrays)."""
-        names = (["logits", "log_probs"] if self.full else []) + ["top_log_probs", "top_tokens"]
-        out = self._run(last, t, k, names)
-        if self.full:
-            self.logits, self.log_probs = out[0], out[1]
-            out = out[2:]
-        if self.vocab_rows is not None:
-            return out[0], self.vocab_rows[out[1]]  # positions in the shortlist → token ids
-        return out[0], out[1]
-
-    def distribution(self, last: np.ndarray, t: int) -> np.ndarray:
-        """last [N] int64 tokens at position t → every row's full next-token log-probs [N, V] f32 (scoring:
-        the graph's `log_probs` output; its top-k outputs are not fetched)."""
-        return self._run(last, t, 1, ["log_probs"])[0]
-
-    def _run(self, last: np.ndarray, t: int, k: int, names: list[str]) -> list[np.ndarray]:
-        """One decoder step fetching outputs `names`; what it adds to the self-attention state goes to the store."""
-        feeds = {
-            "tokens": np.ascontiguousarray(last, dtype=np.int64).reshape(-1, 1),
-            "step": np.array([t], dtype=np.int64),
-            "topk": np.array([min(k, self.width)], dtype=np.int64),
-            "vocab_rows": EVERY_TOKEN if self.vocab_rows is None else self.vocab_rows,
-            **self.cross,
-            **self.cache.feeds(),
-        }
-        used = self.m.backend.decoder_inputs
-        out = self._decode([*names, *self.m.next_names], {n: v for n, v in feeds.items() if n in used})
-        self.cache.update(out[len(names) :])
-        return out[: len(names)]
-
-    def _decode(self, outputs: list[str], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """The decoder graph, once, wherever the model's backend runs it."""
-        return self.m.backend.decode(outputs, inputs)
-
-    def _take_cross(self, encoded: dict[str, np.ndarray], rows: np.ndarray) -> None:
-        """The cross-attention inputs (caches, memory_pad_mask) for decoder rows whose sources are `rows` [N]."""
-        self.sentence = rows  # [N] source row of every decoder row
-        self.cross_sources = cross_rows(rows, self.m.cross_per_source)  # [sources or N] source of every cross row
-        # every source once, in order (beam search and greedy over a fresh batch): the encoder's own arrays. A copy
-        # would hold the cross caches twice while it is made and leave that much freed but resident heap behind
-        # for the rest of the search. Measured: results/runtime/docstring_figures.md
-        whole = np.array_equal(self.cross_sources, np.arange(len(encoded["memory_pad_mask"])))
-        self.cross = {
-            name: np.ascontiguousarray(encoded[name] if whole else encoded[name][self.cross_sources])
-            for name in [*self.m.cross_names, "memory_pad_mask"]
-        }
-
-    def select(self, rows: np.ndarray) -> None:
-        """Continue from rows `rows` of the last step (beam reordering / finished sentences leaving)."""
-        rows = np.asarray(rows, dtype=np.int64)
-        self.sentence = self.sentence[rows]
-        sources = cross_rows(self.sentence, self.m.cross_per_source)
-        if sources.shape != self.cross_sources.shape or not np.array_equal(sources, self.cross_sources):
-            position = {int(s): i for i, s in enumerate(self.cross_sources)}  # every kept source has a row now
-            keep = np.array([position[int(s)] for s in sources], dtype=np.int64)
-            self.cross = {k: np.ascontiguousarray(v[keep]) for k, v in self.cross.items()}
-            self.cross_sources = sources
-        self.cache.select(rows)
 
 
 class ExportedModel:
@@ -255,11 +158,13 @@ class ExportedModel:
             raise SearchError(f"got length bounds for {len(limits.max_len)} sentences but {src.shape[0]} sources")
         return limits
 
-    def _greedy(self, src: np.ndarray, search: Search, limits: RowLimits | None = None) -> list[Hypothesis]:
-        """Argmax decoding of src [B, S]: one hypothesis per sentence, scored as beam search scores."""
+    def _greedy(
+        self, src: np.ndarray, search: Search, limits: RowLimits | None = None, given: Given | None = None
+    ) -> list[Hypothesis]:
+        """Argmax decoding (or sampling) of src [B, S]: one hypothesis per sentence, scored as beam search scores."""
         limits = self._limits(src, search, limits)
         step = self.stepper(self.encode(src), steps=int(limits.max_len.max()), vocab_rows=self.candidates(src, search))
-        return greedy(step, limits, search, self._vocab)
+        return greedy(step, limits, search, self._vocab, given)
 
     def beam_search(
         self, src: np.ndarray, search: Search | None = None, limits: RowLimits | None = None
@@ -267,7 +172,9 @@ class ExportedModel:
         """Batched beam search of src [B, S]; best hypothesis per sentence."""
         return [hyps[0].tokens if hyps else [] for hyps in self._beam(src, search or self.search, limits)]
 
-    def _beam(self, src: np.ndarray, search: Search, limits: RowLimits | None = None) -> list[list[Hypothesis]]:
+    def _beam(
+        self, src: np.ndarray, search: Search, limits: RowLimits | None = None, given: Given | None = None
+    ) -> list[list[Hypothesis]]:
         """Beam search of src [B, S]: every finished hypothesis per sentence, best first (search.beam)."""
         b = src.shape[0]
         limits = self._limits(src, search, limits)
@@ -278,7 +185,7 @@ class ExportedModel:
         step = self.stepper(
             self.encode(src), rows, steps=int(limits.max_len.max()), slots=b * search.beam_size, vocab_rows=vocab_rows
         )
-        return beam(step, g, limits, search, self._vocab)
+        return beam(step, g, limits, search, self._vocab, given)
 
     def generate(
         self, src: np.ndarray, search: Search | None = None, limits: RowLimits | None = None
@@ -296,19 +203,40 @@ class ExportedModel:
         search: Search | None = None,
         num_hypotheses: int = 1,
         limits: RowLimits | None = None,
+        prefixes: Sequence[Sequence[int]] | None = None,
     ) -> list[list[Hypothesis]]:
         """The `num_hypotheses` best hypotheses per source of src [B, S] with their scores, best first (greedy
-        when beam_size <= 1: its one hypothesis), as zoo.generate.generate_nbest (the same loop). The first is always
-        `generate`'s output; fewer than asked only when the search finished fewer (a length limit of 1 token
-        leaves the empty hypothesis alone). SearchError for num_hypotheses outside 1 … beam_size."""
+        when beam_size <= 1: its one hypothesis; with sampling, that many draws), as zoo.generate.generate_nbest
+        (the same loop). The first is always `generate`'s output; fewer than asked only when the search finished
+        fewer (a length limit of 1 token leaves the empty hypothesis alone). `prefixes`: per source the token ids
+        its output starts with (processing.py). SearchError for num_hypotheses outside 1 … most_hypotheses."""
         search = search or self.search
-        return self._nbest(src, search, check_num_hypotheses(num_hypotheses, search.beam_size), limits)
+        n = check_num_hypotheses(num_hypotheses, search.most_hypotheses, bool(search.sampling))
+        return self._nbest(src, search, n, limits, prefixes)
 
-    def _nbest(self, src: np.ndarray, search: Search, n: int, limits: RowLimits | None) -> list[list[Hypothesis]]:
-        """`generate_nbest` with `n` already checked — once per call, where the value came in, not per batch."""
+    def _nbest(
+        self,
+        src: np.ndarray,
+        search: Search,
+        n: int,
+        limits: RowLimits | None,
+        prefixes: Sequence[Sequence[int]] | None = None,
+        keys: Sequence[int] | None = None,
+    ) -> list[list[Hypothesis]]:
+        """`generate_nbest` with `n` already checked — once per call, where the value came in, not per batch.
+        `prefixes`: each sentence's given first output tokens; `keys`: each sentence's sampling key (its index in
+        the caller's call, so that its samples do not depend on the batch it fell in)."""
+        limits = self._limits(src, search, limits)
+        if prefixes is not None:
+            check_prefixes(prefixes, limits, self._vocab)
+        if search.sampling:
+            rows, row_keys = sample_rows(src.shape[0], n, keys)
+            given = given_for(len(rows), search, None if prefixes is None else [prefixes[i] for i in rows], row_keys)
+            return samples_by_sentence(self._greedy(src[rows], search, limits.take(rows), given), n)
+        given = given_for(src.shape[0], search, prefixes)
         if search.beam_size <= 1:
-            return [[h] for h in self._greedy(src, search, limits)]
-        return [hyps[:n] for hyps in self._beam(src, search, limits)]
+            return [[h] for h in self._greedy(src, search, limits, given)]
+        return [hyps[:n] for hyps in self._beam(src, search, limits, given)]
 
     # ------------------------------------------------------------------ text in, text out
     def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
@@ -362,15 +290,25 @@ class ExportedModel:
         max_tokens: int | None = None,
         max_sentences: int | None = None,
         limits: RowLimits | None = None,
+        prefixes: Sequence[Sequence[int]] | None = None,
+        keys: Sequence[int] | None = None,
     ) -> list[list[Translation]]:
         """Token ids per source → per source its `num_hypotheses` best `Translation(text, score, tokens)`, best
         first, in input order (the first text is `translate_encoded`'s output). `limits`: each source's length
-        bounds in place of search's (a server batching requests whose length settings differ). SearchError for
-        num_hypotheses outside 1 … beam_size, raised before anything runs."""
-        n = check_num_hypotheses(num_hypotheses, search.beam_size)
+        bounds in place of search's (a server batching requests whose length settings differ); `prefixes`: per
+        source the target token ids its output starts with (`encode_prefixes`); `keys`: per source its sampling
+        key (default: its index here; a server batching several requests gives each source its index in its
+        own request, so a request's samples do not depend on its neighbours). SearchError for num_hypotheses
+        outside 1 … most_hypotheses or a prefix the search cannot take, raised before anything runs."""
+        n = check_num_hypotheses(num_hypotheses, search.most_hypotheses, bool(search.sampling))
         if limits is not None and len(limits.max_len) != len(encoded):
             raise SearchError(f"got length bounds for {len(limits.max_len)} sentences but {len(encoded)} sources")
-        return self._translate_nbest(encoded, search, n, max_tokens, max_sentences, limits)
+        if keys is not None and len(keys) != len(encoded):
+            raise SearchError(f"got {len(keys)} sampling keys for {len(encoded)} sources")
+        if prefixes is not None:
+            lengths = np.array([len(e) for e in encoded], dtype=np.int64)
+            check_prefixes(prefixes, limits or row_limits(lengths, search, self.max_positions), self._vocab)
+        return self._translate_nbest(encoded, search, n, max_tokens, max_sentences, limits, prefixes, keys)
 
     def _translate_nbest(
         self,
@@ -380,13 +318,17 @@ class ExportedModel:
         max_tokens: int | None,
         max_sentences: int | None,
         limits: RowLimits | None = None,
+        prefixes: Sequence[Sequence[int]] | None = None,
+        keys: Sequence[int] | None = None,
     ) -> list[list[Translation]]:
         """`translate_encoded_nbest` with its arguments already checked (by it, or by `translate`)."""
         outputs: list[list[Translation]] = [[] for _ in encoded]
 
         def run(model: ExportedModel, idx: list[int]) -> list[list[Hypothesis]]:
             part = None if limits is None else limits.take(idx)
-            return model._nbest(model.pad([encoded[i] for i in idx]), search, n, part)
+            given = None if prefixes is None else [prefixes[i] for i in idx]
+            named = idx if keys is None else [keys[i] for i in idx]
+            return model._nbest(model.pad([encoded[i] for i in idx]), search, n, part, given, named)
 
         batches = self._batches([len(e) for e in encoded], max_tokens, max_sentences)
         for idx, nbest in zip(batches, self.replicas.map(run, batches), strict=True):
@@ -407,6 +349,14 @@ class ExportedModel:
         num_hypotheses: int | None = None,
         return_scores: bool = False,
         shortlist: int | None = None,
+        target_prefix: str | Sequence[str] | None = None,
+        no_repeat_ngram_size: int | None = None,
+        repetition_penalty: float | None = None,
+        sampling: int | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
     ) -> list[str] | list[list[Translation]]:
         """Source strings → output strings in input order (unset options: the manifest's defaults; a setting
         outside SEARCH_LIMITS raises SearchError naming the allowed range).
@@ -415,7 +365,12 @@ class ExportedModel:
         source a list of `Translation(text, score, tokens)` instead: the num_hypotheses (default 1) best
         hypotheses, best first, scored as the search ranks them. The first text is always what the plain call
         returns. `shortlist=1` decodes over the export's vocabulary shortlist (shortlist.py; SearchError if it has
-        none), 0 over the whole vocabulary."""
+        none), 0 over the whole vocabulary.
+
+        `target_prefix`: per source a target text its output starts with (tokenised as targets are: it ends at a
+        piece boundary; "" = none; the output text includes it). `no_repeat_ngram_size`, `repetition_penalty`,
+        and `sampling=1` with `top_k`, `top_p`, `temperature`, `seed` (num_hypotheses then draws that many
+        samples): processing.py."""
         if isinstance(texts, str):
             texts = [texts]
         search = self.search_settings(
@@ -425,11 +380,30 @@ class ExportedModel:
             max_len_b=max_len_b,
             min_len=min_len,
             shortlist=shortlist,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+            repetition_penalty=repetition_penalty,
+            sampling=sampling,
+            top_k=top_k,
+            top_p=top_p,
+            temperature=temperature,
+            seed=seed,
+        )
+        prefixes = None if target_prefix is None else self.encode_prefixes(texts, target_prefix)
+        wanted = 1 if num_hypotheses is None else num_hypotheses
+        n = check_num_hypotheses(wanted, search.most_hypotheses, bool(search.sampling))
+        nbest = self.translate_encoded_nbest(
+            self.encode_texts(texts), search, n, max_tokens, max_sentences, prefixes=prefixes
         )
         if num_hypotheses is None and not return_scores:
-            return self.translate_encoded(self.encode_texts(texts), search, max_tokens, max_sentences)
-        n = check_num_hypotheses(1 if num_hypotheses is None else num_hypotheses, search.beam_size)
-        return self._translate_nbest(self.encode_texts(texts), search, n, max_tokens, max_sentences)
+            return [hyps[0].text if hyps else "" for hyps in nbest]
+        return nbest
+
+    def encode_prefixes(self, texts: Sequence[str], target_prefix: str | Sequence[str]) -> list[list[int]]:
+        """Per source the token ids of its target prefix text (one per source; a str for a single source)."""
+        given = [target_prefix] if isinstance(target_prefix, str) else list(target_prefix)
+        if len(given) != len(texts):
+            raise SearchError(f"got {len(given)} target prefixes for {len(texts)} sources; give one per source")
+        return self.tokenizer.encode_targets(given)
 
     # ------------------------------------------------------------------ forced decoding
     def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:

@@ -1,27 +1,17 @@
-"""Search settings, results and errors of both engines, and the runtime's greedy and beam search over a step function.
+"""Search settings, results, length bounds and errors of both engines (the loops over them: search_loop.py).
 
-One search for both engines: zoo.generate runs these loops over a torch `Step` (its `TorchStep`), the runtime over
-the exported graph's, so a setting, a result, an error and every rule of the search are the same in both by
-construction, `Search` is checked once, where it is made, and engine parity is the parity of two steppers. The
-rules: pad and bos are banned (bos not where it is eos: fairseq's models start from eos), eos is
-banned before `min_len` and forced at each sentence's length limit (`max_lengths`); beam search keeps fairseq's
-2·K candidates, counts only eos among the top K as finished, stops a sentence after K finished hypotheses and drops
-it from the batch; greedy runs until every row has ended.
-
-Scores, one definition everywhere: a hypothesis' summed token log-probs, eos included, / length ** len_penalty
-(length counting eos) — what beam search ranks by and what teacher-forced scoring gives back, except where the
-search forced eos at the length limit (log-prob 0 there, the model's real log-prob when scored).
-
-The step function returns each row's k best (log-prob, token) — the decoder graph's in-graph TopK — instead of
-[rows, vocab]: the bans remove at most BANNED of a row's best tokens, so with k = 2·beam + BANNED each row's, and
-each sentence's, 2·beam best allowed candidates (what `torch.topk` over [beams·vocab] finds) are among them.
+`Search` is checked once, where it is made, so a setting, a result and an error are the same in both engines by
+construction. Scores, one definition everywhere: a hypothesis' summed token log-probs, eos included, / length **
+len_penalty (length counting eos; with a target prefix, the tokens after it) — what beam search ranks by and what
+teacher-forced scoring gives back, except where the search forced eos at the length limit (log-prob 0 there, the
+model's real log-prob when scored).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -37,8 +27,22 @@ SEARCH_LIMITS: dict[str, tuple[int | float, int | float]] = {
     "max_len_b": (0, 4096),
     "min_len": (0, 4096),
     "shortlist": (0, 1),  # 1: decode over the export's vocabulary shortlist (shortlist.py), 0: the whole vocabulary
+    # repetition control and sampling (processing.py): 0 / 1.0 are off
+    "no_repeat_ngram_size": (0, 64),
+    "repetition_penalty": (0.0, 10.0),  # open below: > 0
+    "sampling": (0, 1),  # 1: draw each token (greedy search's loop, beam_size 1) instead of taking the best
+    "top_k": (0, 1_000_000),  # sampling: draw among the k most likely tokens (0: all)
+    "top_p": (0.0, 1.0),  # sampling: among the nucleus of this mass (open below: > 0)
+    "temperature": (0.0, 100.0),  # sampling: logits / temperature (open below: > 0)
+    "seed": (0, 2**32 - 1),  # sampling: with the sentence's index, what a draw depends on
 }
-_INTEGER_SETTINGS = frozenset({"beam_size", "max_len_b", "min_len", "shortlist"})
+_INTEGER_SETTINGS = frozenset(
+    {"beam_size", "max_len_b", "min_len", "shortlist", "no_repeat_ngram_size", "sampling", "top_k", "seed"}
+)
+_OPEN_BELOW = frozenset({"repetition_penalty", "top_p", "temperature"})  # 0 itself is not allowed
+MAX_SAMPLES = 64  # the most samples one source may ask for (num_hypotheses with sampling=1)
+# settings that act only when sampling: their neutral values
+SAMPLING_ONLY = {"top_k": 0, "top_p": 1.0, "temperature": 1.0}
 # A server's default budgets in decoder row-steps (rows × beam × max output tokens: ExportedModel.request_cost), one
 # home for serve's settings and the Triton models: they keep one request of the CPU preset's model (d_model 256,
 # 3+3 layers) to a few seconds on one core (serve/README.md measures them)
@@ -54,7 +58,6 @@ WRITTEN = {
     True: "written in ASCII digits (e.g. '10'; no '_', exponent, '+' or other scripts)",
     False: "written as an ASCII decimal (e.g. '1.5' or '2e-1'; no '_', 'nan', 'inf' or other scripts)",
 }
-BANNED = 3  # tokens the search may ban from a row (pad, bos, eos): fetch this many extra best tokens
 
 
 class SearchError(ExportRuntimeError, ValueError):
@@ -67,7 +70,9 @@ class ScoreError(ExportRuntimeError, ValueError):
     the message says which and what is allowed."""
 
 
-def _bounded(name: str, value: Any, low: float, high: float, integer: bool, allowed: str) -> int | float:
+def _bounded(
+    name: str, value: Any, low: float, high: float, integer: bool, allowed: str, open_low: bool = False
+) -> int | float:
     """`value` as a finite number in [low, high] (an integer when `integer`: whole floats pass, as JSON sends
     them), else SearchError naming `name` and `allowed`. Text (Triton parameters may arrive as strings) is read
     strictly, in ASCII (`TEXT_FORMS`): Python's own int()/float() would read "1_0" and "1e1" as 10 and "٣" as 3."""
@@ -80,11 +85,11 @@ def _bounded(name: str, value: Any, low: float, high: float, integer: bool, allo
             )
         value = int(value) if integer else float(value)
     if isinstance(value, (int, np.integer)):  # compared as integers: a huge one must not overflow a float
-        if not low <= value <= high:
+        if not low <= value <= high or (open_low and value == low):
             raise SearchError(f"{name}={_shown(value)} is out of range; {allowed}")
         return int(value) if integer else float(value)
     number = float(value)
-    if not np.isfinite(number) or not low <= number <= high:
+    if not np.isfinite(number) or not low <= number <= high or (open_low and number == low):
         raise SearchError(f"{name}={_shown(value)} is out of range; {allowed}")
     if integer:
         if number != int(number):
@@ -126,17 +131,20 @@ def search_setting(name: str, value: Any) -> int | float:
         raise SearchError(f"unknown search setting {name!r}; allowed: {sorted(SEARCH_LIMITS)}")
     low, high = SEARCH_LIMITS[name]
     integer = name in _INTEGER_SETTINGS
+    opened = name in _OPEN_BELOW
+    kind = "an integer" if integer else "a finite number"
     return _bounded(
-        name, value, low, high, integer, f"allowed: {'an integer' if integer else 'a finite number'} in [{low}, {high}]"
+        name, value, low, high, integer, f"allowed: {kind} in {'(' if opened else '['}{low}, {high}]", opened
     )
 
 
-def check_num_hypotheses(value: Any, beam_size: int) -> int:
-    """How many hypotheses to return per source from a search of `beam_size` (validated): an integer
-    1 … beam_size (greedy search, beam_size 1, has one), else SearchError naming the allowed values."""
-    beam = max(1, int(beam_size))
-    allowed = f"allowed: an integer in [1, {beam}] (at most beam_size={beam})"
-    return int(_bounded("num_hypotheses", value, 1, beam, True, allowed))
+def check_num_hypotheses(value: Any, most: int, sampling: bool = False) -> int:
+    """How many hypotheses to return per source (validated): an integer 1 … `most` — a search's
+    `most_hypotheses`: beam_size (greedy search has one), or MAX_SAMPLES draws when sampling — else SearchError
+    naming the allowed values."""
+    most = max(1, int(most))
+    why = f"samples, at most {most}" if sampling else f"at most beam_size={most}"
+    return int(_bounded("num_hypotheses", value, 1, most, True, f"allowed: an integer in [1, {most}] ({why})"))
 
 
 @dataclass(frozen=True)
@@ -150,10 +158,36 @@ class Search:
     max_len_b: int = 10
     min_len: int = 1
     shortlist: int = 0
+    no_repeat_ngram_size: int = 0
+    repetition_penalty: float = 1.0
+    sampling: int = 0
+    top_k: int = 0
+    top_p: float = 1.0
+    temperature: float = 1.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
             object.__setattr__(self, f.name, search_setting(f.name, getattr(self, f.name)))
+        if self.sampling and self.beam_size > 1:
+            raise SearchError(
+                f"sampling=1 with beam_size={self.beam_size}: sampling draws one token at a time; set beam_size=1 "
+                "(num_hypotheses draws several samples per source), or sampling=0"
+            )
+        if not self.sampling:
+            for name, neutral in SAMPLING_ONLY.items():
+                if getattr(self, name) != neutral:
+                    raise SearchError(f"{name}={getattr(self, name)} acts only when sampling; set sampling=1 too")
+
+    @property
+    def processed(self) -> bool:
+        """Whether a step needs every row's whole distribution (processing.py) instead of the graph's top k."""
+        return bool(self.sampling or self.no_repeat_ngram_size or self.repetition_penalty != 1.0)
+
+    @property
+    def most_hypotheses(self) -> int:
+        """The most hypotheses per source this search returns: its beams, or MAX_SAMPLES draws."""
+        return MAX_SAMPLES if self.sampling else self.beam_size
 
     @classmethod
     def from_generation(cls, gen: Mapping[str, Any]) -> Search:
@@ -248,14 +282,20 @@ def strip(ids: Iterable[int], eos_id: int, pad_id: int) -> list[int]:
 
 
 def greedy_hypotheses(
-    rows: Iterable[list[int]], totals: Iterable[float], len_penalty: float, eos_id: int, pad_id: int
+    rows: Iterable[list[int]],
+    totals: Iterable[float],
+    len_penalty: float,
+    eos_id: int,
+    pad_id: int,
+    prefix_lengths: Sequence[int] | None = None,
 ) -> list[Hypothesis]:
     """Greedy search's rows of tokens (bos first) and their summed log-probs → a Hypothesis each, scored as
-    beam search scores."""
+    beam search scores (over the tokens after each row's given prefix, `prefix_lengths`)."""
     out = []
-    for row, total in zip(rows, totals, strict=True):
+    for i, (row, total) in enumerate(zip(rows, totals, strict=True)):
         ids = strip(row[1:], eos_id, pad_id)
-        out.append(Hypothesis(ids, normalised(total, len(ids) + 1, len_penalty)))
+        given = 0 if prefix_lengths is None else int(prefix_lengths[i])
+        out.append(Hypothesis(ids, normalised(total, len(ids) + 1 - given, len_penalty)))
     return out
 
 
@@ -306,153 +346,3 @@ def check_targets(targets: Sequence[Sequence[int]], sources: int, vocab_size: in
             raise ScoreError(f"target {i} has {len(ids)} tokens; the model produces at most {cap} (+ eos)")
         if any(not 0 <= int(t) < vocab_size for t in ids):
             raise ScoreError(f"target {i} holds token ids outside the vocabulary [0, {vocab_size})")
-
-
-# ---------------------------------------------------------------------------------------------- the searches
-class SearchVocab(NamedTuple):
-    """What the search needs of a vocabulary."""
-
-    size: int
-    pad_id: int
-    bos_id: int
-    eos_id: int
-
-
-class Step(Protocol):
-    """A decoding state over the live rows (the runtime's `Stepper`)."""
-
-    def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """last [N] tokens at position t → every row's k best (log-prob [N, k] f32, token [N, k]), descending."""
-        ...
-
-    def select(self, rows: np.ndarray) -> None:
-        """Continue from these rows of the last step (beam reordering, finished sentences leaving)."""
-        ...
-
-
-def never_emitted(pad_id: int, bos_id: int, eos_id: int) -> list[int]:
-    """The tokens no search emits: pad, and the decoder's start token unless it is eos (fairseq's models start from
-    eos, which still ends a hypothesis)."""
-    return [pad_id] if bos_id in (pad_id, eos_id) else [pad_id, bos_id]
-
-
-def _mask(lp: np.ndarray, tok: np.ndarray, no_eos: np.ndarray, at_limit: np.ndarray, vocab: SearchVocab) -> None:
-    """The bans on a row's best-token list: pad and bos always (never_emitted), eos on rows still short of their
-    min_len (`no_eos` [N]); a row at its length limit gets only eos (log-prob 0). In place on lp/tok [N, k]."""
-    banned = (tok == vocab.eos_id) & no_eos[:, None]  # [N, k]
-    for token in never_emitted(vocab.pad_id, vocab.bos_id, vocab.eos_id):
-        banned |= tok == token
-    lp[banned] = -np.inf
-    if at_limit.any():
-        lp[at_limit] = -np.inf
-        lp[at_limit, 0] = 0.0
-        tok[at_limit, 0] = vocab.eos_id
-
-
-def _best_tokens(
-    step: Step,
-    last: np.ndarray,
-    t: int,
-    k: int,
-    no_eos: np.ndarray,
-    at_limit: np.ndarray,
-    vocab: SearchVocab,
-    ended: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The k best (log-prob [N, k], token [N, k]) of every row at position t after the bans; `no_eos` [N]: rows
-    that may not end yet, `ended` [N]: rows that have finished already (greedy keeps them as padding). A step
-    where every row must end (at its limit or finished) does not run the decoder: eos at log-prob 0 is all it
-    could give. Measured: results/runtime/docstring_figures.md."""
-    must_end = at_limit if ended is None else at_limit | ended
-    if must_end.all():
-        shape = (len(must_end), min(k, vocab.size))  # what the decoder's top-k would have returned
-        lp, tok = np.zeros(shape, dtype=np.float32), np.full(shape, vocab.eos_id, dtype=np.int64)
-        _mask(lp, tok, no_eos, must_end, vocab)
-        return lp, tok
-    lp, tok = step(last, t, k)
-    _mask(lp, tok, no_eos, at_limit, vocab)
-    return lp, tok
-
-
-def greedy(step: Step, limits: RowLimits, search: Search, vocab: SearchVocab) -> list[Hypothesis]:
-    """Argmax decoding of B sentences within their length bounds `limits`: one hypothesis per sentence, scored as
-    beam search scores."""
-    min_len, max_len = limits
-    b = len(max_len)
-    tokens = np.full((b, 1), vocab.bos_id, dtype=np.int64)  # [B, t+1]
-    finished = np.zeros(b, dtype=bool)
-    total = np.zeros(b, dtype=np.float32)  # [B] summed log-probs of the emitted tokens, eos included
-    rows = np.arange(b)
-    for t in range(int(max_len.max())):
-        lp, tok = _best_tokens(step, tokens[:, -1], t, BANNED + 1, min_len > t, max_len <= t + 1, vocab, finished)
-        best = lp.argmax(-1)  # [B] first maximum = lowest id among ties, as argmax
-        total += np.where(finished, np.float32(0), lp[rows, best])
-        nxt = tok[rows, best]
-        nxt[finished] = vocab.pad_id
-        tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
-        finished |= nxt == vocab.eos_id
-        if finished.all():
-            break
-    return greedy_hypotheses(tokens.tolist(), total.tolist(), search.len_penalty, vocab.eos_id, vocab.pad_id)
-
-
-def beam_first_rows(beam_size: int, vocab_size: int) -> int:
-    """Rows per sentence of beam search's first step. All beams start as the same bos hypothesis, whose 2K
-    candidates come from beam 0 alone (the others score -inf), so one row per sentence gives them for 1/K of the
-    step — if a row's list holds 2K allowed tokens: a smaller vocabulary (test models) starts with K rows.
-    Measured: results/runtime/docstring_figures.md."""
-    return 1 if min(2 * beam_size + BANNED, vocab_size) - BANNED >= 2 * beam_size else beam_size
-
-
-def beam(step: Step, first_rows: int, limits: RowLimits, search: Search, vocab: SearchVocab) -> list[list[Hypothesis]]:
-    """Beam search of B sentences within their length bounds `limits`, `step` starting on `first_rows`
-    consecutive rows per sentence (`beam_first_rows`): every finished hypothesis per sentence (beam_size of them;
-    fewer only when the length limit is 1 token), best first — the first finished wins ties."""
-    k, g = search.beam_size, first_rows  # g: rows per sentence this step
-    min_len, max_len = limits
-    b = len(max_len)
-    active = np.arange(b)  # original sentence ids still searching
-    tokens = np.full((b * g, 1), vocab.bos_id, dtype=np.int64)  # [n*g, t+1]
-    scores = np.full((b, g), -np.inf, dtype=np.float32)  # [n, g]
-    scores[:, 0] = 0.0  # all beams start identical: keep one so the first step yields distinct ones
-    finals: list[list[Hypothesis]] = [[] for _ in range(b)]
-    arange2k = np.arange(2 * k)
-    for t in range(int(max_len.max())):
-        n = active.size
-        at_limit = np.repeat(max_len[active] <= t + 1, g)  # [n*g]
-        no_eos = np.repeat(min_len[active] > t, g)  # [n*g]
-        lp, tok = _best_tokens(step, tokens[:, -1], t, 2 * k + BANNED, no_eos, at_limit, vocab)  # [n*g, c]
-        c = lp.shape[1]
-        # torch.topk(2K) over [n, K*V] finds the same finite candidates among each row's c best
-        cand = (scores.reshape(-1, 1) + lp).reshape(n, g * c)
-        flat_tok = tok.reshape(n, g * c)
-        flat_id = (np.arange(g * c) // c)[None, :] * vocab.size + flat_tok  # beam*V + token: tie order
-        top = np.lexsort((flat_id, -cand), axis=1)[:, : 2 * k]  # [n, 2K] sorted by score desc
-        top_scores = np.take_along_axis(cand, top, 1)
-        beam_idx, token_idx = top // c, np.take_along_axis(flat_tok, top, 1)
-        is_eos = (token_idx == vocab.eos_id) & (top_scores > -np.inf)
-        done = np.zeros(n, dtype=bool)
-        if is_eos.any():
-            norm = float(t + 1) ** search.len_penalty
-            prefix = tokens.reshape(n, g, -1)
-            for r, j in zip(*np.nonzero(is_eos), strict=True):
-                bucket = finals[int(active[r])]
-                if len(bucket) < k and j < k:  # only eos among the top K counts, as fairseq
-                    hyp = strip(prefix[r, beam_idx[r, j], 1:].tolist(), vocab.eos_id, vocab.pad_id)
-                    bucket.append(Hypothesis(hyp, float(top_scores[r, j]) / norm))
-            done = np.array([len(finals[int(s)]) >= k for s in active])
-        # continue with the best K non-eos candidates of every live sentence
-        keep = np.argsort(arange2k[None, :] + is_eos * (2 * k), axis=1, kind="stable")[:, :k]  # [n, K]
-        new_scores = np.take_along_axis(top_scores, keep, 1)
-        new_beams = np.take_along_axis(beam_idx, keep, 1)
-        new_tokens = np.take_along_axis(token_idx, keep, 1)
-        live = np.nonzero(~done)[0]
-        if live.size == 0:
-            break
-        rows = (live[:, None] * g + new_beams[live]).reshape(-1)  # rows of tokens/cache to continue
-        tokens = np.concatenate([tokens[rows], new_tokens[live].reshape(-1, 1)], axis=1)
-        scores = new_scores[live]
-        active = active[live]
-        step.select(rows)
-        g = k
-    return [sorted(bucket, key=lambda h: -h.score) for bucket in finals]  # stable: first finished wins ties

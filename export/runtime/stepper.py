@@ -1,0 +1,130 @@
+"""`Stepper`: one decoding state of an `ExportedModel` — the search loop's `Step` over the exported decoder graph.
+
+It feeds the graph the last tokens, the self-attention store (`SelfCache`) and the cross-attention inputs, fetches
+only the outputs a search needs (the in-graph top k, or the whole distribution for the options of
+processing.py), and follows beam reordering and sentences leaving.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .errors import ExportRuntimeError
+from .stores import SelfCache
+
+if TYPE_CHECKING:
+    from .model import ExportedModel
+
+EVERY_TOKEN = np.zeros(0, dtype=np.int64)  # vocab_rows of a step over the whole vocabulary (no shortlist)
+
+
+def cross_rows(sentence: np.ndarray, per_source: bool) -> np.ndarray:
+    """The source of every cross-cache row the decoder needs for decoder rows whose sources are `sentence` [N]:
+    one row per decoder row, or with `per_source` one per source — the rows then come in equal consecutive
+    groups of one source each, as every search makes them (a sentence's beams; one row per sentence)."""
+    n = len(sentence)
+    if not per_source or n == 0:
+        return sentence
+    changes = np.flatnonzero(sentence[1:] != sentence[:-1])
+    group = int(changes[0]) + 1 if changes.size else n
+    sources = sentence[::group]
+    if n % group or not np.array_equal(sentence, np.repeat(sources, group)):
+        raise ExportRuntimeError(f"decoder rows of sources {sentence.tolist()} are not equal groups of one source")
+    return sources
+
+
+class Stepper:
+    """A decoding state over the live rows: per-row best tokens from the backend's decoder, the self-attention
+    state in a host-owned `SelfCache`, the cross-attention inputs re-sliced on the host only when the set of
+    sentences changes (finished sentences leaving). Exports whose cross caches are per source (manifest shape
+    "sources") get one cache row per sentence, shared by its beams."""
+
+    def __init__(
+        self,
+        model: ExportedModel,
+        encoded: dict[str, np.ndarray],
+        rows: np.ndarray,
+        full: bool = False,
+        steps: int = 0,
+        slots: int = 0,
+        vocab_rows: np.ndarray | None = None,
+    ) -> None:
+        self.m = model
+        self._take_cross(encoded, rows)
+        self.cache = SelfCache(model.self_specs, len(rows), steps, slots, model.store_pool)
+        self.full = full
+        self.logits: np.ndarray | None = None  # [N, V] (or [N, C] over a shortlist) of the last step when `full`
+        self.log_probs: np.ndarray | None = None
+        # a shortlist's sorted token ids [C]: the graph computes their logits alone and returns positions in it
+        self.vocab_rows = vocab_rows
+        self.width = model.vocab_size if vocab_rows is None else len(vocab_rows)  # tokens a step scores
+
+    def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """last [N] int64 tokens at position t → the k best (log-prob [N, k] f32, token [N, k] int64)
+        of every row, descending (writable arrays)."""
+        names = (["logits", "log_probs"] if self.full else []) + ["top_log_probs", "top_tokens"]
+        out = self._run(last, t, k, names)
+        if self.full:
+            self.logits, self.log_probs = out[0], out[1]
+            out = out[2:]
+        if self.vocab_rows is not None:
+            return out[0], self.vocab_rows[out[1]]  # positions in the shortlist → token ids
+        return out[0], out[1]
+
+    def full(self, last: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """last [N] int64 tokens at position t → every row's (logits [N, W], log-probs [N, W]) and the token id of
+        each column (the shortlist's ids; None over the whole vocabulary): the search's options that reshape a
+        distribution (processing.py) need all of it; its top-k outputs are not fetched."""
+        logits, log_probs = self._run(last, t, 1, ["logits", "log_probs"])
+        return logits, log_probs, self.vocab_rows
+
+    def distribution(self, last: np.ndarray, t: int) -> np.ndarray:
+        """last [N] int64 tokens at position t → every row's full next-token log-probs [N, V] f32 (scoring:
+        the graph's `log_probs` output; its top-k outputs are not fetched)."""
+        return self._run(last, t, 1, ["log_probs"])[0]
+
+    def _run(self, last: np.ndarray, t: int, k: int, names: list[str]) -> list[np.ndarray]:
+        """One decoder step fetching outputs `names`; what it adds to the self-attention state goes to the store."""
+        feeds = {
+            "tokens": np.ascontiguousarray(last, dtype=np.int64).reshape(-1, 1),
+            "step": np.array([t], dtype=np.int64),
+            "topk": np.array([min(k, self.width)], dtype=np.int64),
+            "vocab_rows": EVERY_TOKEN if self.vocab_rows is None else self.vocab_rows,
+            **self.cross,
+            **self.cache.feeds(),
+        }
+        used = self.m.backend.decoder_inputs
+        out = self._decode([*names, *self.m.next_names], {n: v for n, v in feeds.items() if n in used})
+        self.cache.update(out[len(names) :])
+        return out[: len(names)]
+
+    def _decode(self, outputs: list[str], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """The decoder graph, once, wherever the model's backend runs it."""
+        return self.m.backend.decode(outputs, inputs)
+
+    def _take_cross(self, encoded: dict[str, np.ndarray], rows: np.ndarray) -> None:
+        """The cross-attention inputs (caches, memory_pad_mask) for decoder rows whose sources are `rows` [N]."""
+        self.sentence = rows  # [N] source row of every decoder row
+        self.cross_sources = cross_rows(rows, self.m.cross_per_source)  # [sources or N] source of every cross row
+        # every source once, in order (beam search and greedy over a fresh batch): the encoder's own arrays. A copy
+        # would hold the cross caches twice while it is made and leave that much freed but resident heap behind
+        # for the rest of the search. Measured: results/runtime/docstring_figures.md
+        whole = np.array_equal(self.cross_sources, np.arange(len(encoded["memory_pad_mask"])))
+        self.cross = {
+            name: np.ascontiguousarray(encoded[name] if whole else encoded[name][self.cross_sources])
+            for name in [*self.m.cross_names, "memory_pad_mask"]
+        }
+
+    def select(self, rows: np.ndarray) -> None:
+        """Continue from rows `rows` of the last step (beam reordering / finished sentences leaving)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self.sentence = self.sentence[rows]
+        sources = cross_rows(self.sentence, self.m.cross_per_source)
+        if sources.shape != self.cross_sources.shape or not np.array_equal(sources, self.cross_sources):
+            position = {int(s): i for i, s in enumerate(self.cross_sources)}  # every kept source has a row now
+            keep = np.array([position[int(s)] for s in sources], dtype=np.int64)
+            self.cross = {k: np.ascontiguousarray(v[keep]) for k, v in self.cross.items()}
+            self.cross_sources = sources
+        self.cache.select(rows)
