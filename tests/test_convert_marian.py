@@ -309,14 +309,39 @@ def test_zoo_commands_take_the_converted_checkpoint(converted: Path, tmp_path: P
     sources = [s for s, _ in PAIRS[:3]]
     assert translate_main(["--checkpoint", str(converted), "--beam", "2", *sources]) == 0
     printed = capsys.readouterr().out.splitlines()
-    assert printed == Translator.from_checkpoint(str(converted)).translate(sources, beam_size=2)
+    translator = Translator.from_checkpoint(str(converted))
+    assert printed == translator.translate(sources, beam_size=2)
+    # the decoding options as flags: a prefix per sentence, the repetition options, sampling with a seed
+    prefixes = [t.split()[0] for _, t in PAIRS[:3]]
+    flags = ["--beam", "1", "--sampling", "--top-p", "0.9", "--seed", "3", "--no-repeat-ngram-size", "2"]
+    assert translate_main(["-c", str(converted), *flags, *[f"--prefix={p}" for p in prefixes], *sources]) == 0
+    sampled = capsys.readouterr().out.splitlines()
+    options = {"sampling": 1, "top_p": 0.9, "seed": 3, "no_repeat_ngram_size": 2}
+    assert sampled == translator.translate(sources, beam_size=1, target_prefix=prefixes, **options)
+    assert all(out.startswith(p) for out, p in zip(sampled, prefixes, strict=True))
     (tmp_path / "src.txt").write_text("\n".join(sources) + "\n")
     (tmp_path / "ref.txt").write_text("\n".join(t for _, t in PAIRS[:3]) + "\n")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         base = [f"checkpoint={converted}", f"out={tmp_path / 'eval'}", "generation.beam_size=2"]
         on_files = compose("evaluate", [*base, f"src={tmp_path / 'src.txt'}", f"ref={tmp_path / 'ref.txt'}"])
         on_split = compose("evaluate", [*base, "split=test"])
+        samples = [f"generation.{k}={v}" for k, v in options.items()]
+        sampling = compose(
+            "evaluate",
+            [
+                *base,
+                "generation.beam_size=1",
+                *samples,
+                "nbest=4",
+                f"src={tmp_path / 'src.txt'}",
+                f"ref={tmp_path / 'ref.txt'}",
+            ],
+        )
     assert evaluate(on_files)["n"] == 3
+    evaluate(sampling)  # back-translation's use: 4 samples per source, in the n-best file
+    lines = (tmp_path / "eval" / "src_nbest.txt").read_text().splitlines()
+    drawn = translator.translate(sources, beam_size=1, num_hypotheses=4, len_penalty=1.0, **options)  # evaluate's
+    assert lines == [f"{i} ||| {h.text} ||| {h.score:.6f}" for i, hyps in enumerate(drawn) for h in hyps]
     with pytest.raises(DataError, match="converted pretrained model with no corpus; pass src=FILE ref=FILE"):
         evaluate(on_split)
 

@@ -27,6 +27,7 @@ from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import Tokenizer
 from zoo.evaluation import score_ids, translate_texts, translate_texts_nbest
 from zoo.generate import TorchStep, generate
+from zoo.generate import generate_nbest as zoo_generate_nbest
 
 
 def _heldout_batch(run_dir: Path, n: int = 32) -> tuple[torch.Tensor, list[str], Tokenizer, dict]:
@@ -346,3 +347,49 @@ def test_the_torch_step_equals_the_runtime_stepper(entry: str, exported, smoke_r
             for step in (*torch_steps, ort_step):
                 step.select(keep)
             last = want_tok[keep, int(t % 3 == 0)]  # each row continues with its best or second-best token
+
+
+OPTION_SEARCHES = (
+    Search(beam_size=4, len_penalty=0.6, no_repeat_ngram_size=2, repetition_penalty=1.3),
+    Search(beam_size=1, no_repeat_ngram_size=3, repetition_penalty=1.2),
+    Search(beam_size=1, sampling=1, top_p=0.9, temperature=0.8, seed=5),
+)
+
+
+@pytest.mark.parametrize(
+    "overrides", [(), ("shortlist.build=true",), ("keep_heads=2", "quantize=true")], ids=["pruned", "shortlist", "int8"]
+)
+def test_the_decoding_options_in_the_runtime_equal_torch(overrides: tuple[str, ...], exported, smoke_run) -> None:
+    """Target prefixes (0-2 tokens), the repetition options and sampling (3 draws, seeded) with beam 4 and greedy:
+    ORT's n-best tokens equal torch's, scores to 1e-4 — over non-uniformly pruned heads (the test head plan) and
+    over a shortlist. INT8 (no torch twin) keeps every prefix and repeats no banned n-gram."""
+    out, _ = exported("transformer", *overrides)
+    src, _, _, payload = _heldout_batch(smoke_run("transformer"), n=12)
+    model = model_from_checkpoint(payload)
+    if not overrides:
+        model.apply_head_plan(PLAN, remove=False)
+    runtime = export.load(out, threads=1)
+    plain = generate(model, src, Search(beam_size=1))
+    prefixes = [ids[: i % 3] for i, ids in enumerate(plain)]
+    shortlisted = overrides == ("shortlist.build=true",)
+    for search in OPTION_SEARCHES:
+        search = rt.Search(**{**search.__dict__, "shortlist": int(shortlisted)})
+        n = 1 if search.beam_size == 1 and not search.sampling else 3
+        ours = runtime.generate_nbest(src.numpy(), search, n, prefixes=prefixes)
+        assert all(hyps[0].tokens[: len(p)] == p for hyps, p in zip(ours, prefixes, strict=True))
+        if "quantize=true" in overrides:
+            size = search.no_repeat_ngram_size
+            if size:
+                assert not any(_repeats(h.tokens, size) for hyps in ours for h in hyps)
+            continue
+        rows = runtime.candidates(src.numpy(), search)
+        vocab_rows = None if rows is None else torch.from_numpy(rows)
+        theirs = zoo_generate_nbest(model, src, search, n, vocab_rows=vocab_rows, prefixes=prefixes)
+        for a, b in zip(ours, theirs, strict=True):
+            assert [h.tokens for h in a] == [h.tokens for h in b], search
+            np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-4)
+
+
+def _repeats(tokens: list[int], n: int) -> bool:
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(grams) != len(set(grams))

@@ -12,7 +12,7 @@ import torch
 from export.runtime.search import Scored, Search
 from zoo.checkpoint import CheckpointPayload, load_checkpoint, model_from_checkpoint
 from zoo.data import TextTokenizer, load_tokenizer
-from zoo.evaluation import Translation, score_texts, translate_texts, translate_texts_nbest
+from zoo.evaluation import Translation, score_texts, translate_texts_nbest
 from zoo.model import Transformer
 
 SUMMARY_LENGTH_MARGIN = 1.1  # a summarizer's max_len_b: this × the 99th percentile of its training summaries
@@ -68,24 +68,49 @@ class Translator:
         min_len: int | None = None,
         num_hypotheses: int | None = None,
         return_scores: bool = False,
+        target_prefix: str | Sequence[str] | None = None,
+        no_repeat_ngram_size: int | None = None,
+        repetition_penalty: float | None = None,
+        sampling: int | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
     ) -> list[str] | list[list[Translation]]:
         """Source strings → output strings in input order (unset settings: `self.search`, the checkpoint's
-        defaults as an export of it has them).
+        defaults as an export of it has them) — the same call, options and outputs as `export.load(...).translate`.
 
-        With `num_hypotheses` (an integer 1 … beam_size, else SearchError naming them) or
+        With `num_hypotheses` (an integer 1 … most_hypotheses, else SearchError naming them) or
         `return_scores`, per source a list of `Translation(text, score, tokens)` instead: the num_hypotheses
         (default 1) best hypotheses, best first, scored as the search ranks them (summed token log-probs, eos
-        included, / length ** len_penalty). The first text is always what the plain call returns."""
+        included, / length ** len_penalty). The first text is always what the plain call returns.
+        `target_prefix` (per source a target text the output starts with), the repetition options and sampling:
+        export/runtime/processing.py."""
         if isinstance(texts, str):
             texts = [texts]
         search = self.search_settings(
-            beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len
+            beam_size=beam_size,
+            len_penalty=len_penalty,
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
+            min_len=min_len,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+            repetition_penalty=repetition_penalty,
+            sampling=sampling,
+            top_k=top_k,
+            top_p=top_p,
+            temperature=temperature,
+            seed=seed,
         )
+        prefixes = None
+        if target_prefix is not None:
+            prefixes = [target_prefix] if isinstance(target_prefix, str) else list(target_prefix)
         with torch.inference_mode():
-            if num_hypotheses is None and not return_scores:
-                return translate_texts(self.model, self.tokenizer, list(texts), search)
             n = 1 if num_hypotheses is None else num_hypotheses
-            return translate_texts_nbest(self.model, self.tokenizer, list(texts), search, n)
+            nbest = translate_texts_nbest(self.model, self.tokenizer, list(texts), search, n, target_prefixes=prefixes)
+        if num_hypotheses is None and not return_scores:
+            return [hyps[0].text if hyps else "" for hyps in nbest]
+        return nbest
 
     def search_settings(self, **given: Any) -> Search:
         """The checkpoint's search defaults with the given (non-None) settings, validated (SearchError), as
