@@ -4,12 +4,16 @@
     echo "Guten Morgen." | python -m serve.client --protocol grpc --model transformer-deen --beam-size 1
     python -m serve.client --num-hypotheses 3 --scores "Guten Morgen."     # n-best: i ||| text ||| score
     printf 'Guten Morgen.\tGood morning.\n' | python -m serve.client --score   # forced decoding: a score per line
+    printf 'Guten Morgen.\tGood\n' | python -m serve.client --prefix          # the output starts with "Good"
+    python -m serve.client --beam-size 1 --sampling 1 --top-p 0.9 --seed 7 --num-hypotheses 3 "Guten Morgen."
 
     from serve.client import translate
     translate(["Guten Morgen."], url="127.0.0.1:8000", protocol="http")
 
 Ordinary flags, not Hydra: free text such as "Guten Morgen." is not a Hydra override. The client splits
-inputs into requests of at most the model's max_batch_size rows, so any number of sentences can be sent.
+inputs into requests of at most the model's max_batch_size rows, so any number of sentences can be sent (a
+sampled source draws by its row within its request: beyond max_batch_size rows, its samples are not those of
+`export.load(dir).translate` over the same list).
 """
 
 from __future__ import annotations
@@ -31,8 +35,24 @@ from zoo.errors import one_line_errors
 
 INPUT, OUTPUT, TRUNCATED = "TEXT", "OUTPUT", "TRUNCATED"
 TARGET, SCORES, TOKEN_SCORES = "TARGET", "SCORES", "TOKEN_SCORES"
+PREFIX = "PREFIX"  # per source the target text its output starts with
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
-SEARCH_PARAMETERS = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len", "shortlist")
+# the served search settings (export.SEARCH_LIMITS; named here so that the client does not import the runtime)
+SEARCH_PARAMETERS = (
+    "beam_size",
+    "len_penalty",
+    "max_len_a",
+    "max_len_b",
+    "min_len",
+    "shortlist",
+    "no_repeat_ngram_size",
+    "repetition_penalty",
+    "sampling",
+    "top_k",
+    "top_p",
+    "temperature",
+    "seed",
+)
 
 
 class Hypothesis(NamedTuple):
@@ -148,10 +168,14 @@ class Client:
         return self._max_batch
 
     def infer(
-        self, texts: Sequence[str | bytes], parameters: dict[str, Any] | None = None
+        self,
+        texts: Sequence[str | bytes],
+        parameters: dict[str, Any] | None = None,
+        prefixes: Sequence[str | bytes] | None = None,
     ) -> tuple[list[str], list[bool]]:
         """One request (no splitting): outputs and truncation flags; errors as ClientError."""
-        result = self._request({INPUT: texts}, [OUTPUT, TRUNCATED], parameters or {})
+        inputs = {INPUT: texts} if prefixes is None else {INPUT: texts, PREFIX: prefixes}
+        result = self._request(inputs, [OUTPUT, TRUNCATED], parameters or {})
         out = [_text(b) for b in result.as_numpy(OUTPUT).reshape(-1)]
         return out, [bool(x) for x in result.as_numpy(TRUNCATED).reshape(-1)]
 
@@ -170,14 +194,23 @@ class Client:
             f"inference on {self.model}", self.client.infer, self.model, tensors, outputs=wanted, **kwargs
         )
 
-    def translate(self, texts: Sequence[str | bytes], **search: Any) -> list[str]:
-        """Any number of texts → outputs in order; `search`: beam_size, len_penalty, max_len_a, max_len_b,
-        min_len, shortlist (None = the model's default)."""
+    def translate(
+        self, texts: Sequence[str | bytes], prefixes: Sequence[str | bytes] | None = None, **search: Any
+    ) -> list[str]:
+        """Any number of texts → outputs in order; `prefixes`: per text the target text its output starts with
+        ("" = none); `search`: SEARCH_PARAMETERS (None = the model's default)."""
         parameters = self._search_parameters(search)
+        self._check_prefixes(texts, prefixes)
         out: list[str] = []
         for start in range(0, len(texts), self.max_batch_size):
-            out += self.infer(texts[start : start + self.max_batch_size], parameters)[0]
+            stop = start + self.max_batch_size
+            out += self.infer(texts[start:stop], parameters, None if prefixes is None else prefixes[start:stop])[0]
         return out
+
+    @staticmethod
+    def _check_prefixes(texts: Sequence[str | bytes], prefixes: Sequence[str | bytes] | None) -> None:
+        if prefixes is not None and len(prefixes) != len(texts):
+            raise ClientError(f'got {len(prefixes)} prefixes for {len(texts)} texts; give one per text ("" = none)')
 
     @staticmethod
     def _search_parameters(search: dict[str, Any]) -> dict[str, Any]:
@@ -187,17 +220,26 @@ class Client:
         return {k: v for k, v in search.items() if v is not None}
 
     def translate_nbest(
-        self, texts: Sequence[str | bytes], num_hypotheses: int = 1, return_scores: bool = True, **search: Any
+        self,
+        texts: Sequence[str | bytes],
+        num_hypotheses: int = 1,
+        return_scores: bool = True,
+        prefixes: Sequence[str | bytes] | None = None,
+        **search: Any,
     ) -> list[list[Hypothesis]]:
         """Any number of texts → per text its `num_hypotheses` best `Hypothesis(text, score)`, best first (the
-        server checks 1 ≤ num_hypotheses ≤ beam_size); scores are the search's (None when not asked for)."""
+        server checks 1 ≤ num_hypotheses ≤ beam_size, or ≤ 64 samples with sampling=1); scores are the search's
+        (None when not asked for); `prefixes` as `translate`'s."""
         parameters = {**self._search_parameters(search), "num_hypotheses": num_hypotheses}
         if return_scores:
             parameters["return_scores"] = True
+        self._check_prefixes(texts, prefixes)
         outputs = [OUTPUT, SCORES] if return_scores else [OUTPUT]
         out: list[list[Hypothesis]] = []
         for start in range(0, len(texts), self.max_batch_size):
-            result = self._request({INPUT: texts[start : start + self.max_batch_size]}, outputs, parameters)
+            stop = start + self.max_batch_size
+            inputs = {INPUT: texts[start:stop], **({} if prefixes is None else {PREFIX: prefixes[start:stop]})}
+            result = self._request(inputs, outputs, parameters)
             rows = result.as_numpy(OUTPUT)
             scores = result.as_numpy(SCORES) if return_scores else np.full(rows.shape, None)
             for row, row_scores in zip(rows, scores, strict=True):
@@ -264,21 +306,30 @@ def translate(
         return client.translate(list(texts), **search)
 
 
+def _pairs(texts: list[str], flag: str, second: str) -> tuple[list[str], list[str]]:
+    """`source<TAB>second` inputs → (sources, seconds); ClientError naming the inputs without a tab."""
+    pairs = [t.split("\t", 1) for t in texts]
+    bad = [i + 1 for i, p in enumerate(pairs) if len(p) != 2]
+    if bad:
+        raise ClientError(f"{flag} reads `source<TAB>{second}` per input; input(s) {bad[:5]} have no tab")
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
 def _answer(client: Client, args: argparse.Namespace, texts: list[str], search: dict[str, Any]) -> list[str]:
     """The CLI's output lines for its mode: translations, an n-best list, or forced-decoding scores."""
     if args.score:
-        pairs = [t.split("\t", 1) for t in texts]
-        bad = [i + 1 for i, p in enumerate(pairs) if len(p) != 2]
-        if bad:
-            raise ClientError(f"--score reads `source<TAB>target` per input; input(s) {bad[:5]} have no tab")
-        scored = client.score([p[0] for p in pairs], [p[1] for p in pairs], search["len_penalty"])
+        sources, targets = _pairs(texts, "--score", "target")
+        scored = client.score(sources, targets, search["len_penalty"])
         if args.token_scores:
             return [f"{s.score:.6f}\t" + " ".join(f"{v:.6f}" for v in s.token_logprobs) for s in scored]
         return [f"{s.score:.6f}" for s in scored]
+    prefixes = None
+    if args.prefix:
+        texts, prefixes = _pairs(texts, "--prefix", "prefix")
     if args.num_hypotheses is not None or args.scores:
-        nbest = client.translate_nbest(texts, args.num_hypotheses or 1, return_scores=True, **search)
+        nbest = client.translate_nbest(texts, args.num_hypotheses or 1, return_scores=True, prefixes=prefixes, **search)
         return [f"{i} ||| {h.text} ||| {h.score:.6f}" for i, hyps in enumerate(nbest) for h in hyps]
-    return client.translate(texts, **search)
+    return client.translate(texts, prefixes, **search)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,8 +350,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shortlist", type=int, choices=(0, 1), help="1: decode over the export's vocabulary shortlist (if it has one)"
     )
+    parser.add_argument("--no-repeat-ngram-size", type=int, help="no n-gram of this size twice in an output (0: off)")
+    parser.add_argument("--repetition-penalty", type=float, help="> 1 lowers tokens already in the output (1: off)")
     parser.add_argument(
-        "--num-hypotheses", type=int, help="n-best: print `i ||| text ||| score` lines, n per source (≤ beam size)"
+        "--sampling", type=int, choices=(0, 1), help="1: draw each token (with --beam-size 1) instead of the best"
+    )
+    parser.add_argument("--top-k", type=int, help="sampling: among the k most likely tokens (0: all)")
+    parser.add_argument("--top-p", type=float, help="sampling: among the nucleus of this probability mass, (0, 1]")
+    parser.add_argument("--temperature", type=float, help="sampling: logits / temperature")
+    parser.add_argument("--seed", type=int, help="sampling: the same seed gives the same samples")
+    parser.add_argument(
+        "--prefix",
+        action="store_true",
+        help="each input is `source<TAB>prefix`: the output starts with the prefix (a target text)",
+    )
+    parser.add_argument(
+        "--num-hypotheses",
+        type=int,
+        help="n-best: print `i ||| text ||| score` lines, n per source (≤ beam size; samples with --sampling 1)",
     )
     parser.add_argument("--scores", action="store_true", help="print the search scores (`i ||| text ||| score`)")
     parser.add_argument(
@@ -313,14 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("text", nargs="*", help="source texts; stdin lines when none are given")
     args = parser.parse_args(argv)
     texts = args.text or [line.rstrip("\n") for line in sys.stdin]
-    search = {
-        "beam_size": args.beam_size,
-        "len_penalty": args.len_penalty,
-        "max_len_a": args.max_len_a,
-        "max_len_b": args.max_len_b,
-        "min_len": args.min_len,
-        "shortlist": args.shortlist,
-    }
+    search = {name: getattr(args, name) for name in SEARCH_PARAMETERS}
     with one_line_errors(ServeError):
         try:
             headers = {ADMIN_HEADER: Path(args.admin_key_file).read_text().strip()} if args.admin_key_file else None

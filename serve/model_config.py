@@ -35,9 +35,13 @@ PACKAGES_DIR = "packages"
 COMMON_FILE = "model_common.py"  # request handling shared by both variants' model.py
 METRICS_FILE = "model_metrics.py"  # the zoo_* Prometheus metrics model_common reports
 LANES_FILE = "model_lanes.py"  # the express and bulk lanes model_common runs requests in
-SHARED_MODEL_FILES = (COMMON_FILE, METRICS_FILE, LANES_FILE)  # copied next to every model.py, from serve/triton/
+REQUESTS_FILE = "model_requests.py"  # reading a request: parameters, texts, target prefix
+OUTPUTS_FILE = "model_outputs.py"  # writing a translation's response: OUTPUT and the optional outputs
+# copied next to every model.py, from serve/triton/
+SHARED_MODEL_FILES = (COMMON_FILE, METRICS_FILE, LANES_FILE, REQUESTS_FILE, OUTPUTS_FILE)
 INPUT, OUTPUT, TRUNCATED = "TEXT", "OUTPUT", "TRUNCATED"
 TARGET, SCORES, TOKEN_SCORES = "TARGET", "SCORES", "TOKEN_SCORES"  # forced decoding in, scores out
+PREFIX = "PREFIX"  # per source the target text a translation starts with
 KINDS = ("KIND_CPU", "KIND_GPU", "KIND_AUTO")
 
 
@@ -133,11 +137,13 @@ def batching_text(settings: ModelSettings) -> str:
 
 def text_io_text() -> str:
     """The public interface of both variants (serve/triton/model_common.py): a batch of strings in, a batch of
-    strings (+ flags) out; n-best lists widen OUTPUT/SCORES to [batch, n], and the optional TARGET input turns
-    a request into forced decoding (SCORES, TOKEN_SCORES)."""
+    strings (+ flags) out; n-best lists widen OUTPUT/SCORES to [batch, n], the optional PREFIX input gives each
+    source's output its first words, and the optional TARGET input turns a request into forced decoding (SCORES,
+    TOKEN_SCORES). An optional output of serve/triton/model_outputs.py is declared here too."""
     return (
         f'input [ {{ name: "{INPUT}" data_type: TYPE_STRING dims: [ 1 ] }},\n'
-        f'        {{ name: "{TARGET}" data_type: TYPE_STRING dims: [ 1 ] optional: true }} ]\n'
+        f'        {{ name: "{TARGET}" data_type: TYPE_STRING dims: [ 1 ] optional: true }},\n'
+        f'        {{ name: "{PREFIX}" data_type: TYPE_STRING dims: [ 1 ] optional: true }} ]\n'
         f'output [ {{ name: "{OUTPUT}" data_type: TYPE_STRING dims: [ -1 ] }},\n'
         f'         {{ name: "{TRUNCATED}" data_type: TYPE_BOOL dims: [ 1 ] }},\n'
         f'         {{ name: "{SCORES}" data_type: TYPE_FP32 dims: [ -1 ] }},\n'

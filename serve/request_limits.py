@@ -13,8 +13,8 @@ The limits, each above every legal request of the served models:
 - **nesting** of the request JSON ≤ `max_depth` (16): a request is object → `inputs` → input → `data` plus one
   level per tensor dimension; our tensors have at most 5 dimensions, so the deepest legal request has 8 levels
   (Triton itself survived 20 000);
-- **request parameters** ≤ `max_parameters` (32): the models read 7 search settings, Triton reserves 6 more
-  (sequence_id/start/end, priority, timeout, binary_data_output);
+- **request parameters** ≤ `max_parameters` (32): the models read 15 (13 search settings, num_hypotheses,
+  return_scores), Triton reserves 6 more (sequence_id/start/end, priority, timeout, binary_data_output);
 - **inputs / outputs** ≤ the most any served model declares (at least 4): a request cannot name more tensors
   than its model has without being refused anyway;
 - duplicate JSON keys are refused (they would hide extra parameters from the count).

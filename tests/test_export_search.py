@@ -52,12 +52,11 @@ def test_ort_search_equals_torch_search(exported, smoke_run) -> None:
         Search(beam_size=4, len_penalty=0.6),
         Search(beam_size=2, len_penalty=1.3, min_len=3),
         Search(beam_size=1, max_len_a=0.0, max_len_b=5, min_len=5),
-        Search(beam_size=5, max_len_a=0.0, max_len_b=4, min_len=4),
-    ):  # fixed length
-        mine = rt.Search(
-            **{k: getattr(search, k) for k in ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len")}
-        )
-        assert runtime.generate(src.numpy(), mine) == generate(model, src, search), search
+        Search(beam_size=5, max_len_a=0.0, max_len_b=4, min_len=4),  # fixed length
+        Search(beam_size=4, no_repeat_ngram_size=2, repetition_penalty=1.3),  # whole distributions (processing.py)
+        Search(beam_size=1, repetition_penalty=1.3, sampling=1, top_p=0.9, seed=3),
+    ):
+        assert runtime.generate(src.numpy(), search) == generate(model, src, search), search
     reference = translate_texts(model, tok, texts, Search(beam_size=5))
     assert runtime.translate(texts, beam_size=5) == reference
     assert runtime.translate(texts[0]) == reference[:1]  # a single string, the manifest's defaults (beam 5)

@@ -213,6 +213,7 @@ def test_repository_is_self_contained_and_configs_parse(repo, translator_export)
     assert [(i.name, i.data_type, i.optional) for i in config.input] == [
         ("TEXT", model_config_pb2.TYPE_STRING, False),
         ("TARGET", model_config_pb2.TYPE_STRING, True),
+        ("PREFIX", model_config_pb2.TYPE_STRING, True),
     ]
     assert {o.name for o in config.output} == {"OUTPUT", "TRUNCATED", "SCORES", "TOKEN_SCORES"}
     files = {p.name for p in (model / "1").iterdir()}
@@ -220,6 +221,8 @@ def test_repository_is_self_contained_and_configs_parse(repo, translator_export)
         "model.py",
         "model_common.py",
         "model_metrics.py",
+        "model_requests.py",
+        "model_outputs.py",
         "packages",
         "encoder.onnx",
         "decoder.onnx",
@@ -859,6 +862,11 @@ def test_ngc_variant_configs_and_bls_against_standins(translator_export, local, 
         assert client.translate(texts, beam_size=1) == local["transformer-smoke"].translate(texts, beam_size=1)
         assert client.translate(texts, shortlist=1) == local["transformer-smoke"].translate(texts, shortlist=1)
         assert client.infer(["", "Hallo."], {"beam_size": 2})[0][0] == ""
+        options = {"beam_size": 1, "sampling": 1, "seed": 3, "repetition_penalty": 1.3}  # whole distributions
+        prefixes = ["The", "", "I", "We"]
+        assert client.translate(texts, prefixes, **options) == local["transformer-smoke"].translate(
+            texts, target_prefix=prefixes, **options
+        )
 
 
 # ---------------------------------------------------------------------------------------------- CLIs, errors

@@ -72,11 +72,13 @@ def _refusal(body: bytes, header_length: str | None = None) -> str:
 
 def test_the_limits_pass_every_request_our_clients_send_and_refuse_the_crashes() -> None:
     limits = RequestLimits()
+    served = {name: 1 for name in rt.SEARCH_LIMITS}  # every parameter a served model reads, at once
     legal = {
-        "parameters": {"beam_size": 5, "num_hypotheses": 2, "return_scores": True, "binary_data_output": True},
+        "parameters": {**served, "num_hypotheses": 2, "return_scores": True, "binary_data_output": True},
         "inputs": [
             {"name": "TEXT", "datatype": "BYTES", "shape": [2, 1], "data": [["Hallo."], ["Welt."]]},
             {"name": "TARGET", "datatype": "BYTES", "shape": [2, 1], "parameters": {"binary_data_size": 20}},
+            {"name": "PREFIX", "datatype": "BYTES", "shape": [2, 1], "data": [["Hello"], [""]]},
         ],
         "outputs": [{"name": n, "parameters": {"binary_data": True}} for n in ("OUTPUT", "TRUNCATED", "SCORES")],
     }

@@ -260,13 +260,14 @@ class ExportedModel:
         self._shortlisted(search)
         return search
 
-    def request_cost(self, lengths: Sequence[int], search: Search) -> int:
+    def request_cost(self, lengths: Sequence[int], search: Search, hypotheses: int = 1) -> int:
         """rows × beam × maximum output tokens of a batch of sources with these token lengths: the bound on
-        decoder row-steps a server charges a request against its budget, before running anything."""
+        decoder row-steps a server charges a request against its budget, before running anything. With sampling
+        each source runs `hypotheses` rows (one per sample) in place of its beams."""
         if not lengths:
             return 0
         limits = max_lengths(np.asarray(lengths, dtype=np.int64), search, self.max_positions)
-        return int(limits.sum()) * int(search.beam_size)
+        return int(limits.sum()) * (int(hypotheses) if search.sampling else int(search.beam_size))
 
     def _batches(self, lengths: Sequence[int], max_tokens: int | None, max_sentences: int | None) -> list[list[int]]:
         return length_batches(lengths, max_tokens or self.max_tokens, max_sentences or self.max_sentences)

@@ -54,7 +54,7 @@ class Stepper:
         self.m = model
         self._take_cross(encoded, rows)
         self.cache = SelfCache(model.self_specs, len(rows), steps, slots, model.store_pool)
-        self.full = full
+        self.fetch_full = full  # not `self.full`: that is the method the options of processing.py step with
         self.logits: np.ndarray | None = None  # [N, V] (or [N, C] over a shortlist) of the last step when `full`
         self.log_probs: np.ndarray | None = None
         # a shortlist's sorted token ids [C]: the graph computes their logits alone and returns positions in it
@@ -64,9 +64,9 @@ class Stepper:
     def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """last [N] int64 tokens at position t → the k best (log-prob [N, k] f32, token [N, k] int64)
         of every row, descending (writable arrays)."""
-        names = (["logits", "log_probs"] if self.full else []) + ["top_log_probs", "top_tokens"]
+        names = (["logits", "log_probs"] if self.fetch_full else []) + ["top_log_probs", "top_tokens"]
         out = self._run(last, t, k, names)
-        if self.full:
+        if self.fetch_full:
             self.logits, self.log_probs = out[0], out[1]
             out = out[2:]
         if self.vocab_rows is not None:

@@ -7,22 +7,28 @@ Why this file looks the way it does:
   (beside it: the python backend appends the version directory to sys.path), and this file puts `packages/` (a
   copy of the `export` package: its `__init__` and `runtime/`) first on sys.path, so `import export.runtime` here
   and in model.py is this model's own copy, as in any other caller of the runtime.
-- All requests of one `execute` call (what the dynamic batcher gathered) with the same beam_size, len_penalty,
-  shortlist and output options are generated (or scored) together in one runtime call — that is where batching pays
-  off on CPU; their length settings (min_len, max_len_a, max_len_b) may differ, as each row keeps its own bounds.
+- All requests of one lane batch with the same search and output options (model_requests.py `batch_key`) are
+  generated (or scored) together in one runtime call — that is where batching pays off on CPU; their length
+  settings (min_len, max_len_a, max_len_b) and target prefixes may differ, as each row keeps its own, and with
+  sampling each row draws by its index within its own request, so a request's samples do not depend on its
+  neighbours.
+- Reading a request is model_requests.py's job, writing its response model_outputs.py's (where an optional
+  output is added).
 - Every failure is answered per request (`InferenceResponse(error=…)`): one bad request never fails the others
   of its batch, and no request goes unanswered.
 
-Translation request: input `TEXT` (TYPE_STRING, [batch, 1], UTF-8). Optional request parameters: beam_size,
-len_penalty, max_len_a, max_len_b, min_len, shortlist (the export runtime's search settings, bounded by its
-SEARCH_LIMITS; unset = the manifest's defaults; shortlist=1 needs an export built with a shortlist),
-`num_hypotheses` (an integer 1 … beam_size, default 1) and `return_scores` (a boolean, default false); any other
-parameter is refused with an error naming the allowed ones. Response: `OUTPUT` (TYPE_STRING, [batch,
-num_hypotheses], best first) and `TRUNCATED` (TYPE_BOOL, [batch, 1]: the source was longer than the model's limit
-and was cut, as the export runtime does); with return_scores also `SCORES` (TYPE_FP32, [batch, num_hypotheses]:
-summed token log-probs, eos included, / length ** len_penalty — what the search ranks by). Without the new
-parameters the response is what it always was. Defined results: an empty or
-whitespace-only source gives "" without running the model (score NaN).
+Translation request: input `TEXT` (TYPE_STRING, [batch, 1], UTF-8), optional input `PREFIX` (TYPE_STRING,
+[batch, 1]: per source the target text its output starts with, "" = none). Optional request parameters: the
+export runtime's search settings (beam_size, len_penalty, max_len_a, max_len_b, min_len, shortlist,
+no_repeat_ngram_size, repetition_penalty, sampling, top_k, top_p, temperature, seed; bounded by its SEARCH_LIMITS;
+unset = the manifest's defaults; shortlist=1 needs an export built with a shortlist), `num_hypotheses` (an
+integer 1 … beam_size, or 1 … 64 samples with sampling=1; default 1) and `return_scores` (a boolean, default
+false); any other parameter is refused with an error naming the allowed ones. Response: `OUTPUT` (TYPE_STRING,
+[batch, num_hypotheses], best first) and `TRUNCATED` (TYPE_BOOL, [batch, 1]: the source was longer than the
+model's limit and was cut, as the export runtime does); with return_scores also `SCORES` (TYPE_FP32, [batch,
+num_hypotheses]: summed token log-probs, eos included, / length ** len_penalty — what the search ranks by).
+Without the new parameters the response is what it always was. Defined results: an empty or whitespace-only
+source gives "" without running the model (score NaN), whatever its prefix.
 
 Scoring request (forced decoding): inputs `TEXT` and `TARGET` (TYPE_STRING, [batch, 1], one target per source);
 only `len_penalty` may be set. Response: `SCORES` ([batch, 1], the sentence score on the search's scale),
@@ -30,7 +36,8 @@ only `len_penalty` may be set. Response: `SCORES` ([batch, 1], the sentence scor
 and `TRUNCATED`. Targets are cut to what the model can produce (max_positions - 2 tokens).
 
 Cost limits (one client must not starve the others): a translation's cost is rows × beam × maximum output tokens
-(each row's limit from max_len_a/max_len_b, capped by the model's positions), a scoring request's its target
+(each row's limit from max_len_a/max_len_b, capped by the model's positions; with sampling, rows × num_hypotheses
+× maximum output tokens; a prefix's tokens are steps within that limit), a scoring request's its target
 tokens + eos per row; both computed before anything runs. Over `max_request_cost` a request is refused
 (INVALID_ARGUMENT, naming the budget). `execute` only parses and prices: a request costing at most `express_cost`
 goes to the express lane, any other to the bulk lane (model_lanes.py); each lane runs batches of up to
@@ -63,94 +70,36 @@ from model_metrics import ModelMetrics
 PACKAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "packages")
 if PACKAGES not in sys.path:
     sys.path.insert(0, PACKAGES)
-from export import runtime as export_runtime  # noqa: E402 (after the line above, which finds it)
+from model_outputs import SCORES, generated_tokens, response_arrays  # noqa: E402
+from model_requests import (  # noqa: E402 (imports the runtime: after the sys.path line above)
+    INPUT,
+    PREFIX,
+    SCORING_SETTINGS,
+    TARGET,
+    RequestError,
+    batch_key,
+    decode_texts,
+    parse_parameters,
+    request_prefixes,
+    translation_settings,
+)
+
+from export import runtime as export_runtime  # noqa: E402 (after the sys.path line above, which finds it)
 from export.runtime.search import (  # noqa: E402 — budgets in decoder row-steps (rows × beam × max output tokens)
     DEFAULT_EXPRESS_COST,
     DEFAULT_MAX_EXECUTE_COST,
     DEFAULT_MAX_REQUEST_COST,
 )
 
-INPUT = "TEXT"
-TARGET = "TARGET"
-OUTPUT = "OUTPUT"
 TRUNCATED = "TRUNCATED"
-SCORES = "SCORES"
 TOKEN_SCORES = "TOKEN_SCORES"
-# request-level parameters that Triton or its clients use themselves (not search settings): ignored here
-RESERVED = frozenset(
-    {
-        "binary_data_output",
-        "sequence_id",
-        "sequence_start",
-        "sequence_end",
-        "priority",
-        "timeout",
-        "headers",
-        "triton_enable_empty_final_response",
-    }
-)
-OUTPUT_SETTINGS = ("num_hypotheses", "return_scores")  # what to return, beside the search settings
-SCORING_SETTINGS = ("len_penalty",)  # what a scoring request (with TARGET) may set
 QUEUED_BATCHES = 4  # a lane holds at most this many batches' worth of work (max_queued_cost by default)
 EXPRESS, BULK = "express", "bulk"
 MAX_PIECE_CHARS = 16  # sentencepiece's default max_sentencepiece_length: a token covers at most this many chars
 
 
-class RequestError(ValueError):
-    """A request this model answers with INVALID_ARGUMENT (bad text, bad parameter, over budget)."""
-
-
 class Busy(RuntimeError):
     """A valid request this `execute` has no budget left for: answered UNAVAILABLE, to be retried."""
-
-
-def parse_parameters(raw: str | None) -> dict[str, Any]:
-    """The request's JSON parameters → validated search overrides plus `num_hypotheses` / `return_scores` as
-    given (checked by `_Settings`). Unknown names are an error, so a typo such as `beam=1` is not silently
-    ignored; search values must be finite and within the runtime's SEARCH_LIMITS."""
-    try:
-        given = json.loads(raw) if raw else {}
-    except ValueError as exc:
-        raise RequestError(f"request parameters are not valid JSON ({exc})") from None
-    given = {k: v for k, v in given.items() if k not in RESERVED}
-    allowed = {*export_runtime.SEARCH_LIMITS, *OUTPUT_SETTINGS}
-    unknown = sorted(set(given) - allowed)
-    if unknown:
-        raise RequestError(f"unknown request parameter(s) {unknown}; allowed: {sorted(allowed)}")
-    try:
-        search = {
-            name: export_runtime.search_setting(name, value)
-            for name, value in given.items()
-            if name not in OUTPUT_SETTINGS
-        }
-    except export_runtime.SearchError as exc:
-        raise RequestError(f"parameter {exc}") from None
-    return {**search, **{k: given[k] for k in OUTPUT_SETTINGS if k in given}}
-
-
-def parse_flag(name: str, value: Any) -> bool:
-    """A boolean request parameter: JSON/KServe booleans, or the strings "true"/"false" some clients send."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    raise RequestError(f"parameter {name}={value!r} is not a boolean; allowed: true or false")
-
-
-def decode_texts(array: np.ndarray, name: str = INPUT) -> list[str]:
-    """TYPE_STRING tensor [batch, 1] (bytes objects) → str per row; invalid UTF-8 is an error naming the row."""
-    texts = []
-    for row, item in enumerate(array.reshape(-1)):
-        if isinstance(item, str):
-            texts.append(item)
-            continue
-        try:
-            texts.append(bytes(item).decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            raise RequestError(
-                f"{name} row {row} is not valid UTF-8 ({exc.reason} at byte {exc.start}); send UTF-8 encoded text"
-            ) from None
-    return texts
 
 
 def _error(exc: Exception) -> Any:
@@ -167,14 +116,11 @@ def _send(sender: Any, response: Any) -> None:
         pb_utils.Logger.log_warn(f"a response could not be sent: {type(exc).__name__}: {exc}")
 
 
-def _strings(rows: list[list[str]]) -> np.ndarray:
-    """[batch, n] TYPE_STRING tensor of UTF-8 bytes."""
-    return np.array([[s.encode("utf-8") for s in row] for row in rows], dtype=np.object_).reshape(len(rows), -1)
-
-
 class _Request:
     """One request, parsed and priced. `encoded`: source ids per row (None: an empty source, not run);
-    `targets`: target ids per row for a scoring request, else None; `key`: requests with equal keys run together."""
+    `targets`: target ids per row for a scoring request, else None; `key`: requests with equal keys run together;
+    a translation's `search`, hypotheses per source `n`, optional outputs `wanted` and target `prefixes` (ids per
+    row, None without PREFIX)."""
 
     def __init__(
         self,
@@ -185,9 +131,12 @@ class _Request:
         key: tuple[Any, ...],
         targets: list[list[int]] | None = None,
         search: Any = None,
+        n: int = 1,
+        wanted: tuple[str, ...] = (),
+        prefixes: list[list[int]] | None = None,
     ) -> None:
         self.index, self.encoded, self.truncated, self.cost, self.key = index, encoded, truncated, cost, key
-        self.targets, self.search = targets, search
+        self.targets, self.search, self.n, self.wanted, self.prefixes = targets, search, n, wanted, prefixes
 
     @property
     def source_tokens(self) -> int:
@@ -253,24 +202,30 @@ class TextModel:
         texts = decode_texts(tensor.as_numpy())
         given = parse_parameters(request.parameters())
         target = pb_utils.get_input_tensor_by_name(request, TARGET)
+        prefix = pb_utils.get_input_tensor_by_name(request, PREFIX)
         if target is not None:
+            if prefix is not None:
+                raise RequestError(
+                    f"{PREFIX} does not apply to scoring (a request with {TARGET}); send {PREFIX} to translate, "
+                    f"{TARGET} to score"
+                )
             return self._price_scoring(index, texts, decode_texts(target.as_numpy(), TARGET), given)
-        try:
-            search = self.model.search_settings(**{k: v for k, v in given.items() if k not in OUTPUT_SETTINGS})
-            n = export_runtime.check_num_hypotheses(given.get("num_hypotheses", 1), search.beam_size)
-        except export_runtime.SearchError as exc:
-            raise RequestError(f"parameter {exc}") from None
-        scores = parse_flag("return_scores", given.get("return_scores", False))
+        search, n, wanted = translation_settings(self.model, given)
         encoded, truncated = self._encode_sources(texts, keep_empty=False)
-        cost = self.model.request_cost([len(ids) for ids in encoded if ids is not None], search)
+        prefixes = None
+        if prefix is not None:
+            prefix_texts = decode_texts(prefix.as_numpy(), PREFIX)
+            prefixes = request_prefixes(self.model, prefix_texts, encoded, search, self.max_target_chars)
+        cost = self.model.request_cost([len(ids) for ids in encoded if ids is not None], search, n)
         if cost > self.max_request_cost:
+            rows = "num_hypotheses (samples)" if search.sampling else "beam_size"
             raise self._over_budget(
                 cost,
-                "(rows × beam_size × maximum output tokens); send fewer rows per request, a smaller beam_size or "
-                "smaller max_len_a/max_len_b",
+                f"(rows × {rows} × maximum output tokens); send fewer rows per request, a smaller "
+                f"{rows.split()[0]} or smaller max_len_a/max_len_b",
             )
-        key = ("translate", search.beam_size, search.len_penalty, search.shortlist, n, scores)  # lengths may differ
-        return _Request(index, encoded, truncated, cost, key, search=search)
+        key = batch_key(search, n, wanted)
+        return _Request(index, encoded, truncated, cost, key, search=search, n=n, wanted=wanted, prefixes=prefixes)
 
     def _price_scoring(self, index: int, texts: list[str], targets: list[str], given: dict[str, Any]) -> _Request:
         if len(targets) != len(texts):
@@ -337,7 +292,7 @@ class TextModel:
     def _answer(self, key: tuple[Any, ...], tickets: list[Ticket]) -> list[Any]:
         """The responses of one group of a batch (same key), counted in the metrics."""
         items = [t.request for t in tickets]
-        answers = self._score(items, key[1]) if key[0] == "score" else self._translate(items, *key[-2:])
+        answers = self._score(items, key[1]) if key[0] == "score" else self._translate(items)
         responses = []
         for ticket, (tensors, _) in zip(tickets, answers, strict=True):
             truncated = np.array(ticket.request.truncated, dtype=bool).reshape(-1, 1)
@@ -358,14 +313,13 @@ class TextModel:
             self.logger.log_warn(f"{cut} source(s) longer than {self.limit} tokens were truncated")
         return responses
 
-    def _translate(self, items: list[_Request], n: int, scores: bool) -> list[tuple[list[Any], int]]:
-        """Several requests' sources → one `translate_encoded_nbest` call, each row within its own request's
-        length bounds → per request its output tensors (OUTPUT [rows, n], + SCORES [rows, n]) and the number of
-        tokens it returns."""
+    def _translate(self, items: list[_Request]) -> list[tuple[list[Any], int]]:
+        """Several requests' sources (one batch key) → one `translate_encoded_nbest` call, each row within its own
+        request's length bounds, with its own prefix and sampling key (its index within its request) → per
+        request its output tensors (model_outputs.py) and the number of tokens it returns."""
+        n = items[0].n
         flat = [(k, j, ids) for k, req in enumerate(items) for j, ids in enumerate(req.encoded) if ids is not None]
-        texts = [[[""] * n for _ in req.encoded] for req in items]
-        values = [np.full((len(req.encoded), n), np.nan, dtype=np.float32) for req in items]
-        generated = [0] * len(items)
+        grids: list[list[list[Any]]] = [[[None] * n for _ in req.encoded] for req in items]
         if flat:
             bounds = export_runtime.concat_limits(
                 [
@@ -377,19 +331,22 @@ class TextModel:
                     for req in items
                 ]
             )  # rows in `flat` order: request by request, non-empty sources in order
-            search = items[0].search  # beam_size, len_penalty and shortlist: the group's (its key)
-            nbest = self.model.translate_encoded_nbest([ids for _, _, ids in flat], search, n, limits=bounds)
+            given = any(req.prefixes for req in items)
+            prefixes = [items[k].prefixes[j] if items[k].prefixes else [] for k, j, _ in flat] if given else None
+            nbest = self.model.translate_encoded_nbest(
+                [ids for _, _, ids in flat],
+                items[0].search,  # the group's search but for the length settings each row keeps (its key)
+                n,
+                limits=bounds,
+                prefixes=prefixes,
+                keys=[j for _, j, _ in flat],
+            )
             for (k, j, _), hyps in zip(flat, nbest, strict=True):
-                for h, hyp in enumerate(hyps):  # fewer than n only if the search finished fewer
-                    texts[k][j][h] = hyp.text
-                    values[k][j, h] = hyp.score
-                    generated[k] += len(hyp.tokens)
+                grids[k][j][: len(hyps)] = hyps  # fewer than n only if the search finished fewer
         answers = []
-        for k in range(len(items)):
-            tensors = [pb_utils.Tensor(OUTPUT, _strings(texts[k]))]
-            if scores:
-                tensors.append(pb_utils.Tensor(SCORES, values[k]))
-            answers.append((tensors, generated[k]))
+        for grid, req in zip(grids, items, strict=True):
+            tensors = [pb_utils.Tensor(name, array) for name, array in response_arrays(grid, req.wanted)]
+            answers.append((tensors, generated_tokens(grid)))
         return answers
 
     def _score(self, items: list[_Request], len_penalty: float) -> list[tuple[list[Any], int]]:

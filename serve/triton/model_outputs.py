@@ -1,0 +1,53 @@
+"""What a translation response holds: its output arrays, built in one place (copied next to model.py).
+
+Why one place: OUTPUT is always returned and every other output is optional, asked for by a boolean request
+parameter; each optional output is one entry of OPTIONAL_OUTPUTS (the parameter, the tensor it adds and the
+function that fills it from the hypotheses), so the parameter's parsing (model_requests.py), the batching key
+(requests asking for different outputs are generated apart) and the response all follow from that entry. An
+output the runtime gains later — word alignments, per hypothesis one source-token index per target token —
+is a new entry here (`"return_alignments": (ALIGNMENT, alignments)`) and its declaration in the model config
+(serve/model_config.py `text_io_text`); nothing else changes. Only numpy is imported: no Triton, no runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+OUTPUT = "OUTPUT"
+SCORES = "SCORES"
+
+# A request's hypotheses: per row its n hypotheses, best first, each with the runtime's Translation fields (text,
+# score, tokens) or None where there is none (an empty source, or a search that finished fewer than n)
+Grid = Sequence[Sequence[Any]]
+
+
+def texts(grid: Grid) -> np.ndarray:
+    """OUTPUT: [rows, n] TYPE_STRING of UTF-8 bytes ("" where a row has no hypothesis)."""
+    rows = [[b"" if h is None else h.text.encode("utf-8") for h in row] for row in grid]
+    return np.array(rows, dtype=np.object_).reshape(len(grid), -1)
+
+
+def scores(grid: Grid) -> np.ndarray:
+    """SCORES: [rows, n] TYPE_FP32, each hypothesis' score (NaN where a row has no hypothesis)."""
+    rows = [[np.nan if h is None else h.score for h in row] for row in grid]
+    return np.array(rows, dtype=np.float32).reshape(len(grid), -1)
+
+
+# request parameter → (output tensor, its builder); the hook for more optional outputs (module docstring)
+OPTIONAL_OUTPUTS: dict[str, tuple[str, Callable[[Grid], np.ndarray]]] = {
+    "return_scores": (SCORES, scores),
+}
+
+
+def response_arrays(grid: Grid, wanted: Sequence[str]) -> list[tuple[str, np.ndarray]]:
+    """A translation request's output arrays: OUTPUT, then each optional output it asked for (`wanted`: names of
+    OPTIONAL_OUTPUTS' parameters set true)."""
+    return [(OUTPUT, texts(grid)), *((OPTIONAL_OUTPUTS[w][0], OPTIONAL_OUTPUTS[w][1](grid)) for w in wanted)]
+
+
+def generated_tokens(grid: Grid) -> int:
+    """Tokens of the returned hypotheses (the metrics' zoo_generated_tokens_total)."""
+    return sum(len(h.tokens) for row in grid for h in row if h is not None)
