@@ -198,19 +198,24 @@ class Search:
 
 
 class Hypothesis(NamedTuple):
-    """A finished search hypothesis: token ids (no bos/eos) and its length-normalised score (module docstring)."""
+    """A finished search hypothesis: token ids (no bos/eos), its length-normalised score (module docstring) and,
+    when the search was asked for them, its alignment: per token the source position its step attended to most
+    (search_loop.py)."""
 
     tokens: list[int]
     score: float
+    alignment: list[int] | None = None
 
 
 class Translation(NamedTuple):
     """One output hypothesis of a source text: its text, its score and its token ids (no bos/eos) — the ids are
-    what scoring scores exactly; re-tokenising the text usually, not always, gives them back."""
+    what scoring scores exactly; re-tokenising the text usually, not always, gives them back — and, when asked
+    for, its alignment: per token the source piece it attended to most (an index into the source's pieces)."""
 
     text: str
     score: float
     tokens: list[int]
+    alignment: list[int] | None = None
 
 
 class Scored(NamedTuple):
@@ -288,14 +293,17 @@ def greedy_hypotheses(
     eos_id: int,
     pad_id: int,
     prefix_lengths: Sequence[int] | None = None,
+    alignments: Sequence[list[int]] | None = None,
 ) -> list[Hypothesis]:
     """Greedy search's rows of tokens (bos first) and their summed log-probs → a Hypothesis each, scored as
-    beam search scores (over the tokens after each row's given prefix, `prefix_lengths`)."""
+    beam search scores (over the tokens after each row's given prefix, `prefix_lengths`); `alignments`: each
+    row's source position per emitted token."""
     out = []
     for i, (row, total) in enumerate(zip(rows, totals, strict=True)):
         ids = strip(row[1:], eos_id, pad_id)
         given = 0 if prefix_lengths is None else int(prefix_lengths[i])
-        out.append(Hypothesis(ids, normalised(total, len(ids) + 1 - given, len_penalty)))
+        aligned = None if alignments is None else alignments[i][: len(ids)]
+        out.append(Hypothesis(ids, normalised(total, len(ids) + 1 - given, len_penalty), aligned))
     return out
 
 

@@ -176,8 +176,9 @@ def _best_tokens(
     forced: np.ndarray,
     ended: np.ndarray | None = None,
     given: Given | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The k best (log-prob [N, k], token [N, k]) of every row at position t after the bans; `tokens` [N, t+1]
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The k best (log-prob [N, k], token [N, k]) of every row at position t after the bans, and whether the
+    decoder ran (the step's attention is this position's); `tokens` [N, t+1]
     every row's tokens so far (start token first), `no_eos` [N]: rows that may not end yet, `ended` [N]: rows
     that have finished already (greedy keeps them as padding), `forced` [N]: a row's given prefix token at t+1
     (NO_TOKEN: none; it comes at log-prob 0, not counted, as eos at the limit). A step where every row must end
@@ -190,7 +191,7 @@ def _best_tokens(
         shape = (len(must_end), min(k, vocab.size))  # what the decoder's top-k would have returned
         lp, tok = np.zeros(shape, dtype=np.float32), np.full(shape, vocab.eos_id, dtype=np.int64)
         _mask(lp, tok, no_eos, must_end, vocab)
-        return lp, tok
+        return lp, tok, False
     if not search.processed or (must_end | is_forced).all():
         lp, tok = step(tokens[:, -1], t, k)
     elif search.sampling:
@@ -203,7 +204,21 @@ def _best_tokens(
         lp[is_forced] = -np.inf
         lp[is_forced, 0] = 0.0
         tok[is_forced, 0] = forced[is_forced]
-    return lp, tok
+    return lp, tok, True
+
+
+def _attended(step: Step, rows: int, ran: bool) -> np.ndarray:
+    """[N] the source position each row's last decoder run attended to most (the step's `attention` [N, S], kept
+    by steppers asked for alignments); -1 where the decoder did not run (only eos was left: it has no token)."""
+    attention = getattr(step, "attention", None)
+    if not ran or attention is None:
+        return np.full(rows, -1, dtype=np.int64)
+    return attention.argmax(-1).astype(np.int64)
+
+
+def _aligning(step: Step) -> bool:
+    """Whether the step keeps its attention (a stepper asked for alignments)."""
+    return bool(getattr(step, "alignments", False))
 
 
 def _forced_at(given: Given, sentence_of_row: np.ndarray, t: int) -> np.ndarray:
@@ -242,11 +257,15 @@ def greedy(
     finished = np.zeros(b, dtype=bool)
     total = np.zeros(b, dtype=np.float32)  # [B] summed log-probs of the emitted tokens, eos included
     rows = np.arange(b)
+    aligning = _aligning(step)
+    aligned = np.zeros((b, 0), dtype=np.int64)  # [B, t] per emitted token its source position (alignments)
     for t in range(int(max_len.max())):
         forced = _forced_at(given, rows, t)
-        lp, tok = _best_tokens(
+        lp, tok, ran = _best_tokens(
             step, tokens, t, BANNED + 1, min_len > t, max_len <= t + 1, vocab, search, forced, finished, given
         )
+        if aligning:
+            aligned = np.concatenate([aligned, _attended(step, b, ran)[:, None]], axis=1)
         best = lp.argmax(-1)  # [B] first maximum = lowest id among ties, as argmax
         total += np.where(finished, np.float32(0), lp[rows, best])
         nxt = tok[rows, best]
@@ -256,7 +275,13 @@ def greedy(
         if finished.all():
             break
     return greedy_hypotheses(
-        tokens.tolist(), total.tolist(), search.len_penalty, vocab.eos_id, vocab.pad_id, given.prefix_lengths
+        tokens.tolist(),
+        total.tolist(),
+        search.len_penalty,
+        vocab.eos_id,
+        vocab.pad_id,
+        given.prefix_lengths,
+        aligned.tolist() if aligning else None,
     )
 
 
@@ -286,12 +311,15 @@ def beam(
     scores[:, 0] = 0.0  # all beams start identical: keep one so the first step yields distinct ones
     finals: list[list[Hypothesis]] = [[] for _ in range(b)]
     arange2k = np.arange(2 * k)
+    aligning = _aligning(step)
+    aligned = np.zeros((b * g, 0), dtype=np.int64)  # [n*g, t] per row's emitted token its source position
     for t in range(int(max_len.max())):
         n = active.size
         at_limit = np.repeat(max_len[active] <= t + 1, g)  # [n*g]
         no_eos = np.repeat(min_len[active] > t, g)  # [n*g]
         forced = _forced_at(given, np.repeat(active, g), t)  # [n*g]
-        lp, tok = _best_tokens(step, tokens, t, 2 * k + BANNED, no_eos, at_limit, vocab, search, forced)  # [n*g, c]
+        lp, tok, ran = _best_tokens(step, tokens, t, 2 * k + BANNED, no_eos, at_limit, vocab, search, forced)
+        attended = _attended(step, n * g, ran) if aligning else None  # [n*g]: for the token each row adds now
         c = lp.shape[1]
         # torch.topk(2K) over [n, K*V] finds the same finite candidates among each row's c best
         cand = (scores.reshape(-1, 1) + lp).reshape(n, g * c)
@@ -309,7 +337,9 @@ def beam(
                 if len(bucket) < k and j < k:  # only eos among the top K counts, as fairseq
                     hyp = strip(prefix[r, beam_idx[r, j], 1:].tolist(), vocab.eos_id, vocab.pad_id)
                     scored = t + 1 - int(given_len[active[r]])  # tokens after the given prefix, eos included
-                    bucket.append(Hypothesis(hyp, normalised(float(top_scores[r, j]), scored, search.len_penalty)))
+                    score = normalised(float(top_scores[r, j]), scored, search.len_penalty)
+                    row_aligned = aligned[r * g + beam_idx[r, j], : len(hyp)].tolist() if aligning else None
+                    bucket.append(Hypothesis(hyp, score, row_aligned))
             done = np.array([len(finals[int(s)]) >= k for s in active])
         # continue with the best K non-eos candidates of every live sentence
         keep = np.argsort(arange2k[None, :] + is_eos * (2 * k), axis=1, kind="stable")[:, :k]  # [n, K]
@@ -321,6 +351,8 @@ def beam(
             break
         rows = (live[:, None] * g + new_beams[live]).reshape(-1)  # rows of tokens/cache to continue
         tokens = np.concatenate([tokens[rows], new_tokens[live].reshape(-1, 1)], axis=1)
+        if attended is not None:
+            aligned = np.concatenate([aligned[rows], attended[rows][:, None]], axis=1)
         scores = new_scores[live]
         active = active[live]
         step.select(rows)
