@@ -20,6 +20,7 @@ choice), the teacher-forced decoder counts the model's real log-prob of eos.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -40,6 +41,7 @@ from export.runtime.search import (
     normalised,
     row_limits,
 )
+from zoo.alignment import CrossAttentionWeights
 from zoo.model import Transformer
 
 __all__ = ["TorchStep", "generate", "generate_nbest", "score_targets"]
@@ -52,22 +54,37 @@ class TorchStep:
     what the exported graph computes by gathering their rows."""
 
     def __init__(
-        self, model: Transformer, memory: Tensor, pad_mask: Tensor, use_cache: bool, outside: Tensor | None = None
+        self,
+        model: Transformer,
+        memory: Tensor,
+        pad_mask: Tensor,
+        use_cache: bool,
+        outside: Tensor | None = None,
+        alignment_layer: int | None = None,
     ) -> None:
         self.model, self.memory, self.pad_mask = model, memory, pad_mask  # [N, S, D], [N, S]
         self.state = model.init_state() if use_cache else None
         self.prefix: Tensor | None = None  # [N, t+1] tokens so far, kept only to recompute without a cache
         self.outside = outside
+        # alignments (zoo/alignment.py): with `alignment_layer`, each call leaves that decoder layer's cross-attention
+        # weights of the step, averaged over its kept heads, in `attention` [N, S] f32 (rows in the current order);
+        # SearchError here for a layer the decoder lacks or a mechanism without such weights (linear, MLK)
+        self.weights = None if alignment_layer is None else CrossAttentionWeights(model, alignment_layer)
+        self.attention: np.ndarray | None = None
 
     def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """last [N] tokens at position t → every row's k best (log-prob [N, k] f32, token [N, k] int64),
         descending."""
         tokens = torch.from_numpy(np.ascontiguousarray(last, dtype=np.int64)).to(self.memory.device)[:, None]  # [N, 1]
-        if self.state is not None:
-            logits = self.model.decode(tokens, self.memory, self.pad_mask, self.state, t)
-        else:
-            self.prefix = tokens if self.prefix is None else torch.cat([self.prefix, tokens], dim=1)  # [N, t+1]
-            logits = self.model.decode(self.prefix, self.memory, self.pad_mask)
+        fed = 1 if self.state is not None else t + 1  # query positions per row of this decoder call
+        with contextlib.nullcontext() if self.weights is None else self.weights.recording(fed):
+            if self.state is not None:
+                logits = self.model.decode(tokens, self.memory, self.pad_mask, self.state, t)
+            else:
+                self.prefix = tokens if self.prefix is None else torch.cat([self.prefix, tokens], dim=1)  # [N, t+1]
+                logits = self.model.decode(self.prefix, self.memory, self.pad_mask)
+        if self.weights is not None and self.weights.last is not None:
+            self.attention = self.weights.last.cpu().numpy()  # [N, S]
         logits = logits[:, -1].float()  # [N, V]
         if self.outside is not None:
             logits = logits.masked_fill(self.outside, -torch.inf)
