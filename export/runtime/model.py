@@ -17,7 +17,7 @@ import numpy as np
 
 from .backend import Backend, OrtBackend
 from .errors import ExportedModelError, ExportRuntimeError
-from .manifest import NEXT_PREFIX, Manifest, read_manifest
+from .manifest import ALIGNMENT_OUTPUT, NEXT_PREFIX, Manifest, read_manifest
 from .manifest_checks import open_regular
 from .replicas import Replicas
 from .search import (
@@ -81,6 +81,7 @@ class Stepper:
         steps: int = 0,
         slots: int = 0,
         vocab_rows: np.ndarray | None = None,
+        alignments: bool = False,
     ) -> None:
         self.m = model
         self._take_cross(encoded, rows)
@@ -91,6 +92,12 @@ class Stepper:
         # a shortlist's sorted token ids [C]: the graph computes their logits alone and returns positions in it
         self.vocab_rows = vocab_rows
         self.width = model.vocab_size if vocab_rows is None else len(vocab_rows)  # tokens a step scores
+        # alignments: every decoder run also fetches the `alignment` output (SearchError here where the export has
+        # none); `attention` [N, S] f32 is the last run's, rows in the current order. Off: not fetched
+        if alignments:
+            model.check_alignments()
+        self.alignments = alignments
+        self.attention: np.ndarray | None = None
 
     def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """last [N] int64 tokens at position t → the k best (log-prob [N, k] f32, token [N, k] int64)
@@ -110,7 +117,8 @@ class Stepper:
         return self._run(last, t, 1, ["log_probs"])[0]
 
     def _run(self, last: np.ndarray, t: int, k: int, names: list[str]) -> list[np.ndarray]:
-        """One decoder step fetching outputs `names`; what it adds to the self-attention state goes to the store."""
+        """One decoder step fetching outputs `names`; what it adds to the self-attention state goes to the store,
+        with `alignments` its `alignment` output to `attention`."""
         feeds = {
             "tokens": np.ascontiguousarray(last, dtype=np.int64).reshape(-1, 1),
             "step": np.array([t], dtype=np.int64),
@@ -120,8 +128,11 @@ class Stepper:
             **self.cache.feeds(),
         }
         used = self.m.backend.decoder_inputs
-        out = self._decode([*names, *self.m.next_names], {n: v for n, v in feeds.items() if n in used})
-        self.cache.update(out[len(names) :])
+        extra = [ALIGNMENT_OUTPUT] if self.alignments else []
+        out = self._decode([*names, *extra, *self.m.next_names], {n: v for n, v in feeds.items() if n in used})
+        self.cache.update(out[len(names) + len(extra) :])
+        if self.alignments:
+            self.attention = out[len(names)]  # [N, S]
         return out[: len(names)]
 
     def _decode(self, outputs: list[str], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -214,14 +225,35 @@ class ExportedModel:
         steps: int = 0,
         slots: int = 0,
         vocab_rows: np.ndarray | None = None,
+        alignments: bool = False,
     ) -> Stepper:
         """A decoding state over source rows `rows` (default: every row once); `full` also fetches
         the [N, V] logits and log-probs of every step (verification); `steps`: the most steps expected and
         `slots` the most rows a step will have (the self-attention store is sized for them and grows if a caller
-        goes beyond); `vocab_rows`: the sorted token ids [C] of a shortlist to decode over (`candidates`)."""
+        goes beyond); `vocab_rows`: the sorted token ids [C] of a shortlist to decode over (`candidates`);
+        `alignments`: every step also fetches the `alignment` output into the stepper's `attention` [N, S]
+        (SearchError if the export has none: `check_alignments`)."""
         if rows is None:
             rows = np.arange(len(encoded["memory_pad_mask"]), dtype=np.int64)
-        return Stepper(self, encoded, np.asarray(rows, dtype=np.int64), full, steps, slots, vocab_rows)
+        return Stepper(self, encoded, np.asarray(rows, dtype=np.int64), full, steps, slots, vocab_rows, alignments)
+
+    def check_alignments(self) -> None:
+        """SearchError (one line) unless the decoder graph returns alignments (export/graph.py's `alignment`): not
+        for a mechanism without cross-attention weights (the manifest says why), nor an export made before them."""
+        info = self.manifest.get("alignment")
+        if info is not None and info["output"] is None:
+            raise SearchError(f"alignments: {self.name} has no cross-attention weights to align with: {info['reason']}")
+        if info is None or ALIGNMENT_OUTPUT not in self.manifest["graphs"]["decoder"].get("outputs", []):
+            raise SearchError(
+                f"alignments: {self.name} was exported without the decoder's alignment output (an export older than "
+                "alignments); re-export it with `python -m export checkpoint=<its checkpoint>`"
+            )
+
+    @property
+    def alignment_layer(self) -> int | None:
+        """The decoder layer whose cross-attention the alignments are (None: the export has none)."""
+        info = self.manifest.get("alignment")
+        return None if info is None else info["layer"]
 
     def candidates(self, src: np.ndarray, search: Search) -> np.ndarray | None:
         """The token ids [C] a batch src [B, S] decodes over when `search.shortlist` is on (None: all of them);
