@@ -30,11 +30,13 @@ decoder.onnx (one incremental step, every step)
          top_log_probs    f32   [batch, k]                  the k largest log-probs per row, descending
          top_tokens       int64 [batch, k]                  their token ids (ties: lower id first); with a
                                                             shortlist their positions in vocab_rows
-         alignment        f32   [batch, src_len]            exports whose mechanism has cross-attention weights
+         alignment        f32   [sources, G, src_len]       exports whose mechanism has cross-attention weights
                                                             (manifest `alignment`): layer `alignment.layer`'s
                                                             cross-attention of this step, averaged over its kept
-                                                            heads (zoo/alignment.py); 0 at source padding. Fetched
-                                                            only by searches asking for alignments
+                                                            heads (zoo/alignment.py), 0 at source padding; G rows
+                                                            per source as the cross caches group them, so the
+                                                            host reads [batch, src_len] (a reshape, no copy).
+                                                            Fetched only by searches asking for alignments
          next.Lk.self.<name> f32 [batch, ...]               what the step adds: the new position (size 1 on
                                                             "steps") of a growing cache, the new running sums
 
@@ -62,7 +64,8 @@ dropped by the exporter; the manifest lists each graph's actual I/O.
 
 `alignment` is computed by every step of such an export — onnxruntime runs the whole graph whatever is fetched
 (checked: an unfetched output's MatMul chain still costs its time) — so it is kept to a mean over one layer's heads
-of the softmax that layer computes anyway: a transpose and a reduction of [sources, H, G, src_len] per step. That
+of the softmax that layer computes anyway: one ReduceMean of [sources, H, G, src_len] per step (flattening it to
+[batch, src_len] in the graph took four shape nodes that cost more than the mean; the host reshapes for free). That
 layer's mha cross-attention is written out (MatMul, Div, Where, Softmax, MatMul) rather than exported from SDPA
 (Mul, MatMul, Where, Softmax, MatMul), so that its map can be read; MGK and Mixhead write theirs out anyway.
 """
@@ -280,7 +283,7 @@ def decoder_step(
     # Transformer.decode with a tensor offset: positions table indexed by `step` [1]
     x = m.tgt_embed(tokens) * m.embed_scale + m.positions.index_select(0, step)  # [N, 1, D]
     unused_memory = memory_pad_mask  # cross-attention reads its cache, never the memory itself
-    with contextlib.nullcontext() if graph.weights is None else graph.weights.recording(fed=1):
+    with contextlib.nullcontext() if graph.weights is None else graph.weights.recording(fed=1, grouped=True):
         for i, layer in enumerate(m.decoder.layers):
             # a store [cells, ...] -> every row's past [N, ..., t, ...], gathered right before its layer runs (the
             # graph's node order is onnxruntime's run order: gathered up front, every layer's past would be alive
@@ -290,7 +293,7 @@ def decoder_step(
                     gathered = value if spec.position_axis is None else past(spec, value, history)
                     state[i]["self"][spec.key] = gathered
             x = layer(x, unused_memory, memory_pad_mask, state[i])
-    alignment = [] if graph.weights is None else [graph.weights.last]  # [N, S]
+    alignment = [] if graph.weights is None else [graph.weights.last]  # [sources, G, S]
     x = m.decoder.final_norm(x)
     # [N, 1, D] -> [N, D] before the projection: a Squeeze onnxruntime does without copying, where selecting
     # position 0 of the [N, 1, V] product was a Gather that copied all the logits (2.1 of 112 ms a beam-5 × 32

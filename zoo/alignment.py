@@ -74,29 +74,30 @@ class CrossAttentionWeights:
         self.last: Tensor | None = None  # [N, S] float32 of the last recorded call
 
     @contextlib.contextmanager
-    def recording(self, fed: int) -> Iterator[None]:
+    def recording(self, fed: int, grouped: bool = False) -> Iterator[None]:
         """Within: decoder calls of `fed` query positions per row; after: `last` holds the newest position's
-        weights [N, S] of the last one (rows in the call's order). The module captures its map only meanwhile."""
+        weights [N, S] of the last one (rows in the call's order; `grouped`: `newest`'s). The module captures its
+        map only meanwhile."""
         saved = self.module.capture
         if "A" not in saved:
             self.module.capture = (*saved, "A")
         try:
             yield
-            self.last = self.newest(self.module.captured["A"], fed)
+            self.last = self.newest(self.module.captured["A"], fed, grouped)
         finally:
             self.module.capture = saved
             if "A" not in saved:
                 self.module.captured.pop("A", None)
 
-    def newest(self, attn: Tensor, fed: int) -> Tensor:
+    def newest(self, attn: Tensor, fed: int, grouped: bool = False) -> Tensor:
         """A captured map → the newest query position's head average [N, S] float32. The map is [N, H, T, S] for
         a call of T = `fed` positions per row; a one-position step over a cache of one row per *source* captures
-        it grouped, [sources, H, G, S] with N = sources × G (zoo.attention.base.per_source_step)."""
-        s, h, g, src = attn.shape
-        if fed == 1:
-            per_head = attn.transpose(1, 2).reshape(s * g, h, src)  # [N, H, S]: row-major over (source, beam)
-        else:
-            per_head = attn[:, :, -1]  # [N, H, S]
+        it grouped, [sources, H, G, S] with N = sources × G (zoo.attention.base.per_source_step), and with
+        `grouped` the average stays [sources, G, S] (the exported graph's output: the shape arithmetic of the
+        flattening cost more per step than the mean; the host's reshape to [N, S] is free)."""
         if self.heads is not None:
-            per_head = per_head[:, self.heads]  # [N, H_kept, S]
-        return per_head.float().mean(dim=1)  # [N, S]
+            attn = attn[:, self.heads]  # [.., H_kept, .., S]
+        if fed == 1:  # mean over heads first: no copy to put the rows in order, [sources, G, S] is row-major already
+            mean = attn.float().mean(dim=1)  # [sources, G, S]
+            return mean if grouped else mean.flatten(0, 1)  # [N, S]
+        return attn[:, :, -1].float().mean(dim=1)  # [N, H, S] -> [N, S]

@@ -131,8 +131,8 @@ class Stepper:
         extra = [ALIGNMENT_OUTPUT] if self.alignments else []
         out = self._decode([*names, *extra, *self.m.next_names], {n: v for n, v in feeds.items() if n in used})
         self.cache.update(out[len(names) + len(extra) :])
-        if self.alignments:
-            self.attention = out[len(names)]  # [N, S]
+        if self.alignments:  # [sources, G, S] → [N, S]: the graph's G rows per source are consecutive rows
+            self.attention = out[len(names)].reshape(-1, out[len(names)].shape[-1])
         return out[: len(names)]
 
     def _decode(self, outputs: list[str], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
