@@ -5,7 +5,8 @@ manifest.json, verified against PyTorch before the directory appears under its n
 directory:
   load      the checkpoint, its entry, tokenizer and held-out pairs; refuse an existing `out` unless overwrite
   plan      the head plan: the checkpoint's own (GHT-PS gates), a JSON file, or gradient importance + budget
-  prune     physical pruning (export/pruning.py), rebuilt from its config alone; the decoder's cache layout
+  prune     physical pruning (export/pruning.py), rebuilt from its config alone; the decoder's cache layout and
+            the layer whose cross-attention gives word alignments (none for mechanisms without weights)
   stage     a temporary directory beside `out` (export/staging.py)
   graphs    encoder.onnx + decoder.onnx by the dynamo exporter (export/onnx_files.py), tokenizer, held-out sample
   manifest  the steps' results as one ExportSpec, validated, → manifest.json with checksums, sizes before/after,
@@ -51,13 +52,25 @@ from export.pruning import (
     prune,
     validate_plan,
 )
-from export.runtime import OPTIMIZATION_LEVELS, ExportedModel, Graphs, Int8Quality, Manifest, Search, load
+from export.runtime import (
+    ALIGNMENT_OUTPUT,
+    OPTIMIZATION_LEVELS,
+    AlignmentInfo,
+    ExportedModel,
+    Graphs,
+    Int8Quality,
+    Manifest,
+    Search,
+    SearchError,
+    load,
+)
 from export.runtime.manifest import ShortlistInfo
 from export.runtime.search_loop import never_emitted
 from export.runtime.shortlist import SHORTLIST_FILE
 from export.shortlist import ShortlistSettings, build_shortlist, count_pairs
 from export.staging import staged_directory
 from export.verify import encode_pairs, verify_export
+from zoo.alignment import check_alignments
 from zoo.api import checkpoint_search
 from zoo.checkpoint import CheckpointError, CheckpointPayload, load_checkpoint, model_from_checkpoint
 from zoo.data import DataError, TextTokenizer, build_splits, load_tokenizer
@@ -110,7 +123,15 @@ def _export(cfg: DictConfig) -> dict[str, Any]:
     with staged_directory(source.out, overwrite=bool(cfg.overwrite), exists_error=_exists_error) as stage:
         directory = stage.path
         metadata = _graph_metadata(source, exported)
-        graphs = export_graphs(exported.model, exported.caches, directory, cfg.opset, metadata, bool(shortlist_pairs))
+        graphs = export_graphs(
+            exported.model,
+            exported.caches,
+            directory,
+            cfg.opset,
+            metadata,
+            bool(shortlist_pairs),
+            exported.alignment["layer"],
+        )
         laps("onnx_export")
         _write_tokenizer_and_heldout(directory, source)
         shortlist = _write_shortlist(cfg, directory, source, shortlist_pairs) if shortlist_pairs else None
@@ -166,6 +187,7 @@ class _Exported:
     plan: dict[str, list[int]]  # the head plan it realises (manifest head_plan)
     size: dict[str, Any]
     caches: list[CacheSpec]  # the decoder's cache layout, discovered from a torch step
+    alignment: AlignmentInfo  # the decoder layer and heads of the `alignment` output, or why there is none
 
 
 class _Laps:
@@ -284,7 +306,22 @@ def _prune(cfg: DictConfig, source: _Source, plan: _HeadPlan) -> _Exported:
         else {n: h for n, h in active_heads(gated).items() if h != list(range(original.cfg.num_heads))}
     )
     size = size_summary(pruned)
-    return _Exported(pruned, gated, final, size, discover_caches(pruned))
+    return _Exported(pruned, gated, final, size, discover_caches(pruned), _alignment(cfg, pruned, final))
+
+
+def _alignment(cfg: DictConfig, model: Transformer, plan: dict[str, list[int]]) -> AlignmentInfo:
+    """The decoder layer whose head-averaged cross-attention becomes the `alignment` output (`alignment_layer`,
+    default the penultimate: zoo/alignment.py) and the heads it averages; for a mechanism without weights per source
+    position (linear, MLK), no output and why."""
+    reason = model.decoder.layers[0].cross_attn.no_step_weights
+    if reason:
+        return AlignmentInfo(output=None, layer=None, heads=[], reason=f"attention {model.cfg.attention!r}: {reason}")
+    try:
+        layer = check_alignments(model, cfg.get("alignment_layer"))
+    except SearchError as exc:
+        raise ExportError(str(exc)) from None
+    heads = plan.get(f"decoder.layers.{layer}.cross_attn", list(range(model.cfg.num_heads)))
+    return AlignmentInfo(output=ALIGNMENT_OUTPUT, layer=layer, heads=list(heads), reason=None)
 
 
 def search_settings(cfg: DictConfig, payload: CheckpointPayload) -> Search:
@@ -401,6 +438,7 @@ def _spec(
         size_after=exported.size,
         graphs=graphs,
         quantized=bool(cfg.quantize),
+        alignment=exported.alignment,
         search=search,
         max_tokens=int(cfg.generation.max_tokens),
         max_sentences=int(cfg.generation.max_sentences),

@@ -30,6 +30,13 @@ decoder.onnx (one incremental step, every step)
          top_log_probs    f32   [batch, k]                  the k largest log-probs per row, descending
          top_tokens       int64 [batch, k]                  their token ids (ties: lower id first); with a
                                                             shortlist their positions in vocab_rows
+         alignment        f32   [sources, G, src_len]       exports whose mechanism has cross-attention weights
+                                                            (manifest `alignment`): layer `alignment.layer`'s
+                                                            cross-attention of this step, averaged over its kept
+                                                            heads (zoo/alignment.py), 0 at source padding; G rows
+                                                            per source as the cross caches group them, so the
+                                                            host reads [batch, src_len] (a reshape, no copy).
+                                                            Fetched only by searches asking for alignments
          next.Lk.self.<name> f32 [batch, ...]               what the step adds: the new position (size 1 on
                                                             "steps") of a growing cache, the new running sums
 
@@ -54,10 +61,18 @@ queries against its one cache row (zoo.attention.base.per_source_step). A caller
 per row (G = 1, older runtimes) gets the same result; beam search over 32 sentences no longer holds 5 copies.
 Inputs a mechanism never reads (memory_pad_mask when cross-attention caches masked sums) are
 dropped by the exporter; the manifest lists each graph's actual I/O.
+
+`alignment` is computed by every step of such an export — onnxruntime runs the whole graph whatever is fetched
+(checked: an unfetched output's MatMul chain still costs its time) — so it is kept to a mean over one layer's heads
+of the softmax that layer computes anyway: one ReduceMean of [sources, H, G, src_len] per step (flattening it to
+[batch, src_len] in the graph took four shape nodes that cost more than the mean; the host reshapes for free). That
+layer's mha cross-attention is written out (MatMul, Div, Where, Softmax, MatMul) rather than exported from SDPA
+(Mul, MatMul, Where, Softmax, MatMul), so that its map can be read; MGK and Mixhead write theirs out anyway.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -67,7 +82,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from export.runtime.manifest import NEXT_PREFIX  # the self-attention state outputs' names
+from export.runtime.manifest import ALIGNMENT_OUTPUT, NEXT_PREFIX  # output names the runtime fetches
+from zoo.alignment import CrossAttentionWeights
 from zoo.errors import ZooError
 from zoo.model import Transformer
 
@@ -214,13 +230,15 @@ class EncoderGraph(nn.Module):
 
 
 class DecoderStepGraph(nn.Module):
-    """One incremental decoder step with flat cache inputs/outputs (see the module docstring)."""
+    """One incremental decoder step with flat cache inputs/outputs (see the module docstring); with
+    `alignment_layer`, also that layer's head-averaged cross-attention weights (`alignment`)."""
 
-    def __init__(self, model: Transformer, specs: list[CacheSpec]) -> None:
+    def __init__(self, model: Transformer, specs: list[CacheSpec], alignment_layer: int | None = None) -> None:
         super().__init__()
         self.model = model
         self.cross = [s for s in specs if s.kind == "cross"]
         self.self_specs = [s for s in specs if s.kind == "self"]
+        self.weights = None if alignment_layer is None else CrossAttentionWeights(model, alignment_layer)
 
     def forward(
         self, tokens: Tensor, step: Tensor, history: Tensor, topk: Tensor, memory_pad_mask: Tensor, *caches: Tensor
@@ -265,15 +283,17 @@ def decoder_step(
     # Transformer.decode with a tensor offset: positions table indexed by `step` [1]
     x = m.tgt_embed(tokens) * m.embed_scale + m.positions.index_select(0, step)  # [N, 1, D]
     unused_memory = memory_pad_mask  # cross-attention reads its cache, never the memory itself
-    for i, layer in enumerate(m.decoder.layers):
-        # a store [cells, ...] -> every row's past [N, ..., t, ...], gathered right before its layer runs (the
-        # graph's node order is onnxruntime's run order: gathered up front, every layer's past would be alive
-        # at once); running sums are in row order already
-        for spec, value in zip(self_specs, prev, strict=True):
-            if spec.layer == i:
-                gathered = value if spec.position_axis is None else past(spec, value, history)
-                state[i]["self"][spec.key] = gathered
-        x = layer(x, unused_memory, memory_pad_mask, state[i])
+    with contextlib.nullcontext() if graph.weights is None else graph.weights.recording(fed=1, grouped=True):
+        for i, layer in enumerate(m.decoder.layers):
+            # a store [cells, ...] -> every row's past [N, ..., t, ...], gathered right before its layer runs (the
+            # graph's node order is onnxruntime's run order: gathered up front, every layer's past would be alive
+            # at once); running sums are in row order already
+            for spec, value in zip(self_specs, prev, strict=True):
+                if spec.layer == i:
+                    gathered = value if spec.position_axis is None else past(spec, value, history)
+                    state[i]["self"][spec.key] = gathered
+            x = layer(x, unused_memory, memory_pad_mask, state[i])
+    alignment = [] if graph.weights is None else [graph.weights.last]  # [sources, G, S]
     x = m.decoder.final_norm(x)
     # [N, 1, D] -> [N, D] before the projection: a Squeeze onnxruntime does without copying, where selecting
     # position 0 of the [N, 1, V] product was a Gather that copied all the logits (2.1 of 112 ms a beam-5 × 32
@@ -291,7 +311,7 @@ def decoder_step(
     torch._check(k <= log_probs.shape[1])
     top_log_probs, top_tokens = torch.topk(log_probs, k, dim=-1)  # [N, k] each
     added = [step_output(s, state[s.layer]["self"][s.key]) for s in self_specs]
-    return (logits, log_probs, top_log_probs, top_tokens, *added)
+    return (logits, log_probs, top_log_probs, top_tokens, *alignment, *added)
 
 
 def _all_logits(model: Transformer) -> Callable[[Tensor, Tensor], Tensor]:
@@ -351,13 +371,16 @@ def step_output(spec: CacheSpec, state: Tensor) -> Tensor:
     return state[(slice(None),) * axis + (slice(-1, None),)]  # [N, ..., 1, ...]
 
 
-def decoder_io_names(specs: list[CacheSpec], shortlist: bool = False) -> tuple[list[str], list[str]]:
+def decoder_io_names(
+    specs: list[CacheSpec], shortlist: bool = False, alignment: bool = False
+) -> tuple[list[str], list[str]]:
     cross = [s.name for s in specs if s.kind == "cross"]
     selfs = [s.name for s in specs if s.kind == "self"]
     fixed = list(DECODER_FIXED_INPUTS)
     if shortlist:
         fixed.insert(fixed.index("topk") + 1, SHORTLIST_INPUT)
-    return [*fixed, *cross, *selfs], [*DECODER_FIXED_OUTPUTS, *[NEXT_PREFIX + n for n in selfs]]
+    outputs = [*DECODER_FIXED_OUTPUTS, *([ALIGNMENT_OUTPUT] if alignment else []), *[NEXT_PREFIX + n for n in selfs]]
+    return [*fixed, *cross, *selfs], outputs
 
 
 def encoder_io_names(specs: list[CacheSpec]) -> tuple[list[str], list[str]]:

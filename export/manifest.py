@@ -28,11 +28,13 @@ import torch
 
 from export.graph import CacheSpec, ExportError
 from export.runtime import (
+    ALIGNMENT_OUTPUT,
     MANIFEST,
     MANIFEST_KEYS,
     NEXT_PREFIX,
     OLDEST_RUNTIME_FORMAT,
     RUNTIME_FORMAT,
+    AlignmentInfo,
     CheckpointRef,
     GenerationDefaults,
     Graphs,
@@ -156,6 +158,7 @@ class ExportSpec:
     # graphs
     graphs: Graphs
     quantized: bool
+    alignment: AlignmentInfo  # the decoder's `alignment` output: its layer and heads, or why there is none
     # the defaults the export is served with
     search: Search
     max_tokens: int
@@ -192,6 +195,16 @@ class ExportSpec:
         names = [spec.name for spec in self.caches]
         if not names or len(set(names)) != len(names):
             raise ExportError(f"export spec: the decoder's caches must be named once each, got {names}")
+        outputs = self.graphs["decoder"]["outputs"]
+        align = self.alignment
+        if align["output"] is not None:
+            layers = self.model.cfg.decoder_layers
+            if align["output"] != ALIGNMENT_OUTPUT or align["output"] not in outputs:
+                raise ExportError(f"export spec: alignment names output {align['output']!r}, the decoder has {outputs}")
+            if not isinstance(align["layer"], int) or not 0 <= align["layer"] < layers:
+                raise ExportError(f"export spec: alignment.layer={align['layer']!r} is not one of {layers} layers")
+        elif ALIGNMENT_OUTPUT in outputs or not align["reason"]:
+            raise ExportError("export spec: a decoder without an alignment output needs the reason, and no output")
         if not Path(self.checkpoint["path"]).is_file():
             raise ExportError(f"export spec: the checkpoint {self.checkpoint['path']} is not a file to checksum")
         return self
@@ -243,6 +256,7 @@ def build_manifest(directory: Path, spec: ExportSpec) -> Manifest:
         versions=versions(),
         files=checksums(directory, graphs),
         shared_weights=shared_weights(directory, graphs),
+        alignment=spec.alignment,
     )
 
 

@@ -222,10 +222,12 @@ def export_graphs(
     opset: int | None,
     metadata: dict[str, str],
     shortlist: bool = False,
+    alignment_layer: int | None = None,
 ) -> Graphs:
     """Write encoder.onnx and decoder.onnx for `model` (eval) with every batch/length axis dynamic — with
-    `shortlist`, a decoder that takes a vocabulary shortlist (export/graph.py) — and return their manifest entries
-    (file, IR version, opset, actual inputs and outputs)."""
+    `shortlist`, a decoder that takes a vocabulary shortlist, with `alignment_layer`, one whose `alignment` output
+    is that layer's cross-attention (export/graph.py) — and return their manifest entries (file, IR version, opset,
+    actual inputs and outputs)."""
     cfg = model.cfg
     # lengths are bounded by the positions table (Transformer._embed checks it: a guard torch.export must
     # see declared, or it reports a constraint violation)
@@ -243,9 +245,9 @@ def export_graphs(
     cross_specs = [c for c in specs if c.kind == "cross"]
     self_specs = [c for c in specs if c.kind == "self"]
     encoder = EncoderGraph(model, specs).eval()
-    decoder = (ShortlistStepGraph if shortlist else DecoderStepGraph)(model, specs).eval()
+    decoder = (ShortlistStepGraph if shortlist else DecoderStepGraph)(model, specs, alignment_layer).eval()
     enc_in, enc_out = encoder_io_names(specs)
-    dec_in, dec_out = decoder_io_names(specs, shortlist)
+    dec_in, dec_out = decoder_io_names(specs, shortlist, alignment_layer is not None)
     kwargs = {
         "dynamo": True,
         "external_data": False,

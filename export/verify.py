@@ -3,12 +3,14 @@
 Why: an export is only as good as its proof that the ONNX graphs compute what the checkpoint
 computes. On real held-out sentences we check that (1) the physically pruned torch model equals the
 gated one, (2) ORT's encoder outputs and per-step decoder logits equal torch's at several batch
-sizes and source lengths, with in-graph beam reordering and shrinking batches exercised, and (3)
+sizes and source lengths, with in-graph beam reordering and shrinking batches exercised — and so does the decoder's
+`alignment` output, where it has one (zoo.alignment's head-averaged cross-attention weights) — and (3)
 the numpy/ORT runtime's greedy and beam search produce exactly the hypotheses of `zoo.generate`.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from typing import Any
@@ -19,6 +21,7 @@ import torch
 from export.graph import ExportError, cross_caches
 from export.runtime import ExportedModel, Search
 from export.runtime.search import truncate_sources
+from zoo.alignment import CrossAttentionWeights
 from zoo.data import TextTokenizer
 from zoo.evaluation import translate_texts
 from zoo.generate import generate
@@ -64,7 +67,8 @@ def graph_parity(
 
     With `reorder`, step 2 reverses the rows (beam reordering: the self caches' `history` plus host
     re-slicing of the cross caches) and step 4 drops the last row (a finished sentence leaving). The store
-    starts with room for 2 positions, so later steps also exercise its growth.
+    starts with room for 2 positions, so later steps also exercise its growth. An export with an `alignment`
+    output has it compared with torch's weights of the same layer ("alignment", max |difference|).
     """
     enc = runtime.encode(src.numpy(), with_memory=True)
     memory, pad = model.encode(src)
@@ -78,10 +82,12 @@ def graph_parity(
             ref = per_layer[spec["layer"]][spec["key"]]
             scale = max(1.0, float(ref.abs().max())) if ref.numel() else 1.0
             diffs["cross_cache_rel"] = max(diffs["cross_cache_rel"], _max_diff(enc[spec["name"]], ref) / scale)
-    step = runtime.stepper(enc, full=True, steps=2)
+    align = runtime.manifest.get("alignment")
+    weights = CrossAttentionWeights(model, align["layer"]) if align and align["output"] else None
+    step = runtime.stepper(enc, full=True, steps=2, alignments=weights is not None)
     state = model.init_state()
     rows = torch.arange(src.shape[0])
-    logits_diff = lprobs_diff = 0.0
+    logits_diff = lprobs_diff = align_diff = 0.0
     for t in range(tgt_in.shape[1]):
         if reorder and t in (2, 4) and rows.numel() > 1:
             order = torch.arange(rows.numel() - 1, -1, -1) if t == 2 else torch.arange(rows.numel() - 1)
@@ -89,12 +95,18 @@ def graph_parity(
             memory, pad, rows = memory[order], pad[order], rows[order]
             step.select(order.numpy())
         tokens = tgt_in[rows, t : t + 1]  # [N, 1]
-        ref = model.decode(tokens, memory, pad, state, t)[:, -1]  # [N, V]
+        with contextlib.nullcontext() if weights is None else weights.recording(fed=1):
+            ref = model.decode(tokens, memory, pad, state, t)[:, -1]  # [N, V]
         step(tokens[:, 0].numpy(), t, 1)
         assert step.logits is not None and step.log_probs is not None
         logits_diff = max(logits_diff, _max_diff(step.logits, ref))
         lprobs_diff = max(lprobs_diff, _max_diff(step.log_probs, torch.log_softmax(ref, -1)))
+        if weights is not None:
+            assert step.attention is not None and weights.last is not None
+            align_diff = max(align_diff, _max_diff(step.attention, weights.last))  # [N, S]
     diffs.update(logits=logits_diff, log_probs=lprobs_diff)
+    if weights is not None:
+        diffs["alignment"] = align_diff
     return diffs
 
 
@@ -155,7 +167,7 @@ def verify_export(
         tgt = _pad([tgt_rows[i] for i in subset], cfg.pad_id)
         diffs = graph_parity(runtime, pruned, src, tgt)
         report["shapes"].append({"batch": src.shape[0], "src_len": src.shape[1], "steps": tgt.shape[1]})
-        worst = {k: max(worst[k], diffs[k]) for k in worst}
+        worst = {k: max(worst.get(k, 0.0), v) for k, v in diffs.items()}  # "alignment" where the export has it
     report.update({f"max_abs_{k}_diff": v for k, v in worst.items()})
     if "vocab_rows" in runtime.backend.decoder_inputs:  # the decoder's shortlist branch (exports since format 3)
         report["max_abs_shortlist_logits_diff"] = shortlist_parity(runtime, pruned, src_all, tgt_all)
@@ -178,6 +190,8 @@ def verify_export(
             f"ORT vs torch: max |Δlogits| {worst['logits']:.3g}, max |Δencoder states| "
             f"{worst['encoder']:.3g}, max relative |Δcross caches| {worst['cross_cache_rel']:.3g}"
         )
+    if worst.get("alignment", 0.0) > tolerance:
+        problems.append(f"ORT's alignment output vs torch's cross-attention weights: max |Δ| {worst['alignment']:.3g}")
     if report.get("max_abs_shortlist_logits_diff", 0.0) > tolerance:
         problems.append(f"ORT's shortlist branch vs torch: max |Δlogits| {report['max_abs_shortlist_logits_diff']:.3g}")
     for label in ("beam", "greedy"):

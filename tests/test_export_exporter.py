@@ -108,6 +108,12 @@ def test_export_with_pruning_verifies_for_every_signature(entry: str, exported, 
     assert v["passed"], v
     assert v["max_abs_logits_diff"] <= 1e-4 and v["pruned_vs_gated"] <= 1e-4
     assert v["beam"]["identical"] == v["beam"]["total"] == v["sentences"]
+    # word alignments: the decoder's `alignment` output, verified against torch; none where attention is linear
+    alignment, outputs = manifest["alignment"], manifest["graphs"]["decoder"]["outputs"]
+    if manifest["attention"] in ("linear", "mlk"):
+        assert alignment["output"] is None and "running sums" in alignment["reason"] and "alignment" not in outputs
+    else:
+        assert alignment["output"] == "alignment" in outputs and v["max_abs_alignment_diff"] <= 1e-4
     assert {f.name for f in out.iterdir()} == {
         "encoder.onnx",
         "decoder.onnx",

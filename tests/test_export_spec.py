@@ -13,7 +13,7 @@ import torch
 from export.graph import ExportError, discover_caches
 from export.manifest import ExportSpec
 from export.pruning import prune
-from export.runtime import Search
+from export.runtime import AlignmentInfo, Search
 from zoo.flops import size_summary
 from zoo.model import ModelConfig, build_model
 
@@ -39,8 +39,9 @@ def _spec(tmp_path: Path) -> ExportSpec:
         head_importance=None,
         caches=discover_caches(pruned),
         size_after=size_summary(pruned),
-        graphs={},  # type: ignore[typeddict-item]  # not read by validate
+        graphs={"decoder": {"outputs": ["top_tokens", "alignment"]}},  # type: ignore[typeddict-item]  # what validate reads
         quantized=False,
+        alignment=AlignmentInfo(output="alignment", layer=0, heads=[0, 1, 2, 3], reason=None),
         search=Search(),
         max_tokens=6000,
         max_sentences=128,
@@ -63,6 +64,12 @@ def test_a_consistent_spec_validates(tmp_path: Path) -> None:
         ({"head_plan": {MODULE: [0, 9]}}, "is not a set of heads"),
         ({"size_after": {"params": 1}}, "size_after lacks"),
         ({"caches": []}, "caches must be named once each"),
+        (
+            {"alignment": AlignmentInfo(output="alignment", layer=1, heads=[0], reason=None)},
+            r"alignment.layer=1 is not",
+        ),
+        ({"graphs": {"decoder": {"outputs": ["top_tokens"]}}}, "alignment names output 'alignment', the decoder has"),
+        ({"alignment": AlignmentInfo(output=None, layer=None, heads=[], reason=None)}, "needs the reason"),
     ],
 )
 def test_an_inconsistent_spec_is_refused_naming_the_value(tmp_path: Path, change: dict, message: str) -> None:

@@ -20,6 +20,7 @@ choice), the teacher-forced decoder counts the model's real log-prob of eos.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -46,6 +47,7 @@ from export.runtime.search_loop import (
     sample_rows,
     samples_by_sentence,
 )
+from zoo.alignment import CrossAttentionWeights
 from zoo.model import Transformer
 
 __all__ = ["TorchStep", "generate", "generate_nbest", "score_targets"]
@@ -58,12 +60,24 @@ class TorchStep:
     what the exported graph computes by gathering their rows."""
 
     def __init__(
-        self, model: Transformer, memory: Tensor, pad_mask: Tensor, use_cache: bool, outside: Tensor | None = None
+        self,
+        model: Transformer,
+        memory: Tensor,
+        pad_mask: Tensor,
+        use_cache: bool,
+        outside: Tensor | None = None,
+        alignment_layer: int | None = None,
     ) -> None:
         self.model, self.memory, self.pad_mask = model, memory, pad_mask  # [N, S, D], [N, S]
         self.state = model.init_state() if use_cache else None
         self.prefix: Tensor | None = None  # [N, t+1] tokens so far, kept only to recompute without a cache
         self.outside = outside
+        # alignments (zoo/alignment.py): with `alignment_layer`, each call leaves that decoder layer's cross-attention
+        # weights of the step, averaged over its kept heads, in `attention` [N, S] f32 (rows in the current order);
+        # SearchError here for a layer the decoder lacks or a mechanism without such weights (linear, MLK)
+        self.weights = None if alignment_layer is None else CrossAttentionWeights(model, alignment_layer)
+        self.alignments = alignment_layer is not None  # the search loop then carries `attention` with hypotheses
+        self.attention: np.ndarray | None = None
 
     def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """last [N] tokens at position t → every row's k best (log-prob [N, k] f32, token [N, k] int64),
@@ -81,11 +95,15 @@ class TorchStep:
     def _logits(self, last: np.ndarray, t: int) -> Tensor:
         """last [N] tokens at position t → next-token logits [N, V] f32 (-inf outside a shortlist)."""
         tokens = torch.from_numpy(np.ascontiguousarray(last, dtype=np.int64)).to(self.memory.device)[:, None]  # [N, 1]
-        if self.state is not None:
-            logits = self.model.decode(tokens, self.memory, self.pad_mask, self.state, t)
-        else:
-            self.prefix = tokens if self.prefix is None else torch.cat([self.prefix, tokens], dim=1)  # [N, t+1]
-            logits = self.model.decode(self.prefix, self.memory, self.pad_mask)
+        fed = 1 if self.state is not None else t + 1  # query positions per row of this decoder call
+        with contextlib.nullcontext() if self.weights is None else self.weights.recording(fed):
+            if self.state is not None:
+                logits = self.model.decode(tokens, self.memory, self.pad_mask, self.state, t)
+            else:
+                self.prefix = tokens if self.prefix is None else torch.cat([self.prefix, tokens], dim=1)  # [N, t+1]
+                logits = self.model.decode(self.prefix, self.memory, self.pad_mask)
+        if self.weights is not None and self.weights.last is not None:
+            self.attention = self.weights.last.cpu().numpy()  # [N, S]
         logits = logits[:, -1].float()  # [N, V]
         if self.outside is not None:
             logits = logits.masked_fill(self.outside, -torch.inf)
@@ -126,10 +144,12 @@ def _search(
     n: int = 1,
     prefixes: Sequence[Sequence[int]] | None = None,
     keys: Sequence[int] | None = None,
+    alignment_layer: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Every finished hypothesis per sentence of src [B, S], best first: the runtime's greedy (one each; with
     sampling, `n` draws each) when beam_size <= 1, else its beam search — over a `TorchStep`. `prefixes`: each
-    sentence's given first output tokens; `keys`: each sentence's sampling key (default: its row)."""
+    sentence's given first output tokens; `keys`: each sentence's sampling key (default: its row);
+    `alignment_layer`: hypotheses carry alignments from that decoder layer's cross-attention (zoo/alignment.py)."""
     mcfg = model.cfg
     vocab = SearchVocab(mcfg.vocab_size, mcfg.pad_id, mcfg.bos_id, mcfg.eos_id)
     limits = row_limits(src.ne(mcfg.pad_id).sum(1).cpu().numpy(), cfg, mcfg.max_positions)
@@ -141,16 +161,20 @@ def _search(
         rows, row_keys = sample_rows(src.shape[0], n, keys)
         given = given_for(len(rows), cfg, None if prefixes is None else [prefixes[i] for i in rows], row_keys)
         index = torch.from_numpy(rows).to(src.device)
-        step = TorchStep(model, memory.index_select(0, index), pad_mask.index_select(0, index), use_cache, outside)
+        step = TorchStep(
+            model, memory.index_select(0, index), pad_mask.index_select(0, index), use_cache, outside, alignment_layer
+        )
         return samples_by_sentence(greedy(step, limits.take(rows), cfg, vocab, given), n)
     given = given_for(src.shape[0], cfg, prefixes)
     if cfg.beam_size <= 1:
-        step = TorchStep(model, memory, pad_mask, use_cache, outside)
+        step = TorchStep(model, memory, pad_mask, use_cache, outside, alignment_layer)
         return [[h] for h in greedy(step, limits, cfg, vocab, given)]
     width = mcfg.vocab_size if outside is None else int((~outside).sum())  # tokens a step may produce
     g = beam_first_rows(cfg.beam_size, width)  # rows per sentence of the first step
     rows = torch.arange(src.shape[0], device=src.device).repeat_interleave(g)  # [B*g]
-    step = TorchStep(model, memory.index_select(0, rows), pad_mask.index_select(0, rows), use_cache, outside)
+    step = TorchStep(
+        model, memory.index_select(0, rows), pad_mask.index_select(0, rows), use_cache, outside, alignment_layer
+    )
     return beam(step, g, limits, cfg, vocab, given)
 
 
@@ -177,14 +201,16 @@ def generate_nbest(
     vocab_rows: Tensor | None = None,
     prefixes: Sequence[Sequence[int]] | None = None,
     keys: Sequence[int] | None = None,
+    alignment_layer: int | None = None,
 ) -> list[list[Hypothesis]]:
     """The `num_hypotheses` best hypotheses per source of src [B, S] with their scores, best first (greedy when
     beam_size == 1: its one hypothesis; with sampling, that many draws, `keys`: each source's sampling key). The
     first is always `generate`'s output. Fewer than asked only when the search finished fewer: a length limit of
-    1 token leaves the empty hypothesis alone. SearchError unless num_hypotheses is an integer 1 …
-    most_hypotheses."""
+    1 token leaves the empty hypothesis alone. `alignment_layer`: each hypothesis carries its alignment. SearchError
+    unless num_hypotheses is an integer 1 … most_hypotheses."""
     n = check_num_hypotheses(num_hypotheses, cfg.most_hypotheses, bool(cfg.sampling))
-    return [hyps[:n] for hyps in _search(model, src, cfg, use_cache, vocab_rows, n, prefixes, keys)]
+    found = _search(model, src, cfg, use_cache, vocab_rows, n, prefixes, keys, alignment_layer)
+    return [hyps[:n] for hyps in found]
 
 
 @torch.inference_mode()

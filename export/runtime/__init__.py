@@ -26,11 +26,13 @@ from __future__ import annotations
 from .backend import OPTIMIZATION_LEVELS, PROVIDERS, Backend, OrtBackend, execution_providers, shared_initializers
 from .errors import ExportedModelError, ExportRuntimeError, GraphRunError
 from .manifest import (
+    ALIGNMENT_OUTPUT,
     MANIFEST,
     MANIFEST_KEYS,
     NEXT_PREFIX,
     OLDEST_RUNTIME_FORMAT,
     RUNTIME_FORMAT,
+    AlignmentInfo,
     CacheEntry,
     CheckpointRef,
     GenerationDefaults,
@@ -68,6 +70,7 @@ from .stepper import Stepper, cross_rows
 from .stores import SelfCache, StorePool, mapped_zeros
 
 __all__ = [
+    "ALIGNMENT_OUTPUT",
     "EXPORT_FILES",
     "MANIFEST",
     "MANIFEST_KEYS",
@@ -78,6 +81,7 @@ __all__ = [
     "PROVIDERS",
     "RUNTIME_FORMAT",
     "SEARCH_LIMITS",
+    "AlignmentInfo",
     "Backend",
     "CacheEntry",
     "CheckpointRef",

@@ -24,6 +24,7 @@ from .manifest_checks import (
     MANIFEST,
     MANIFEST_LIMITS,
     MAX_MANIFEST_BYTES,
+    bad,
     bounded,
     check_cache,
     check_numbers,
@@ -39,6 +40,7 @@ RUNTIME_FORMAT = 3  # 2: the host stores the growing self caches; the graph gath
 # 3: the decoder graph of an export with a vocabulary shortlist takes `vocab_rows`; exports without one are format 2
 OLDEST_RUNTIME_FORMAT = 2
 NEXT_PREFIX = "next."  # decoder output name prefix of what a step adds to a self-attention state
+ALIGNMENT_OUTPUT = "alignment"  # decoder output: one layer's head-averaged cross-attention weights [batch, src_len]
 
 
 class GraphInfo(TypedDict):
@@ -135,6 +137,15 @@ class ShortlistInfo(TypedDict):
     entries: int  # (source, target) entries stored
 
 
+class AlignmentInfo(TypedDict):
+    """Where an export's word alignments come from (export/graph.py's `alignment` output; zoo/alignment.py)."""
+
+    output: str | None  # the decoder output holding them (ALIGNMENT_OUTPUT); None: the mechanism has no weights
+    layer: int | None  # the decoder layer (0-based) whose cross-attention they are
+    heads: list[int]  # that module's heads they average: original indices, the kept ones
+    reason: str | None  # why there is no output (output None), else None
+
+
 class SharedWeight(TypedDict):
     name: str  # an initializer both graphs hold byte for byte (the tied embedding, the positions table)
     dtype: str  # numpy dtype name
@@ -185,6 +196,7 @@ class Manifest(_ManifestKeys, total=False):
     timings_s: dict[str, float]
     shared_weights: list[SharedWeight]  # read once and given to both sessions (exports before it: each its own)
     shortlist: ShortlistInfo  # shortlist.build=true
+    alignment: AlignmentInfo  # exports before alignments lack the key (and the decoder output)
 
 
 MANIFEST_KEYS: tuple[str, ...] = tuple(Manifest.__annotations__)  # every key, in file order
@@ -309,12 +321,25 @@ def read_manifest(
                 raise ExportedModelError(
                     f"{directory / name} does not match its sha256 in {MANIFEST}; the export is corrupt"
                 )
+    _check_alignment(m.get("alignment"))
     shared = m.get("shared_weights", [])
     if not isinstance(shared, list):
         raise ExportedModelError(f"{MANIFEST}: 'shared_weights' has the wrong type; re-export the model")
     for i, weight in enumerate(shared):
         _check_shared_weight(directory, files, held, weight, f"shared_weights[{i}]")
     return m  # type: ignore[return-value]  # a dict checked as far as the runtime reads it
+
+
+def _check_alignment(info: Any) -> None:
+    """`alignment`, where the export has it: no output, or ALIGNMENT_OUTPUT from a decoder layer."""
+    if info is None:
+        return
+    if not isinstance(info, dict) or info.get("output") not in (None, ALIGNMENT_OUTPUT):
+        raise bad("alignment", f"is not an object naming the output {ALIGNMENT_OUTPUT!r} or none")
+    if info["output"] is not None:
+        bounded(info.get("layer"), "alignment.layer", *MANIFEST_LIMITS["caches[].layer"])
+    elif not isinstance(info.get("reason"), str):
+        raise bad("alignment.reason", "is not a string (why the export has no alignment output)")
 
 
 def _check_shared_weight(directory: Path, files: dict[str, str], held: set[str], weight: Any, key: str) -> None:

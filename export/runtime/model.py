@@ -17,7 +17,7 @@ import numpy as np
 
 from .backend import Backend, OrtBackend
 from .errors import ExportedModelError, ExportRuntimeError
-from .manifest import NEXT_PREFIX, Manifest, read_manifest
+from .manifest import ALIGNMENT_OUTPUT, NEXT_PREFIX, Manifest, read_manifest
 from .manifest_checks import open_regular
 from .replicas import Replicas
 from .search import (
@@ -117,14 +117,35 @@ class ExportedModel:
         steps: int = 0,
         slots: int = 0,
         vocab_rows: np.ndarray | None = None,
+        alignments: bool = False,
     ) -> Stepper:
         """A decoding state over source rows `rows` (default: every row once); `full` also fetches
         the [N, V] logits and log-probs of every step (verification); `steps`: the most steps expected and
         `slots` the most rows a step will have (the self-attention store is sized for them and grows if a caller
-        goes beyond); `vocab_rows`: the sorted token ids [C] of a shortlist to decode over (`candidates`)."""
+        goes beyond); `vocab_rows`: the sorted token ids [C] of a shortlist to decode over (`candidates`);
+        `alignments`: every step also fetches the `alignment` output into the stepper's `attention` [N, S]
+        (SearchError if the export has none: `check_alignments`)."""
         if rows is None:
             rows = np.arange(len(encoded["memory_pad_mask"]), dtype=np.int64)
-        return Stepper(self, encoded, np.asarray(rows, dtype=np.int64), full, steps, slots, vocab_rows)
+        return Stepper(self, encoded, np.asarray(rows, dtype=np.int64), full, steps, slots, vocab_rows, alignments)
+
+    def check_alignments(self) -> None:
+        """SearchError (one line) unless the decoder graph returns alignments (export/graph.py's `alignment`): not
+        for a mechanism without cross-attention weights (the manifest says why), nor an export made before them."""
+        info = self.manifest.get("alignment")
+        if info is not None and info["output"] is None:
+            raise SearchError(f"alignments: {self.name} has no cross-attention weights to align with: {info['reason']}")
+        if info is None or ALIGNMENT_OUTPUT not in self.manifest["graphs"]["decoder"].get("outputs", []):
+            raise SearchError(
+                f"alignments: {self.name} was exported without the decoder's alignment output (an export older than "
+                "alignments); re-export it with `python -m export checkpoint=<its checkpoint>`"
+            )
+
+    @property
+    def alignment_layer(self) -> int | None:
+        """The decoder layer whose cross-attention the alignments are (None: the export has none)."""
+        info = self.manifest.get("alignment")
+        return None if info is None else info["layer"]
 
     def candidates(self, src: np.ndarray, search: Search) -> np.ndarray | None:
         """The token ids [C] a batch src [B, S] decodes over when `search.shortlist` is on (None: all of them);
@@ -159,11 +180,21 @@ class ExportedModel:
         return limits
 
     def _greedy(
-        self, src: np.ndarray, search: Search, limits: RowLimits | None = None, given: Given | None = None
+        self,
+        src: np.ndarray,
+        search: Search,
+        limits: RowLimits | None = None,
+        given: Given | None = None,
+        alignments: bool = False,
     ) -> list[Hypothesis]:
         """Argmax decoding (or sampling) of src [B, S]: one hypothesis per sentence, scored as beam search scores."""
         limits = self._limits(src, search, limits)
-        step = self.stepper(self.encode(src), steps=int(limits.max_len.max()), vocab_rows=self.candidates(src, search))
+        step = self.stepper(
+            self.encode(src),
+            steps=int(limits.max_len.max()),
+            vocab_rows=self.candidates(src, search),
+            alignments=alignments,
+        )
         return greedy(step, limits, search, self._vocab, given)
 
     def beam_search(
@@ -173,7 +204,12 @@ class ExportedModel:
         return [hyps[0].tokens if hyps else [] for hyps in self._beam(src, search or self.search, limits)]
 
     def _beam(
-        self, src: np.ndarray, search: Search, limits: RowLimits | None = None, given: Given | None = None
+        self,
+        src: np.ndarray,
+        search: Search,
+        limits: RowLimits | None = None,
+        given: Given | None = None,
+        alignments: bool = False,
     ) -> list[list[Hypothesis]]:
         """Beam search of src [B, S]: every finished hypothesis per sentence, best first (search.beam)."""
         b = src.shape[0]
@@ -183,7 +219,12 @@ class ExportedModel:
         g = beam_first_rows(search.beam_size, width)  # rows per sentence of the first step
         rows = np.repeat(np.arange(b, dtype=np.int64), g)  # [B*g]
         step = self.stepper(
-            self.encode(src), rows, steps=int(limits.max_len.max()), slots=b * search.beam_size, vocab_rows=vocab_rows
+            self.encode(src),
+            rows,
+            steps=int(limits.max_len.max()),
+            slots=b * search.beam_size,
+            vocab_rows=vocab_rows,
+            alignments=alignments,
         )
         return beam(step, g, limits, search, self._vocab, given)
 
@@ -204,6 +245,7 @@ class ExportedModel:
         num_hypotheses: int = 1,
         limits: RowLimits | None = None,
         prefixes: Sequence[Sequence[int]] | None = None,
+        alignments: bool = False,
     ) -> list[list[Hypothesis]]:
         """The `num_hypotheses` best hypotheses per source of src [B, S] with their scores, best first (greedy
         when beam_size <= 1: its one hypothesis; with sampling, that many draws), as zoo.generate.generate_nbest
@@ -212,7 +254,7 @@ class ExportedModel:
         its output starts with (processing.py). SearchError for num_hypotheses outside 1 … most_hypotheses."""
         search = search or self.search
         n = check_num_hypotheses(num_hypotheses, search.most_hypotheses, bool(search.sampling))
-        return self._nbest(src, search, n, limits, prefixes)
+        return self._nbest(src, search, n, limits, prefixes, alignments=alignments)
 
     def _nbest(
         self,
@@ -222,6 +264,7 @@ class ExportedModel:
         limits: RowLimits | None,
         prefixes: Sequence[Sequence[int]] | None = None,
         keys: Sequence[int] | None = None,
+        alignments: bool = False,
     ) -> list[list[Hypothesis]]:
         """`generate_nbest` with `n` already checked — once per call, where the value came in, not per batch.
         `prefixes`: each sentence's given first output tokens; `keys`: each sentence's sampling key (its index in
@@ -232,11 +275,11 @@ class ExportedModel:
         if search.sampling:
             rows, row_keys = sample_rows(src.shape[0], n, keys)
             given = given_for(len(rows), search, None if prefixes is None else [prefixes[i] for i in rows], row_keys)
-            return samples_by_sentence(self._greedy(src[rows], search, limits.take(rows), given), n)
+            return samples_by_sentence(self._greedy(src[rows], search, limits.take(rows), given, alignments), n)
         given = given_for(src.shape[0], search, prefixes)
         if search.beam_size <= 1:
-            return [[h] for h in self._greedy(src, search, limits, given)]
-        return [hyps[:n] for hyps in self._beam(src, search, limits, given)]
+            return [[h] for h in self._greedy(src, search, limits, given, alignments)]
+        return [hyps[:n] for hyps in self._beam(src, search, limits, given, alignments)]
 
     # ------------------------------------------------------------------ text in, text out
     def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
@@ -293,6 +336,7 @@ class ExportedModel:
         limits: RowLimits | None = None,
         prefixes: Sequence[Sequence[int]] | None = None,
         keys: Sequence[int] | None = None,
+        alignments: bool = False,
     ) -> list[list[Translation]]:
         """Token ids per source → per source its `num_hypotheses` best `Translation(text, score, tokens)`, best
         first, in input order (the first text is `translate_encoded`'s output). `limits`: each source's length
@@ -300,7 +344,8 @@ class ExportedModel:
         source the target token ids its output starts with (`encode_prefixes`); `keys`: per source its sampling
         key (default: its index here; a server batching several requests gives each source its index in its
         own request, so a request's samples do not depend on its neighbours). SearchError for num_hypotheses
-        outside 1 … most_hypotheses or a prefix the search cannot take, raised before anything runs."""
+        outside 1 … most_hypotheses or a prefix the search cannot take, raised before anything runs. `alignments`:
+        each Translation carries its alignment (per token a source piece index; SearchError if the export has none)."""
         n = check_num_hypotheses(num_hypotheses, search.most_hypotheses, bool(search.sampling))
         if limits is not None and len(limits.max_len) != len(encoded):
             raise SearchError(f"got length bounds for {len(limits.max_len)} sentences but {len(encoded)} sources")
@@ -309,7 +354,9 @@ class ExportedModel:
         if prefixes is not None:
             lengths = np.array([len(e) for e in encoded], dtype=np.int64)
             check_prefixes(prefixes, limits or row_limits(lengths, search, self.max_positions), self._vocab)
-        return self._translate_nbest(encoded, search, n, max_tokens, max_sentences, limits, prefixes, keys)
+        if alignments:
+            self.check_alignments()
+        return self._translate_nbest(encoded, search, n, max_tokens, max_sentences, limits, prefixes, keys, alignments)
 
     def _translate_nbest(
         self,
@@ -321,6 +368,7 @@ class ExportedModel:
         limits: RowLimits | None = None,
         prefixes: Sequence[Sequence[int]] | None = None,
         keys: Sequence[int] | None = None,
+        alignments: bool = False,
     ) -> list[list[Translation]]:
         """`translate_encoded_nbest` with its arguments already checked (by it, or by `translate`)."""
         outputs: list[list[Translation]] = [[] for _ in encoded]
@@ -329,12 +377,12 @@ class ExportedModel:
             part = None if limits is None else limits.take(idx)
             given = None if prefixes is None else [prefixes[i] for i in idx]
             named = idx if keys is None else [keys[i] for i in idx]
-            return model._nbest(model.pad([encoded[i] for i in idx]), search, n, part, given, named)
+            return model._nbest(model.pad([encoded[i] for i in idx]), search, n, part, given, named, alignments)
 
         batches = self._batches([len(e) for e in encoded], max_tokens, max_sentences)
         for idx, nbest in zip(batches, self.replicas.map(run, batches), strict=True):
             for i, hyps in zip(idx, nbest, strict=True):
-                outputs[i] = [Translation(self.decode_ids(h.tokens), h.score, h.tokens) for h in hyps]
+                outputs[i] = [Translation(self.decode_ids(h.tokens), h.score, h.tokens, h.alignment) for h in hyps]
         return outputs
 
     def translate(
@@ -358,6 +406,7 @@ class ExportedModel:
         top_p: float | None = None,
         temperature: float | None = None,
         seed: int | None = None,
+        return_alignments: bool = False,
     ) -> list[str] | list[list[Translation]]:
         """Source strings → output strings in input order (unset options: the manifest's defaults; a setting
         outside SEARCH_LIMITS raises SearchError naming the allowed range).
@@ -371,7 +420,9 @@ class ExportedModel:
         `target_prefix`: per source a target text its output starts with (tokenised as targets are: it ends at a
         piece boundary; "" = none; the output text includes it). `no_repeat_ngram_size`, `repetition_penalty`,
         and `sampling=1` with `top_k`, `top_p`, `temperature`, `seed` (num_hypotheses then draws that many
-        samples): processing.py."""
+        samples): processing.py. `return_alignments`: Translation lists whose `alignment` gives, per output token,
+        the source piece (index into `encode_texts`' ids of the source) it attended to most — pieces, not words:
+        `export.runtime.alignment` maps them to words (SearchError if the export has no alignment output)."""
         if isinstance(texts, str):
             texts = [texts]
         search = self.search_settings(
@@ -393,9 +444,15 @@ class ExportedModel:
         wanted = 1 if num_hypotheses is None else num_hypotheses
         n = check_num_hypotheses(wanted, search.most_hypotheses, bool(search.sampling))
         nbest = self.translate_encoded_nbest(
-            self.encode_texts(texts), search, n, max_tokens, max_sentences, prefixes=prefixes
+            self.encode_texts(texts),
+            search,
+            n,
+            max_tokens,
+            max_sentences,
+            prefixes=prefixes,
+            alignments=return_alignments,
         )
-        if num_hypotheses is None and not return_scores:
+        if num_hypotheses is None and not return_scores and not return_alignments:
             return [hyps[0].text if hyps else "" for hyps in nbest]
         return nbest
 

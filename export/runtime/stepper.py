@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .errors import ExportRuntimeError
+from .manifest import ALIGNMENT_OUTPUT
 from .stores import SelfCache
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ class Stepper:
         steps: int = 0,
         slots: int = 0,
         vocab_rows: np.ndarray | None = None,
+        alignments: bool = False,
     ) -> None:
         self.m = model
         self._take_cross(encoded, rows)
@@ -60,6 +62,12 @@ class Stepper:
         # a shortlist's sorted token ids [C]: the graph computes their logits alone and returns positions in it
         self.vocab_rows = vocab_rows
         self.width = model.vocab_size if vocab_rows is None else len(vocab_rows)  # tokens a step scores
+        # alignments: every decoder run also fetches the `alignment` output (SearchError here where the export has
+        # none); `attention` [N, S] f32 is the last run's, rows in the current order. Off: not fetched
+        if alignments:
+            model.check_alignments()
+        self.alignments = alignments
+        self.attention: np.ndarray | None = None
 
     def __call__(self, last: np.ndarray, t: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """last [N] int64 tokens at position t → the k best (log-prob [N, k] f32, token [N, k] int64)
@@ -86,7 +94,8 @@ class Stepper:
         return self._run(last, t, 1, ["log_probs"])[0]
 
     def _run(self, last: np.ndarray, t: int, k: int, names: list[str]) -> list[np.ndarray]:
-        """One decoder step fetching outputs `names`; what it adds to the self-attention state goes to the store."""
+        """One decoder step fetching outputs `names`; what it adds to the self-attention state goes to the store,
+        with `alignments` its `alignment` output to `attention`."""
         feeds = {
             "tokens": np.ascontiguousarray(last, dtype=np.int64).reshape(-1, 1),
             "step": np.array([t], dtype=np.int64),
@@ -96,8 +105,11 @@ class Stepper:
             **self.cache.feeds(),
         }
         used = self.m.backend.decoder_inputs
-        out = self._decode([*names, *self.m.next_names], {n: v for n, v in feeds.items() if n in used})
-        self.cache.update(out[len(names) :])
+        extra = [ALIGNMENT_OUTPUT] if self.alignments else []
+        out = self._decode([*names, *extra, *self.m.next_names], {n: v for n, v in feeds.items() if n in used})
+        self.cache.update(out[len(names) + len(extra) :])
+        if self.alignments:  # [sources, G, S] → [N, S]: the graph's G rows per source are consecutive rows
+            self.attention = out[len(names)].reshape(-1, out[len(names)].shape[-1])
         return out[: len(names)]
 
     def _decode(self, outputs: list[str], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:

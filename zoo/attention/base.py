@@ -36,6 +36,9 @@ class Attention(nn.Module):
 
     #: names of the linear layers producing per-head key-side tensors (sliced on head removal).
     key_projections: tuple[str, ...] = ("k_proj", "v_proj")
+    #: why a cached cross-attention step of this mechanism has no weight per source position ("" = it has them:
+    #: its `attend` captures them as "A"); word alignments (zoo/alignment.py) are refused with this reason
+    no_step_weights: str = ""
 
     def __init__(
         self,

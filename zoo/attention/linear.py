@@ -48,6 +48,11 @@ class MixtureOfLinearKeys(MixtureKeyAttention):
     variants for MGK only.
     """
 
+    no_step_weights = (
+        "its cross-attention caches the source as running sums (Σ φ̃ vᵀ, Σ φ̃), so a decoding step never computes a "
+        "weight per source position"
+    )
+
     def __init__(
         self,
         d_model: int,
