@@ -42,6 +42,7 @@ SHARED_MODEL_FILES = (COMMON_FILE, METRICS_FILE, LANES_FILE, REQUESTS_FILE, OUTP
 INPUT, OUTPUT, TRUNCATED = "TEXT", "OUTPUT", "TRUNCATED"
 TARGET, SCORES, TOKEN_SCORES = "TARGET", "SCORES", "TOKEN_SCORES"  # forced decoding in, scores out
 PREFIX = "PREFIX"  # per source the target text a translation starts with
+ALIGNMENT = "ALIGNMENT"  # per hypothesis and target token its source token (return_alignments=true)
 KINDS = ("KIND_CPU", "KIND_GPU", "KIND_AUTO")
 
 
@@ -147,7 +148,8 @@ def text_io_text() -> str:
         f'output [ {{ name: "{OUTPUT}" data_type: TYPE_STRING dims: [ -1 ] }},\n'
         f'         {{ name: "{TRUNCATED}" data_type: TYPE_BOOL dims: [ 1 ] }},\n'
         f'         {{ name: "{SCORES}" data_type: TYPE_FP32 dims: [ -1 ] }},\n'
-        f'         {{ name: "{TOKEN_SCORES}" data_type: TYPE_FP32 dims: [ -1 ] }} ]'
+        f'         {{ name: "{TOKEN_SCORES}" data_type: TYPE_FP32 dims: [ -1 ] }},\n'
+        f'         {{ name: "{ALIGNMENT}" data_type: TYPE_INT32 dims: [ -1, -1 ] }} ]'
     )
 
 

@@ -26,6 +26,7 @@ from zoo.alignment import check_alignments, default_alignment_layer
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.convert.marian import marian_vocabulary
 from zoo.generate import TorchStep
+from zoo.generate import generate_nbest as zoo_generate_nbest
 
 
 def _clear_argmax(w: np.ndarray, gap: float = 1e-4) -> np.ndarray:
@@ -218,3 +219,48 @@ def test_pieces_map_to_words_for_sentencepiece_and_moses_bpe() -> None:
     [tgt] = moses.encode_targets(["ja Haus"])  # pieces j a</w> Hau s</w>
     positions = [6, 7, 3, 4, 9]  # j a → j a; Hau s → Hau s of Haus; the eos step's position ignored
     assert align_words(moses, src, tgt, positions) == [(1, 1), (3, 0)]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_searched_hypothesis_carries_the_argmax_of_its_steps_weights(beam: int, exported, smoke_run) -> None:
+    """translate(return_alignments=True), beam 4 and greedy, a target prefix included: every hypothesis' alignment
+    has one source position per token, equal in both engines, and equal — where the weights' argmax is clear — to
+    the argmax of the torch weights of teacher-forcing that hypothesis (its steps' attention, recomputed apart)."""
+    out, manifest = exported("transformer")
+    runtime = export.load(out, threads=1)
+    reference = prune(
+        model_from_checkpoint(load_checkpoint(smoke_run("transformer"))), manifest["head_plan"], remove=False
+    )[1]
+    texts = [s for s, _ in PAIRS[:6]]
+    prefix = ["", "", "", "", "", texts[5].split()[0]]
+    search = {"beam_size": beam, "num_hypotheses": min(beam, 2), "target_prefix": prefix}
+    ours = runtime.translate(texts, return_alignments=True, **search)
+    src = runtime.pad(runtime.encode_texts(texts))
+    theirs = zoo_generate_nbest(
+        reference,
+        torch.from_numpy(src),
+        export.Search(beam_size=beam),
+        min(beam, 2),
+        prefixes=runtime.encode_prefixes(texts, prefix),
+        alignment_layer=runtime.alignment_layer,
+    )
+    compared = 0
+    for i, (hyps, twins) in enumerate(zip(ours, theirs, strict=True)):
+        for h, twin in zip(hyps, twins, strict=True):
+            assert h.tokens == twin.tokens and len(h.alignment) == len(h.tokens) == len(twin.alignment)
+            with torch.inference_mode():
+                memory, pad = reference.encode(torch.from_numpy(src[i : i + 1]))
+                step = TorchStep(reference, memory, pad, False, alignment_layer=runtime.alignment_layer)
+                walk = []
+                for t, token in enumerate([reference.cfg.bos_id, *h.tokens[:-1]] if h.tokens else []):
+                    step(np.array([token]), t, 4)
+                    walk.append(step.attention[0])
+            if not walk:
+                continue
+            weights = np.stack(walk)  # [T, S]
+            sure = _clear_argmax(weights)
+            assert np.array_equal(np.array(h.alignment)[sure], weights.argmax(-1)[sure])
+            assert np.array_equal(np.array(twin.alignment)[sure], weights.argmax(-1)[sure])
+            assert all(0 <= a < src.shape[1] for a in h.alignment)
+            compared += int(sure.sum())
+    assert compared > 20

@@ -83,6 +83,31 @@ def test_each_option_served_equals_the_runtime(server, local, texts, protocol) -
     assert all(h.text.startswith(p) for p, hyps in zip(PREFIXES, served, strict=True) for h in hyps)
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_alignments_are_served_as_the_runtime_returns_them(server, local, texts, protocol) -> None:
+    """return_alignments=true adds ALIGNMENT [rows, n, T] int32: each hypothesis' source position per token, as
+    `translate(return_alignments=True)` returns them in process, -1 after its last token (beam 2, 2-best, a prefix)."""
+    lib = httpclient if protocol == "http" else grpcclient
+    client = lib.InferenceServerClient(server.info.url(protocol))
+    inputs = []
+    for name, rows in (("TEXT", texts), ("PREFIX", PREFIXES)):
+        inputs.append(lib.InferInput(name, [len(rows), 1], "BYTES"))
+        inputs[-1].set_data_from_numpy(np.array([r.encode() for r in rows], dtype=np.object_).reshape(-1, 1))
+    wanted = [lib.InferRequestedOutput(name) for name in ("OUTPUT", "ALIGNMENT")]
+    parameters = {"beam_size": 2, "num_hypotheses": 2, "return_alignments": True}
+    try:
+        got = client.infer(MODEL, inputs, parameters=parameters, outputs=wanted).as_numpy("ALIGNMENT")
+    finally:
+        client.close()
+    expected = local.translate(texts, beam_size=2, num_hypotheses=2, return_alignments=True, target_prefix=PREFIXES)
+    assert got.dtype == np.int32 and got.shape[:2] == (len(texts), 2)
+    for r, hyps in enumerate(expected):
+        for j, h in enumerate(hyps):
+            assert h.alignment is not None and len(h.alignment) == len(h.tokens)
+            assert got[r, j, : len(h.alignment)].tolist() == h.alignment
+            assert (got[r, j, len(h.alignment) :] == -1).all()
+
+
 def _raw(server: Server, protocol: str, parameters: dict, inputs: dict[str, list[str]]) -> None:
     lib = httpclient if protocol == "http" else grpcclient
     client = lib.InferenceServerClient(server.info.url(protocol))

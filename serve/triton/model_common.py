@@ -340,6 +340,7 @@ class TextModel:
                 limits=bounds,
                 prefixes=prefixes,
                 keys=[j for _, j, _ in flat],
+                alignments="return_alignments" in items[0].wanted,  # in the batch key: the same for every item
             )
             for (k, j, _), hyps in zip(flat, nbest, strict=True):
                 grids[k][j][: len(hyps)] = hyps  # fewer than n only if the search finished fewer

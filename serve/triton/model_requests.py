@@ -109,6 +109,11 @@ def translation_settings(model: Any, given: dict[str, Any]) -> tuple[Any, int, t
     except export_runtime.SearchError as exc:
         raise RequestError(f"parameter {exc}") from None
     wanted = tuple(name for name in OPTIONAL_OUTPUTS if parse_flag(name, given.get(name, False)))
+    if "return_alignments" in wanted:
+        try:
+            model.check_alignments()  # an export without the decoder's alignment output says why in one line
+        except export_runtime.SearchError as exc:
+            raise RequestError(f"parameter return_alignments: {exc}") from None
     return search, n, wanted
 
 
