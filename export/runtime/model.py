@@ -20,6 +20,7 @@ from .errors import ExportedModelError, ExportRuntimeError
 from .manifest import ALIGNMENT_OUTPUT, NEXT_PREFIX, Manifest, read_manifest
 from .manifest_checks import open_regular
 from .replicas import Replicas
+from .scoring import teacher_forced
 from .search import (
     DEFAULT_MAX_SENTENCES,
     DEFAULT_MAX_TOKENS,
@@ -494,37 +495,11 @@ class ExportedModel:
         penalty = float(search_setting("len_penalty", self.search.len_penalty if len_penalty is None else len_penalty))
         out: list[Scored | None] = [None] * len(sources)
         for idx in self._batches([len(s) for s in sources], max_tokens, max_sentences):
-            scored = self._teacher_forced(self.pad([sources[i] for i in idx]), [targets[i] for i in idx])
+            scored = teacher_forced(self, self.pad([sources[i] for i in idx]), [targets[i] for i in idx])
             for i, (ids, token_lp) in zip(idx, scored, strict=True):
                 total = float(np.sum(token_lp, dtype=np.float32))
                 out[i] = Scored(ids, token_lp.tolist(), normalised(total, len(ids), penalty))
         return [s for s in out if s is not None]
-
-    def _teacher_forced(self, src: np.ndarray, targets: Sequence[Sequence[int]]) -> list[tuple[list[int], np.ndarray]]:
-        """src [B, S] and one target per row → per row (target ids + eos, their log-probs [len] f32), feeding
-        bos + target one step at a time through the search's own decoder graph and reading each next token's
-        log-prob from the full `log_probs` output. Rows leave the batch once their eos is scored."""
-        b = src.shape[0]
-        lengths = np.array([len(t) + 1 for t in targets])  # [B] scored positions: tokens + eos
-        width = int(lengths.max())
-        feed = np.full((b, width), self.pad_id, dtype=np.int64)  # [B, T] bos + target
-        want = np.full((b, width), self.pad_id, dtype=np.int64)  # [B, T] target + eos
-        for row, ids in enumerate(targets):
-            feed[row, : lengths[row]] = [self.bos_id, *ids]
-            want[row, : lengths[row]] = [*ids, self.eos_id]
-        lp = np.zeros((b, width), dtype=np.float32)  # [B, T]
-        step = self.stepper(self.encode(src), steps=width)
-        live = np.arange(b)  # rows of the batch still being scored, in stepper order
-        for t in range(width):
-            dist = step.distribution(feed[live, t], t)  # [n, V]
-            lp[live, t] = dist[np.arange(live.size), want[live, t]]
-            keep = np.nonzero(lengths[live] > t + 1)[0]
-            if keep.size == 0:
-                break
-            if keep.size < live.size:
-                step.select(keep)
-                live = live[keep]
-        return [(want[row, :n].tolist(), lp[row, :n]) for row, n in enumerate(lengths.tolist())]
 
     def score(
         self,
