@@ -173,7 +173,7 @@ def _best_tokens(
     at_limit: np.ndarray,
     vocab: SearchVocab,
     search: Search,
-    forced: np.ndarray,
+    forced: np.ndarray | None,
     ended: np.ndarray | None = None,
     given: Given | None = None,
 ) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -186,21 +186,23 @@ def _best_tokens(
     does not run the decoder at all: eos at log-prob 0 is all it could give. Measured:
     results/runtime/docstring_figures.md."""
     must_end = at_limit if ended is None else at_limit | ended
-    is_forced = forced != NO_TOKEN
     if must_end.all():
         shape = (len(must_end), min(k, vocab.size))  # what the decoder's top-k would have returned
         lp, tok = np.zeros(shape, dtype=np.float32), np.full(shape, vocab.eos_id, dtype=np.int64)
         _mask(lp, tok, no_eos, must_end, vocab)
         return lp, tok, False
-    if not search.processed or (must_end | is_forced).all():
+    is_forced = None if forced is None else forced != NO_TOKEN  # None: past every prefix (no numpy work per step)
+    if not search.processed or (is_forced is not None and (must_end | is_forced).all()):
         lp, tok = step(tokens[:, -1], t, k)
     elif search.sampling:
         assert given is not None
-        lp, tok = _sampled(step, tokens, t, search, vocab, no_eos, np.flatnonzero(~(must_end | is_forced)), given)
+        free = must_end if is_forced is None else must_end | is_forced
+        lp, tok = _sampled(step, tokens, t, search, vocab, no_eos, np.flatnonzero(~free), given)
     else:
         lp, tok = _processed(step, tokens, t, k, search, greedy_step=ended is not None)[:2]
     _mask(lp, tok, no_eos, at_limit, vocab)
-    if is_forced.any():
+    if is_forced is not None and is_forced.any():
+        assert forced is not None
         lp[is_forced] = -np.inf
         lp[is_forced, 0] = 0.0
         tok[is_forced, 0] = forced[is_forced]
@@ -221,10 +223,10 @@ def _aligning(step: Step) -> bool:
     return bool(getattr(step, "alignments", False))
 
 
-def _forced_at(given: Given, sentence_of_row: np.ndarray, t: int) -> np.ndarray:
-    """[N] each row's given token at output position t+1 (NO_TOKEN: none)."""
+def _forced_at(given: Given, sentence_of_row: np.ndarray, t: int) -> np.ndarray | None:
+    """[N] each row's given token at output position t+1 (NO_TOKEN: none); None past every prefix."""
     if t >= given.prefix.shape[1]:
-        return np.full(len(sentence_of_row), NO_TOKEN, dtype=np.int64)
+        return None
     return given.prefix[sentence_of_row, t]
 
 
@@ -317,7 +319,7 @@ def beam(
         n = active.size
         at_limit = np.repeat(max_len[active] <= t + 1, g)  # [n*g]
         no_eos = np.repeat(min_len[active] > t, g)  # [n*g]
-        forced = _forced_at(given, np.repeat(active, g), t)  # [n*g]
+        forced = _forced_at(given, np.repeat(active, g), t) if t < given.prefix.shape[1] else None  # [n*g]
         lp, tok, ran = _best_tokens(step, tokens, t, 2 * k + BANNED, no_eos, at_limit, vocab, search, forced)
         attended = _attended(step, n * g, ran) if aligning else None  # [n*g]: for the token each row adds now
         c = lp.shape[1]
