@@ -215,7 +215,7 @@ def test_repository_is_self_contained_and_configs_parse(repo, translator_export)
         ("TARGET", model_config_pb2.TYPE_STRING, True),
         ("PREFIX", model_config_pb2.TYPE_STRING, True),
     ]
-    assert {o.name for o in config.output} == {"OUTPUT", "TRUNCATED", "SCORES", "TOKEN_SCORES"}
+    assert {o.name for o in config.output} == {"OUTPUT", "TRUNCATED", "SCORES", "TOKEN_SCORES", "ALIGNMENT"}
     files = {p.name for p in (model / "1").iterdir()}
     assert files >= {
         "model.py",

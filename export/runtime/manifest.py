@@ -106,6 +106,13 @@ class GenerationDefaults(TypedDict):
     max_len_b: int
     min_len: int
     shortlist: int  # 0: the whole vocabulary (exports before it lack the key: 0)
+    no_repeat_ngram_size: int  # the decoding options (processing.py; exports before them lack the keys: off)
+    repetition_penalty: float
+    sampling: int
+    top_k: int
+    top_p: float
+    temperature: float
+    seed: int
     max_tokens: int
     max_sentences: int
 
