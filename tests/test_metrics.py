@@ -22,6 +22,7 @@ from zoo.metrics import (
     document_rouge,
     document_stats,
     mean_from_stats,
+    output_stats,
     paired_bootstrap,
     paired_bootstrap_means,
     quality_report,
@@ -231,3 +232,11 @@ def test_paired_bootstrap_of_means_follows_sacrebleus_rule() -> None:
     assert same["p_value"] == 1.0 and same["significant"] is False
     with pytest.raises(ValueError, match="equal-length"):
         paired_bootstrap_means(np.array(base), np.array(base[:-1]))
+
+
+def test_output_stats_count_what_depends_on_the_input() -> None:
+    constant = output_stats(["files for the library"] * 4)
+    assert constant == {"documents": 4, "distinct": 1, "top_share": 1.0, "mean_words": 4.0}
+    varied = output_stats(["a b", "a b", "c", "d e f"])
+    assert varied == {"documents": 4, "distinct": 3, "top_share": 0.5, "mean_words": 2.0}
+    assert output_stats([]) == {"documents": 0, "distinct": 0, "top_share": 0.0, "mean_words": 0.0}

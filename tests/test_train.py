@@ -3,6 +3,7 @@ autocast path, the paper_mt experiment, summarization with ROUGE, and the CLI to
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -223,6 +224,10 @@ def test_summarizer_trains_and_evaluate_prints_rouge(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = _only_run(tmp_path)
     assert run_dir.parent.name == "transformer-summ"
+    # each validation records the share of distinct outputs among its valid_quality_sentences (16 at trainer=smoke)
+    (row,) = [r for r in csv.DictReader((run_dir / "metrics.csv").open()) if r["valid_quality"]]
+    distinct = float(row["valid_distinct"]) * 16
+    assert 1 <= round(distinct) <= 16 and abs(distinct - round(distinct)) < 1e-9
     ev = subprocess.run(
         [
             sys.executable,

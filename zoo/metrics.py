@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections import OrderedDict
+import statistics
+from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -53,6 +54,19 @@ class _SegmentStatsBLEU(BLEU):
             if len(_BLEU_STATS) > _BLEU_STATS_KEPT:
                 _BLEU_STATS.popitem(last=False)
         return stats.tolist()  # sacreBLEU's form: a fresh list of int rows per call
+
+
+def output_stats(hypotheses: Sequence[str]) -> dict[str, Any]:
+    """Whether a model's outputs depend on its inputs (a summarizer that emits one string still scores): how
+    many documents, how many distinct outputs, the share of the most frequent one, and the mean length in words."""
+    counts = Counter(hypotheses)
+    n = len(hypotheses)
+    return {
+        "documents": n,
+        "distinct": len(counts),
+        "top_share": round(counts.most_common(1)[0][1] / n, 4) if n else 0.0,
+        "mean_words": round(statistics.fmean(len(h.split()) for h in hypotheses), 2) if n else 0.0,
+    }
 
 
 def _check(hyps: Sequence[str], refs: Sequence[str]) -> None:

@@ -28,6 +28,7 @@ from zoo.checkpoint import average_weights, load_checkpoint, save_checkpoint
 from zoo.data import Example, TextTokenizer
 from zoo.data.batching import Batch, TokenBatchSampler, collate
 from zoo.evaluation import evaluate_examples
+from zoo.metrics import output_stats
 from zoo.model import Transformer
 from zoo.optim import (
     LR_SCHEDULES,
@@ -99,6 +100,7 @@ CSV_FIELDS = [
     "valid_nll",
     "valid_ppl",
     "valid_quality",
+    "valid_distinct",
 ]
 
 
@@ -357,8 +359,13 @@ class Trainer:
         result["valid_ppl"] = math.exp(min(result["valid_nll"], 50.0))
         sample = spread_sample(self.valid_examples, self.cfg.valid_quality_sentences)
         if sample:
-            report = evaluate_examples(self.bare, tok, sample, self.task, self.search)["metrics"]
+            evaluated = evaluate_examples(self.bare, tok, sample, self.task, self.search)
+            report = evaluated["metrics"]
             result["valid_quality"] = report["bleu"] if self.task == "translation" else report["rougeL"]
+            # a summarizer's early outputs hardly depend on the input (issue 64): the share of distinct ones
+            # says when that ends, beside the metric a constant string also scores on
+            outputs = output_stats(evaluated["hypotheses"])
+            result["valid_distinct"] = outputs["distinct"] / outputs["documents"]
         return result
 
     def restart_selection(self) -> None:
@@ -487,11 +494,12 @@ class Trainer:
                 self._checkpoint_after_validation(improved)
                 self._log_row(csv_path, result)
                 log.info(
-                    "update %d: valid loss %.3f ppl %.2f quality %s%s",
+                    "update %d: valid loss %.3f ppl %.2f quality %s distinct %s%s",
                     st.step,
                     result["valid_loss"],
                     result["valid_ppl"],
                     f"{result.get('valid_quality', float('nan')):.2f}",
+                    f"{result.get('valid_distinct', float('nan')):.0%}",
                     " (best)" if improved else "",
                 )
                 plot_learning_curve(csv_path, self.run_dir / "learning_curve.png", "valid_quality")

@@ -16,6 +16,7 @@ from zoo.metrics import (
     bleu_from_stats,
     document_stats,
     mean_from_stats,
+    output_stats,
     paired_bootstrap,
     paired_bootstrap_means,
     sentence_stats,
@@ -64,19 +65,6 @@ def compaction_curve(record: Mapping[str, Any]) -> list[dict[str, Any]]:
         }
         for probe in (record.get("ght") or {}).get("probes") or []
     ]
-
-
-def output_stats(hypotheses: Sequence[str]) -> dict[str, Any]:
-    """Whether a run's test outputs depend on its inputs: how many documents, how many distinct outputs, the
-    share of the most frequent one, and the mean output length in words."""
-    counts = Counter(hypotheses)
-    n = len(hypotheses)
-    return {
-        "documents": n,
-        "distinct": len(counts),
-        "top_share": round(counts.most_common(1)[0][1] / n, 4) if n else 0.0,
-        "mean_words": round(statistics.fmean(len(h.split()) for h in hypotheses), 2) if n else 0.0,
-    }
 
 
 def run_summary(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -337,7 +325,6 @@ __all__ = [
     "machine_summary",
     "mean_std",
     "ordered_entries",
-    "output_stats",
     "run_summary",
     "training_state",
 ]

@@ -205,6 +205,7 @@ def _learning_curve(run_dir: Path) -> list[dict[str, float | int | None]]:
                 "train_loss": num(r.get("train_loss")),
                 "valid_loss": num(r.get("valid_loss")),
                 "valid_quality": num(r.get("valid_quality")),
+                "valid_distinct": num(r.get("valid_distinct")),
             }
             for r in csv.DictReader(f)
             if r.get("valid_quality") not in (None, "")
