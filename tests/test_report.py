@@ -497,7 +497,7 @@ def _suite(**changes):
         ({"variants": {"transformer": {"entry": "transformer", "overrides": []}}}, "not an existing entry"),
         ({"variants": {"t2": {"entry": "nope", "overrides": []}}}, "expected {entry"),
         (
-            {"variants": {"t2": {"entry": "transformer", "overrides": ["trainer.lr=1"]}}},
+            {"variants": {"t2": {"entry": "transformer", "overrides": ["trainer.max_updates=1"]}}},
             "model.<key>=<value>, trainer.precision",
         ),
         (
@@ -550,6 +550,22 @@ def test_every_suite_file_is_valid_and_paper_mt_composes_the_paper_setting() -> 
     args = precision.train_overrides("transformer_bf16", 1, Path("r"))
     assert args[0] == "+model=transformer" and args[-2:] == ["model.name=transformer_bf16", "trainer.precision=bf16"]
     assert "trainer.max_updates=1200" in args
+
+
+def test_first_model_suite_measures_exactly_the_short_presets_change() -> None:
+    """conf/trainer/short.yaml is the CPU preset plus what `first_model`'s variant overrides: one recipe, one home."""
+    from omegaconf import OmegaConf
+
+    from tests.zoo_testing import compose_train
+
+    cpu = OmegaConf.to_container(compose_train(["+model=transformer_lite_layers"]).trainer)
+    short = OmegaConf.to_container(compose_train(["+model=transformer_lite_layers", "trainer=short"]).trainer)
+    changed = {k: v for k, v in short.items() if cpu.get(k) != v}
+    suite = suite_from_config(OmegaConf.load(REPO / "conf" / "suite" / "first_model.yaml"), REPO / "conf")
+    (variant,) = suite.variants.values()
+    assert suite.trainer == "cpu" and changed == {"lr": 2e-3}
+    overridden = dict(o.split("=", 1) for o in variant.overrides)
+    assert {k: float(v) for k, v in overridden.items()} == {f"trainer.{k}": v for k, v in changed.items()}
 
 
 def test_parameter_matched_entries_are_within_three_percent_at_size_small() -> None:

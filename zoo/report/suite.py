@@ -22,10 +22,10 @@ from zoo.errors import ZooError
 
 TASK_METRICS = {"translation": ("bleu", "chrf"), "summarization": ("rouge1", "rouge2", "rougeL")}
 VARIANT_NAME = re.compile(r"^[A-Za-z0-9_]+$")  # a variant names run dirs and record files
-# What a variant may change: the model, the number format training computes in, or the learning-rate schedule's
-# shape. Everything else a trainer.* key sets (updates, lr, batch) is the suite's budget, the same for every run
-# the suite compares.
-VARIANT_KEYS = ("model.", "trainer.precision=", "trainer.lr_schedule=")
+# What a variant may change: the model, the number format training computes in, or the learning-rate schedule
+# (its shape or its peak: a recipe's question, as in the `schedule` and `first_model` suites). Everything else a
+# trainer.* key sets (updates, batch, time) is the suite's budget, the same for every run the suite compares.
+VARIANT_KEYS = ("model.", "trainer.precision=", "trainer.lr_schedule=", "trainer.lr=")
 # What a claim says of its system against its baseline (zoo/report/claims.py turns each into a region for Δ):
 # better, worse, match (equal within ±margin), not_worse ("comparable or better": above −margin) and not_better
 # ("does not improve": below +margin). The last three need a margin: the claim's `margin` or the suite's
@@ -318,8 +318,8 @@ def _variants(raw: dict[str, Any], entries_on_file: list[str]) -> dict[str, Vari
         if bad:
             raise SuiteError(
                 f"suite.variants.{name}: overrides {bad} — a variant changes model.<key>=<value>, "
-                "trainer.precision=<fp32|bf16|fp16> or trainer.lr_schedule=<inverse_sqrt|linear> only (its name is "
-                "the variant's; the rest of trainer.* is the suite's budget: suite.overrides)"
+                "trainer.precision=<fp32|bf16|fp16>, trainer.lr_schedule=<inverse_sqrt|linear> or trainer.lr=<peak> "
+                "only (its name is the variant's; the rest of trainer.* is the suite's budget: suite.overrides)"
             )
         out[str(name)] = Variant(str(name), str(spec["entry"]), overrides)
     return out
