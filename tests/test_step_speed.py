@@ -159,6 +159,19 @@ def test_a_variant_that_is_no_trainer_override_is_refused(smoke_corpus: Path, tm
     assert "Traceback" not in proc.stderr and not list(tmp_path.iterdir())
 
 
+def test_a_profile_without_profiled_updates_is_refused_before_any_work(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo.step_profile", "+model=transformer", f"out={tmp_path}", "profiled_updates=0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "profiled_updates=0" in proc.stderr and "must be at least 1" in proc.stderr
+    assert "Traceback" not in proc.stderr and not list(tmp_path.iterdir())
+
+
 def test_compile_without_a_compiler_is_refused_with_the_fix(monkeypatch) -> None:
     node = dict(compose_train(["+model=transformer"]).trainer)
     monkeypatch.setenv("PATH", "/nonexistent")

@@ -181,6 +181,12 @@ def measure(cfg: DictConfig) -> dict[str, Any]:
     base = next(iter(configs.values()))
     warm, rounds, per_round = int(cfg.warmup_updates), int(cfg.rounds), int(cfg.updates_per_round)
     profiled = int(cfg.profiled_updates)
+    if min(rounds, per_round, profiled) < 1 or warm < 0:
+        raise ProfileError(
+            f"rounds={rounds}, updates_per_round={per_round}, profiled_updates={profiled}, warmup_updates={warm}: "
+            "the first three must be at least 1 (the speeds and the where-the-time-goes table need them), "
+            "warmup_updates at least 0"
+        )
     needed = warm + rounds * per_round + profiled
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = _shared_tokenizer(base, Path(tmp))
