@@ -27,6 +27,7 @@ from zoo.data.cache import (
 from zoo.data.corpora import BUILD_VERSION, DEEN_DEFAULTS, SUMM_DEFAULTS, build_deen, build_summ
 from zoo.data.debian import DebianArchive
 from zoo.data.files import FILES_DEFAULTS, build_files
+from zoo.data.longsumm import LONGSUMM_DEFAULTS, build_longsumm
 from zoo.data.types import DataError, Splits
 
 log = logging.getLogger("zoo.data")
@@ -35,6 +36,7 @@ CachedBuilder = Callable[[Mapping[str, Any], DebianArchive], Splits]
 CACHED_BUILDERS: dict[str, tuple[CachedBuilder, dict[str, Any]]] = {
     "deen": (build_deen, DEEN_DEFAULTS),
     "summ": (build_summ, SUMM_DEFAULTS),
+    "longsumm": (build_longsumm, LONGSUMM_DEFAULTS),
 }
 KINDS = (*CACHED_BUILDERS, "files")
 
@@ -51,7 +53,7 @@ def _kind(cfg: Mapping[str, Any]) -> str:
     if kind not in KINDS:
         raise DataError(
             f"data.kind={kind!r} (data.name={cfg.get('name')!r}) is unknown; use one of {KINDS}, "
-            "e.g. data=deen, data=summ or data=files data.path=..."
+            "e.g. data=deen, data=summ, data=longsumm or data=files data.path=..."
         )
     return str(kind)
 

@@ -15,7 +15,9 @@ import os
 import re
 import shutil
 import subprocess
+import tarfile
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from zoo.data.cache import build_lock
@@ -84,6 +86,7 @@ class DebianArchive:
         self.apt_dir = self.root / "apt"
         self.lists_dir = self.apt_dir / "lists"
         self.pkg_dir = self.root / "packages"
+        self.debs_dir = self.root / "debs"
 
     # ----------------------------------------------------------------- apt configuration
     def _env(self) -> dict[str, str]:
@@ -190,3 +193,67 @@ class DebianArchive:
             _run(["dpkg-deb", "-x", str(debs[0]), str(staged / "root")], self._env())
             debs[0].rename(staged / debs[0].name)
             staged.rename(target)
+
+    # ----------------------------------------------------------------- many packages, kept as .deb files
+    def debs(self, names: Sequence[str], batch: int = 250) -> tuple[dict[str, Path], list[str]]:
+        """``{name: .deb file}`` for many packages, downloaded once into ``debs/<name>.deb`` and kept unextracted
+        (a corpus reads a few members of each with :func:`read_deb_members`); also the names apt could not
+        download. One ``apt-get download`` per ``batch`` names (apt loads its package lists once per call); a
+        batch that fails is halved until the failing names are alone, and those are returned, not raised."""
+        wanted = {name: self.debs_dir / f"{name}.deb" for name in dict.fromkeys(names)}
+        missing = [name for name, path in wanted.items() if not path.is_file()]
+        failed: list[str] = []
+        if missing:
+            self.update()
+            _need_tool("apt-get")
+            self.debs_dir.mkdir(parents=True, exist_ok=True)
+            with build_lock(self.root / ".apt.lock"):
+                missing = [name for name in missing if not wanted[name].is_file()]
+                for start in range(0, len(missing), batch):
+                    failed += self._download_debs(missing[start : start + batch])
+                    done = min(start + batch, len(missing))
+                    log.info("downloaded %d of %d Debian packages (%d failed)", done, len(missing), len(failed))
+        return {name: path for name, path in wanted.items() if path.is_file()}, failed
+
+    def _download_debs(self, names: list[str]) -> list[str]:
+        """Download ``names`` into ``debs/`` (each file renamed into place whole); the names that failed."""
+        for stale in self.debs_dir.glob(".batch-*"):  # left by a killed earlier run
+            shutil.rmtree(stale, ignore_errors=True)
+        with tempfile.TemporaryDirectory(dir=self.debs_dir, prefix=".batch-") as tmp:
+            try:
+                _run(["apt-get", "download", "-q", *names], self._env(), cwd=Path(tmp))
+            except DataError as exc:
+                if len(names) == 1:
+                    log.warning("could not download %s: %s", names[0], str(exc).splitlines()[-2:])
+                    return names
+                half = len(names) // 2
+                return self._download_debs(names[:half]) + self._download_debs(names[half:])
+            for deb in Path(tmp).glob("*.deb"):  # apt names them <package>_<version>_<arch>.deb
+                deb.rename(self.debs_dir / f"{deb.name.split('_', 1)[0]}.deb")
+        return [name for name in names if not (self.debs_dir / f"{name}.deb").is_file()]
+
+
+def read_deb_members(deb: Path, wanted: Callable[[str], bool], max_bytes: int = 4 << 20) -> dict[str, bytes]:
+    """``{path: content}`` of the regular files of a ``.deb`` whose path (``usr/share/…``, no leading ``./``)
+    ``wanted`` accepts and that are at most ``max_bytes`` long. ``dpkg-deb --fsys-tarfile`` unpacks the data
+    archive whatever its compression; the tar stream is read once, nothing is written to disk."""
+    cmd = [_need_tool("dpkg-deb"), "--fsys-tarfile", str(deb)]
+    found: dict[str, bytes] = {}
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        try:
+            with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+                for member in tar:
+                    path = member.name.removeprefix("./")
+                    if member.isfile() and member.size <= max_bytes and wanted(path):
+                        handle = tar.extractfile(member)
+                        if handle is not None:
+                            found[path] = handle.read()
+            proc.stdout.read()  # the archive's zero padding: dpkg-deb fails on a pipe closed before its end
+        except tarfile.TarError as exc:
+            proc.kill()
+            raise DataError(f"{deb} is not a readable Debian package ({exc}); delete it to download it again") from exc
+        stderr = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
+    if proc.returncode != 0:
+        raise DataError(f"dpkg-deb --fsys-tarfile {deb} failed: {stderr.strip()[-300:]}; delete it to download again")
+    return found
