@@ -3,10 +3,10 @@
 How the code is laid out (tests/test_imports.py fails on any module-level import cycle):
 
 * **Verbs are commands, nouns are library.** Commands are thin Hydra entry points — `zoo.train`, `zoo.evaluate`,
-  `zoo.analyze`, `zoo.report`, `export` (`python -m export`), `serve.repository` / `serve.start` / `serve.bench` —
-  that compose a config and call one testable function. Library modules never import Hydra. Commands whose
-  arguments are free text or paths use ordinary flags: `zoo.translate`, and `zoo.convert` (a pretrained model's
-  directory → a checkpoint; its library is the package, its `__main__` the thin command).
+  `zoo.analyze`, `zoo.report`, `zoo.corpus`, `export` (`python -m export`), `serve.repository` / `serve.start` /
+  `serve.bench` — that compose a config and call one testable function. Library modules never import Hydra.
+  Commands whose arguments are free text or paths use ordinary flags: `zoo.translate`, and `zoo.convert` (a
+  pretrained model's directory → a checkpoint; its library is the package, its `__main__` the thin command).
 * **Layers import downward only.** `zoo.attention` is the leaf: the contract (`base.py`), one file per mechanism, the
   mixture-of-keys base they share and their FLOP helpers. Above it `zoo.model` (the encoder-decoder from a
   `ModelConfig`), then `zoo.data`, `zoo.generate`, `zoo.trainer`, `zoo.ght`, `zoo.checkpoint`, `zoo.metrics`,
