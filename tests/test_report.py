@@ -553,7 +553,8 @@ def test_every_suite_file_is_valid_and_paper_mt_composes_the_paper_setting() -> 
 
 
 def test_first_model_suite_measures_exactly_the_short_presets_change() -> None:
-    """conf/trainer/short.yaml is the CPU preset plus what `first_model`'s variant overrides: one recipe, one home."""
+    """conf/trainer/short.yaml is the CPU preset plus what `first_model`'s variant overrides (and a shorter wall-clock
+    budget, which the suite replaces by an update budget for both): one recipe, one home."""
     from omegaconf import OmegaConf
 
     from tests.zoo_testing import compose_train
@@ -563,9 +564,10 @@ def test_first_model_suite_measures_exactly_the_short_presets_change() -> None:
     changed = {k: v for k, v in short.items() if cpu.get(k) != v}
     suite = suite_from_config(OmegaConf.load(REPO / "conf" / "suite" / "first_model.yaml"), REPO / "conf")
     (variant,) = suite.variants.values()
-    assert suite.trainer == "cpu" and changed == {"lr": 2e-3}
+    assert suite.trainer == "cpu" and changed == {"lr": 2e-3, "max_minutes": 14}
+    assert "trainer.max_minutes=0" in suite.overrides and "trainer.max_updates=1200" in suite.overrides
     overridden = dict(o.split("=", 1) for o in variant.overrides)
-    assert {k: float(v) for k, v in overridden.items()} == {f"trainer.{k}": v for k, v in changed.items()}
+    assert {k: float(v) for k, v in overridden.items()} == {"trainer.lr": changed["lr"]}
 
 
 def test_parameter_matched_entries_are_within_three_percent_at_size_small() -> None:
