@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from .device_state import Bound, Device
 from .errors import ExportedModelError, ExportRuntimeError, GraphRunError
 from .manifest import Manifest, SharedWeight
 from .stores import release_free_heap, use_shared_cpu_arena
@@ -31,6 +32,11 @@ OPTIMIZATION_LEVELS = {  # name → the member of onnxruntime's GraphOptimizatio
     "all": "ORT_ENABLE_ALL",
 }
 PROVIDERS = ("cpu", "cuda")
+# Where a search keeps its decoding state (device_state.py): "host" numpy stores (stores.py), "device" the execution
+# provider's memory through I/O binding, "auto" the faster of the two on the provider — on CUDA the device (the host
+# path copies every row's past to the GPU each step); on the CPU the host. Measured: results/runtime/device_path.md
+STATES = ("auto", "host", "device")
+DEFAULT_STATE = {"cpu": "host", "cuda": "device"}
 # On the CPU, residual Add + LayerNormalization stay two nodes: onnxruntime's fused SkipLayerNormalization made a
 # decoder step slower at beam × batch rows, and no faster at batch 1. Measured: results/runtime/docstring_figures.md
 CPU_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
@@ -131,11 +137,17 @@ class OrtBackend:
         spinning: bool = False,
         provider: str = "cpu",
         device_id: int = 0,
+        state: str = "auto",
     ) -> None:
         import onnxruntime as ort  # here, not at the top: see the module docstring
 
+        if state not in STATES:
+            raise ExportRuntimeError(f"state={state!r}: choose one of {list(STATES)} (where a search keeps its caches)")
         options = session_options(manifest, threads, optimization, spinning, provider)
         providers = execution_providers(provider, device_id)
+        self.state = DEFAULT_STATE[provider] if state == "auto" else state
+        # the device the decoding state lives on with state="device" (bound_stepper.py), else None
+        self.device = Device(provider, device_id, options, providers) if self.state == "device" else None
         self.shared = shared_initializers(directory, manifest.get("shared_weights", []))
         for name, (_, value) in self.shared.items():
             options.add_initializer(name, value)
@@ -153,6 +165,20 @@ class OrtBackend:
 
     def encode(self, outputs: list[str], src: np.ndarray) -> list[np.ndarray]:
         return run_graph(self.encoder, "encoder", outputs, {"src_tokens": src})
+
+    def encode_bound(self, outputs: list[str], src: np.ndarray) -> list[Bound]:
+        """The encoder on src_tokens [B, S] int64 with `outputs` left on the backend's device (state="device")."""
+        assert self.device is not None
+        binding = self.encoder.io_binding()
+        binding.bind_cpu_input("src_tokens", src)
+        for name in outputs:
+            binding.bind_output(name, self.device.name, self.device.id)
+        run_bound(self.encoder, "encoder", binding, {"src_tokens": src})
+        return [Bound.of(value) for value in binding.get_outputs()]
+
+    def run_bound(self, binding: ort.IOBinding) -> None:
+        """The decoder graph once over a bound step (bound_stepper.py)."""
+        run_bound(self.decoder, "decoder", binding, {})
 
     def decode(self, outputs: list[str], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         """numpy in, numpy out (`InferenceSession.run`): onnxruntime reads contiguous arrays in place and hands its
@@ -183,10 +209,30 @@ def run_graph(
     try:
         return session.run(outputs, feeds)
     except Exception as exc:
-        if not type(exc).__module__.startswith("onnxruntime"):
+        error = graph_run_error(exc, which, feeds)
+        if error is exc:
             raise
-        shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in list(feeds.items())[:3])
-        raise GraphRunError(
-            f"the {which} graph failed ({type(exc).__name__}) on inputs {shapes}; the export's manifest may not "
-            "match its graphs (max_positions?): re-export the model"
-        ) from exc
+        raise error from exc
+
+
+def run_bound(session: ort.InferenceSession, which: str, binding: ort.IOBinding, shown: dict[str, np.ndarray]) -> None:
+    """`session.run_with_iobinding`, failures as `run_graph`'s (`shown`: host inputs the message may name)."""
+    try:
+        session.run_with_iobinding(binding)
+    except Exception as exc:
+        error = graph_run_error(exc, which, shown)
+        if error is exc:
+            raise
+        raise error from exc
+
+
+def graph_run_error(exc: Exception, which: str, feeds: dict[str, np.ndarray]) -> Exception:
+    """onnxruntime's failure as one GraphRunError line naming the graph and input shapes; any other exception as
+    it is."""
+    if not type(exc).__module__.startswith("onnxruntime"):
+        return exc
+    shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in list(feeds.items())[:3])
+    return GraphRunError(
+        f"the {which} graph failed ({type(exc).__name__}) on inputs {shapes}; the export's manifest may not "
+        "match its graphs (max_positions?): re-export the model"
+    )

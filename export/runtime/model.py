@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .backend import Backend, OrtBackend
+from .bound_stepper import BoundStepper
 from .errors import ExportedModelError, ExportRuntimeError
 from .manifest import ALIGNMENT_OUTPUT, NEXT_PREFIX, Manifest, read_manifest
 from .manifest_checks import open_regular
@@ -130,6 +131,21 @@ class ExportedModel:
             rows = np.arange(len(encoded["memory_pad_mask"]), dtype=np.int64)
         return Stepper(self, encoded, np.asarray(rows, dtype=np.int64), full, steps, slots, vocab_rows, alignments)
 
+    def decoding(
+        self,
+        src: np.ndarray,
+        rows: np.ndarray | None = None,
+        steps: int = 0,
+        slots: int = 0,
+        vocab_rows: np.ndarray | None = None,
+        alignments: bool = False,
+    ) -> Stepper | BoundStepper:
+        """A search's decoding state over src [B, S] (`stepper`'s arguments): on the backend's device when it keeps
+        the state there (backend.py `STATES`), else host-owned after encoding on the host."""
+        if getattr(self.backend, "device", None) is not None:
+            return BoundStepper(self, src, rows, False, steps, slots, vocab_rows, alignments)
+        return self.stepper(self.encode(src), rows, False, steps, slots, vocab_rows, alignments)
+
     def check_alignments(self) -> None:
         """SearchError (one line) unless the decoder graph returns alignments (export/graph.py's `alignment`): not
         for a mechanism without cross-attention weights (the manifest says why), nor an export made before them."""
@@ -190,8 +206,8 @@ class ExportedModel:
     ) -> list[Hypothesis]:
         """Argmax decoding (or sampling) of src [B, S]: one hypothesis per sentence, scored as beam search scores."""
         limits = self._limits(src, search, limits)
-        step = self.stepper(
-            self.encode(src),
+        step = self.decoding(
+            src,
             steps=int(limits.max_len.max()),
             vocab_rows=self.candidates(src, search),
             alignments=alignments,
@@ -219,8 +235,8 @@ class ExportedModel:
         width = self.vocab_size if vocab_rows is None else len(vocab_rows)  # tokens a step scores
         g = beam_first_rows(search.beam_size, width)  # rows per sentence of the first step
         rows = np.repeat(np.arange(b, dtype=np.int64), g)  # [B*g]
-        step = self.stepper(
-            self.encode(src),
+        step = self.decoding(
+            src,
             rows,
             steps=int(limits.max_len.max()),
             slots=b * search.beam_size,
@@ -535,6 +551,7 @@ def load(
     device_id: int = 0,
     inter_threads: int = 1,
     intra_threads: int | None = None,
+    state: str = "auto",
 ) -> ExportedModel:
     """Load an export directory (`python -m export …` output) for translation: `threads` (or `intra_threads`)
     ORT intra-op threads per search (default: the manifest's, else all cores), `optimization` ORT graph
@@ -543,7 +560,8 @@ def load(
     runs the graphs on ORT's CPU or CUDA execution provider (GPU `device_id`; needs onnxruntime-gpu).
     `inter_threads` > 1 is throughput mode (replicas.py): that many copies decode different batches of one
     `translate` call at once, each with `intra_threads` threads — more sentences/s for many batches, at the memory
-    of another set of sessions and a slower single batch."""
+    of another set of sessions and a slower single batch. `state`: where a search keeps its decoding state, host |
+    device (I/O binding: device_state.py) | auto (the faster on the provider: backend.py `DEFAULT_STATE`)."""
     if intra_threads is not None and threads is not None and intra_threads != threads:
         raise ExportRuntimeError(f"threads={threads} and intra_threads={intra_threads}: give one (the same setting)")
     threads = intra_threads if intra_threads is not None else threads
@@ -556,7 +574,9 @@ def load(
     manifest = read_manifest(directory, check_files=check_files)
     models = [
         ExportedModel(
-            directory, manifest, OrtBackend(directory, manifest, threads, optimization, spinning, provider, device_id)
+            directory,
+            manifest,
+            OrtBackend(directory, manifest, threads, optimization, spinning, provider, device_id, state),
         )
         for _ in range(inter_threads)
     ]

@@ -26,7 +26,7 @@ def teacher_forced(
         feed[row, : lengths[row]] = [model.bos_id, *ids]
         want[row, : lengths[row]] = [*ids, model.eos_id]
     lp = np.zeros((b, width), dtype=np.float32)  # [B, T]
-    step = model.stepper(model.encode(src), steps=width)
+    step = model.decoding(src, steps=width)
     live = np.arange(b)  # rows of the batch still being scored, in stepper order
     for t in range(width):
         dist = step.distribution(feed[live, t], t)  # [n, V]

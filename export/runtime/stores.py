@@ -17,7 +17,7 @@ import mmap
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -114,6 +114,35 @@ class StorePool:
             return sum(b.nbytes for b in self._free)
 
 
+class CacheLayout(NamedTuple):
+    """The self-attention state's tensors as both state owners (`SelfCache`, device_state.DeviceCache) store them."""
+
+    names: list[str]
+    dtypes: list[np.dtype]
+    axes: list[int | None]  # per tensor its position axis ("steps"); None: a running sum
+    cells: list[tuple[int, ...]]  # per tensor a store cell's split (a, b), or a running sum's row shape
+    shapes: list[list[int | str]]  # per tensor the manifest's shape (names for the dynamic axes)
+
+
+def cache_layout(specs: Sequence[dict[str, Any]]) -> CacheLayout:
+    """The manifest's self-cache specs → their `CacheLayout`: a cache [batch, a..., steps, b...] is stored as cells
+    of a rows of b values; one without a position axis is a running sum [batch, ...]."""
+    axes: list[int | None] = []
+    cells: list[tuple[int, ...]] = []
+    for spec in specs:
+        shape = spec["shape"]
+        axis = shape.index("steps") if "steps" in shape else None
+        axes.append(axis)
+        if axis is None:
+            cells.append(tuple(int(s) for s in shape[1:]))
+        else:
+            cells.append((math.prod(int(s) for s in shape[1:axis]), math.prod(int(s) for s in shape[axis + 1 :])))
+    names = [spec["name"] for spec in specs]
+    return CacheLayout(
+        names, [np.dtype(spec["dtype"]) for spec in specs], axes, cells, [spec["shape"] for spec in specs]
+    )
+
+
 class SelfCache:
     """The decoder's self-attention state between steps, owned by the host (export/graph.py has the why).
 
@@ -137,21 +166,7 @@ class SelfCache:
         self.pool = pool if pool is not None else StorePool()
         self.buffers: list[np.ndarray | None] = [None] * len(specs)  # the pool's buffer under each store
         weakref.finalize(self, self.pool.give, self.buffers)  # back to the pool when this cache is freed
-        self.names = [spec["name"] for spec in specs]
-        self.dtypes = [np.dtype(spec["dtype"]) for spec in specs]
-        # per tensor: the position axis, and a store cell's split (a, b) or a running sum's row shape
-        self.axes: list[int | None] = []
-        self.cells: list[tuple[int, ...]] = []
-        for spec in specs:
-            shape = spec["shape"]
-            axis = shape.index("steps") if "steps" in shape else None
-            self.axes.append(axis)
-            if axis is None:
-                self.cells.append(tuple(int(s) for s in shape[1:]))
-            else:  # [batch, a..., steps, b...]: a cell is a rows of b values
-                self.cells.append(
-                    (math.prod(int(s) for s in shape[1:axis]), math.prod(int(s) for s in shape[axis + 1 :]))
-                )
+        self.names, self.dtypes, self.axes, self.cells, _ = cache_layout(specs)
         self.width = max(rows, slots, 1)  # W: slots per position (`slots`: the most rows a step will have)
         self.capacity = max(steps, 1)  # positions the stores hold before they grow
         self.stores: list[np.ndarray | None] = [
