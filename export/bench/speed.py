@@ -212,7 +212,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 def _load_inputs(args: argparse.Namespace) -> Inputs:
     """The exports, the torch model they were made from, the sentences and the roofline, before any timing."""
     payload = load_checkpoint(args.checkpoint) if args.checkpoint else None
-    runtime = load(args.export, threads=args.threads, spinning=args.ort_spinning)
+    state = "host" if args.device_state else "auto"
+    runtime = load(args.export, threads=args.threads, spinning=args.ort_spinning, state=state)
     if args.pruned_export and runtime.manifest.get("heads_removed") and runtime.manifest.get("head_plan"):
         raise ExportError(
             "--export must be the unpruned model (exported with remove_heads=false) when --pruned-export is given"
@@ -257,6 +258,10 @@ def _engines(args: argparse.Namespace, inputs: Inputs, baseline: tuple[Path, Mod
     if baseline is not None:
         add_baseline("fp32", "ort", inputs.runtime, args.baseline_export, "--baseline-export")
     engines["ort"] = ("ort", inputs.runtime)
+    if args.device_state:
+        device = load(args.export, threads=args.threads, spinning=args.ort_spinning, state="device")
+        engines["ort-device"] = ("ort", device)
+        pairs.append(("ort-device", "ort"))
     if inputs.int8 is not None:
         if baseline is not None:
             add_baseline("int8", "int8", inputs.int8, args.baseline_int8_export, "--baseline-int8-export")
@@ -446,6 +451,13 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="set each fixed-length fp32 point against this machine's limits, measured in the same run (the step's "
         "matmul roofline; at batch 1 the read bandwidth); needs --checkpoint (the step's shapes)",
+    )
+    ap.add_argument(
+        "--device-state",
+        action="store_true",
+        help="also time the runtime with its decoding state on the execution device (state=device: I/O binding) as "
+        "engine ort-device against the host-owned state (ort, state=host) on the same export: the ratio says which "
+        "path the provider's default should be",
     )
     ap.add_argument("--json", help="write the full report here")
     args = ap.parse_args(argv)
