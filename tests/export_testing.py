@@ -9,6 +9,7 @@ every registered entry to a covered signature, so a new kind of entry cannot sli
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,8 +46,10 @@ class ExportSignature:
     plan_in_checkpoint: bool  # GHT-PS: the head plan comes from the checkpoint, not from a file
 
 
+@functools.cache
 def export_signature(entry: str) -> ExportSignature:
-    """The signature of a registered entry, read off its composed config (tiny size: signatures do not depend on it)."""
+    """The signature of a registered entry, read off its composed config (tiny size: signatures do not depend on it);
+    composed once per entry and process (the coverage test asks for most entries twice)."""
     node = compose_train([f"+model={entry}", "size=tiny"]).model
     cfg = entry_model_config(node, vocab_size=64)
     options = cfg.attention_options
