@@ -23,6 +23,10 @@ from tests.zoo_testing import compose_train
 
 SMOKE_TRAIN_PAIRS = 6000
 SMOKE_EVAL_PAIRS = 48
+# A random-init model emits no eos, so each verified sentence is decoded to its length limit (beam and greedy, torch
+# and ORT): 8 sentences still give the verification its three batch shapes (all, a middle third, one short row),
+# at a quarter of 32's decoding. Only the parity test reads these exports (tests/test_export_exporter.py).
+UNTRAINED_VERIFY = "verify.sentences=8"
 
 
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
@@ -163,7 +167,8 @@ def checkpoint_run(smoke_run, untrained_run) -> Callable[[str], Path]:
 @pytest.fixture(scope="session")
 def exported(checkpoint_run, tmp_path_factory) -> Callable[..., tuple[Path, dict]]:
     """(entry, *overrides) → (export dir, manifest), each made once per test run and shared by every test file.
-    Without overrides the entry is exported with its test head plan (`pruning_overrides`)."""
+    Without overrides the entry is exported with its test head plan (`pruning_overrides`); a random-init entry's
+    export is verified on 8 held-out sentences (`UNTRAINED_VERIFY`)."""
     from export.exporter import export_checkpoint
 
     def get(entry: str, *overrides: str) -> tuple[Path, dict]:
@@ -172,6 +177,8 @@ def exported(checkpoint_run, tmp_path_factory) -> Callable[..., tuple[Path, dict
 
         def make(root: Path) -> None:
             extra = list(overrides) if overrides else pruning_overrides(run, root)[0]
+            if not overrides and entry not in TRAINED_ENTRIES:
+                extra.append(UNTRAINED_VERIFY)
             returned = export_checkpoint(export_config(run, root / "export", *extra))
             (root / "returned.json").write_text(json.dumps(returned))  # what the exporter returned, for every worker
 

@@ -167,31 +167,37 @@ def test_a_shortlist_holding_every_emitted_token_changes_no_hypothesis(
         assert all(hyps for hyps in nbest)
 
 
-def test_where_the_model_gives_the_rest_no_mass_the_shortlisted_search_is_the_full_one(
-    smoke_run, smoke_corpus, tmp_path
-) -> None:
-    """The same statement without renormalisation: a transformer whose final logits bias puts every token outside a
-    set K at -30 (e^-30 of the mass) — the shortlisted search over K returns the full search's hypotheses and
-    scores to 1e-5, greedy and beam."""
+@pytest.fixture(scope="module")
+def biased(exported, smoke_run, smoke_corpus, tmp_path_factory) -> tuple[rt.ExportedModel, dict, set[int], np.ndarray]:
+    """(runtime, manifest, K, sources): the smoke transformer with a final logits bias that puts every token outside K
+    at -30, K = the tokens its full searches emit on 24 test sources (+ eos), exported with a shortlist counted from
+    parallel files (shortlist.src/tgt: the smoke corpus's training pairs)."""
     payload = load_checkpoint(smoke_run("transformer"))
     texts = (smoke_corpus / "test.de").read_text(encoding="utf-8").splitlines()[:24]
-    plain = export.load(
-        export_checkpoint(export_config(smoke_run("transformer"), tmp_path / "plain"))["out"], threads=1
-    )
+    # the run's unpruned export (with a shortlist, which the searches below leave off: shortlist=0)
+    plain = export.load(exported("transformer", "shortlist.build=true")[0], threads=1)
     src = plain.pad(plain.encode_texts(texts))
     kept = {t for nbest in _searches(plain, src, 0) for hyps in nbest for h in hyps for t in h.tokens} | {plain.eos_id}
-    vocab = plain.vocab_size
-    bias = torch.full((vocab,), -30.0)
+    bias = torch.full((plain.vocab_size,), -30.0)
     bias[sorted(kept)] = 0.0
     payload["model_config"] = {**payload["model_config"], "final_logits_bias": True}
     payload["model"] = {**payload["model"], "final_logits_bias": bias}
-    torch.save(payload, tmp_path / "biased.pt")
-    made = export_checkpoint(export_config(tmp_path / "biased.pt", tmp_path / "biased", "shortlist.build=true"))
-    biased = export.load(made["out"], threads=1)
-    full = _searches(biased, src, shortlist=0)
+    root = tmp_path_factory.mktemp("biased")
+    torch.save(payload, root / "biased.pt")
+    pairs = [f"shortlist.src={smoke_corpus / 'train.de'}", f"shortlist.tgt={smoke_corpus / 'train.en'}"]
+    made = export_checkpoint(export_config(root / "biased.pt", root / "biased", "shortlist.build=true", *pairs))
+    return export.load(made["out"], threads=1), made, kept, src
+
+
+def test_where_the_model_gives_the_rest_no_mass_the_shortlisted_search_is_the_full_one(biased) -> None:
+    """The same statement without renormalisation: a transformer whose final logits bias puts every token outside a
+    set K at -30 (e^-30 of the mass) — the shortlisted search over K returns the full search's hypotheses and
+    scores to 1e-5, greedy and beam."""
+    runtime, _, kept, src = biased
+    full = _searches(runtime, src, shortlist=0)
     assert {t for nbest in full for hyps in nbest for h in hyps for t in h.tokens} <= kept
-    biased.shortlist = _only(kept, vocab)
-    for ours, theirs in zip(_searches(biased, src, shortlist=1), full, strict=True):
+    runtime.shortlist = _only(kept, runtime.vocab_size)
+    for ours, theirs in zip(_searches(runtime, src, shortlist=1), full, strict=True):
         for a, b in zip(ours, theirs, strict=True):
             assert [h.tokens for h in a] == [h.tokens for h in b]
             assert max(abs(x.score - y.score) for x, y in zip(a, b, strict=True)) <= 1e-5
@@ -214,10 +220,11 @@ def test_an_export_built_with_a_shortlist_carries_and_uses_it(exported) -> None:
     assert runtime.search.shortlist == 0  # off by default: a search asks for it
 
 
-def test_shortlist_from_parallel_files_and_what_is_refused(untrained_run, smoke_corpus, tmp_path) -> None:
+def test_shortlist_from_parallel_files_and_what_is_refused(biased, smoke_run, smoke_corpus, tmp_path) -> None:
     """shortlist.src/tgt: a converted model has no training split to count; bad files are refused before any work,
-    naming the fix, and nothing is written."""
-    run = untrained_run("transformer")
+    naming the fix, and nothing is written. (The export built from files is the biased one above: a checkpoint
+    file, not a run.)"""
+    run = smoke_run("transformer")
     refused = [
         (["shortlist.src=a.de"], "go together"),
         ([f"shortlist.src={smoke_corpus / 'test.de'}", f"shortlist.tgt={tmp_path / 'missing.en'}"], "cannot read"),
@@ -226,8 +233,7 @@ def test_shortlist_from_parallel_files_and_what_is_refused(untrained_run, smoke_
         with pytest.raises(ExportError, match=message):
             export_checkpoint(export_config(run, tmp_path / "refused", "shortlist.build=true", *overrides))
         assert not (tmp_path / "refused").exists()
-    pairs = [f"shortlist.src={smoke_corpus / 'train.de'}", f"shortlist.tgt={smoke_corpus / 'train.en'}"]
-    manifest = export_checkpoint(export_config(run, tmp_path / "files", "shortlist.build=true", *pairs))
+    _, manifest, _, _ = biased
     assert manifest["shortlist"]["built_from"] == "train.de / train.en" and manifest["shortlist"]["entries"] > 0
 
 

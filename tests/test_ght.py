@@ -394,8 +394,15 @@ def _ckpt(path: Path) -> CheckpointPayload:
     return load_checkpoint(path)
 
 
-def test_ght_ps_runs_all_stages_and_freezes_pruned_heads(tmp_path, smoke_corpus) -> None:
-    summary = train(compose_train(smoke_overrides("ght_ps", smoke_corpus, tmp_path) + GHT_FAST))
+@pytest.fixture(scope="module")
+def ght_ps_fast(tmp_path_factory, smoke_corpus) -> dict:
+    """The summary of one GHT_FAST GHT-PS run, trained in this process: inspected stage by stage below, and the
+    uninterrupted reference the killed-and-resumed run must equal bit for bit."""
+    return train(compose_train(smoke_overrides("ght_ps", smoke_corpus, tmp_path_factory.mktemp("ght_fast")) + GHT_FAST))
+
+
+def test_ght_ps_runs_all_stages_and_freezes_pruned_heads(ght_ps_fast) -> None:
+    summary = ght_ps_fast
     run = Path(summary["run_dir"])
     plan = summary["head_plan"]
     assert plan and all(len(heads) == 2 for heads in plan.values())  # C = 2 → one head per group
@@ -432,9 +439,8 @@ def test_ght_ps_runs_all_stages_and_freezes_pruned_heads(tmp_path, smoke_corpus)
         )  # kept heads still train
 
 
-def test_ght_ps_resume_across_stage_boundary_is_exact(tmp_path, smoke_corpus) -> None:
-    base = smoke_overrides("ght_ps", smoke_corpus, tmp_path / "a") + GHT_FAST
-    reference = Path(train(compose_train(base))["run_dir"])
+def test_ght_ps_resume_across_stage_boundary_is_exact(ght_ps_fast, tmp_path, smoke_corpus) -> None:
+    reference = Path(ght_ps_fast["run_dir"])
     root = tmp_path / "b"
     cmd = [sys.executable, "-m", "zoo.train", *smoke_overrides("ght_ps", smoke_corpus, root), *GHT_FAST]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -14,8 +14,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import torch
-
 
 def cpu_model() -> str:
     """The CPU's marketing name from /proc/cpuinfo (Linux), else platform.processor()."""
@@ -61,6 +59,8 @@ def _version(package: str) -> str | None:
 
 def accelerator(device: str | None = None) -> str | None:
     """The accelerator's name when `device` (or, with None, the default device) is a GPU, else None."""
+    import torch  # here, not at the top: the CLIs that only read this module's CPU names load no torch
+
     wants_gpu = device is None or str(device).startswith("cuda") or device == "auto"
     if wants_gpu and torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
@@ -86,6 +86,8 @@ def quality_class(machine_class_name: str) -> str:
 
 def describe_machine(device: str | None = None) -> dict[str, Any]:
     """A JSON-able description of this machine as a training or timing process sees it."""
+    import torch
+
     info: dict[str, Any] = {
         "cpu_model": cpu_model(),
         "cpu_signature": cpu_signature(),

@@ -10,16 +10,14 @@ otherwise) and returns scores on the 0–100 scale. Nothing here downloads anyth
 from __future__ import annotations
 
 import functools
-import os
 import statistics
 from collections import Counter, OrderedDict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
-from sacrebleu.significance import PairedTest
+from sacrebleu.significance import _compute_p_value, estimate_ci
 
 TASKS = ("translation", "summarization")
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
@@ -28,6 +26,9 @@ ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 # (tokenize, hypotheses, references) → (per-segment BLEU statistics, nrefs), most recently used last
 _BLEU_STATS: OrderedDict[tuple, tuple[np.ndarray, int]] = OrderedDict()
 _BLEU_STATS_KEPT = 64
+# (tokenize, references) → sacreBLEU's reference n-gram cache and nrefs: a report's records share one test split
+_BLEU_REFS: OrderedDict[tuple, tuple[list[Any], int]] = OrderedDict()
+_BLEU_REFS_KEPT = 8
 
 
 class _SegmentStatsBLEU(BLEU):
@@ -54,6 +55,20 @@ class _SegmentStatsBLEU(BLEU):
             if len(_BLEU_STATS) > _BLEU_STATS_KEPT:
                 _BLEU_STATS.popitem(last=False)
         return stats.tolist()  # sacreBLEU's form: a fresh list of int rows per call
+
+    def _cache_references(self, references: Sequence[Sequence[str]]) -> list[Any]:
+        """sacreBLEU's reference n-grams, extracted once per process for one tokenizer and reference set (every
+        record of a report is scored against the same test split). sacreBLEU only reads them."""
+        key = (self._tokenize_name, tuple(tuple(stream) for stream in references))
+        if key in _BLEU_REFS:
+            _BLEU_REFS.move_to_end(key)
+            cache, self.num_refs = _BLEU_REFS[key]
+            return cache
+        cache = super()._cache_references(references)
+        _BLEU_REFS[key] = (cache, self.num_refs)
+        if len(_BLEU_REFS) > _BLEU_REFS_KEPT:
+            _BLEU_REFS.popitem(last=False)
+        return cache
 
 
 def output_stats(hypotheses: Sequence[str]) -> dict[str, Any]:
@@ -174,20 +189,6 @@ def paired_bootstrap_means(
     }
 
 
-@contextmanager
-def _sacrebleu_seed(seed: int) -> Iterator[None]:
-    # PairedTest and its baseline CI read the seed from SACREBLEU_SEED, not from an argument.
-    old = os.environ.get("SACREBLEU_SEED")
-    os.environ["SACREBLEU_SEED"] = str(seed)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("SACREBLEU_SEED", None)
-        else:
-            os.environ["SACREBLEU_SEED"] = old
-
-
 def paired_bootstrap(
     sys_a: Sequence[str],
     sys_b: Sequence[str],
@@ -196,10 +197,13 @@ def paired_bootstrap(
     seed: int = 12345,
     tokenize: str = "13a",
 ) -> dict[str, Any]:
-    """Paired bootstrap resampling (Koehn 2004) of BLEU, system B against baseline A, using
-    sacreBLEU's own implementation (`PairedTest(test_type="bs")`, the `--paired-bs` CLI path),
-    so p-values match what readers get from sacrebleu itself. zoo/DESIGN.md §3c: quality differences
-    are claimed only with this test (and ≥ 2 seeds).
+    """Paired bootstrap resampling (Koehn 2004) of BLEU, system B against baseline A: sacreBLEU's test
+    (`PairedTest(test_type="bs")`, the `--paired-bs` CLI path) number for number, so p-values match what readers
+    get from sacrebleu itself. zoo/DESIGN.md §3c: quality differences are claimed only with this test (and ≥ 2
+    seeds). It runs sacreBLEU's own steps — its statistics, resample indices (`default_rng(seed)`), per-resample
+    scoring, `estimate_ci` and p-value — but draws and scores the baseline's resamples once where PairedTest does
+    it twice, and sums resamples by one matrix product (`_resampled_scores`): a report renders dozens of these
+    tests. tests/test_metrics.py checks it against PairedTest itself.
 
     Returns {"baseline": {"bleu", "mean", "ci"}, "system": {"bleu", "mean", "ci"}, "p_value",
     "significant" (p < 0.05), "n_samples", "seed", "signature"}; "ci" is the half-width of the 95%
@@ -217,33 +221,53 @@ def paired_bootstrap(
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
     metric = _SegmentStatsBLEU(tokenize)
     ref_streams = [list(refs)]
-    with _sacrebleu_seed(seed):
-        test = PairedTest(
-            [("baseline", list(sys_a)), ("system", list(sys_b))],
-            {"BLEU": metric},
-            ref_streams,
-            test_type="bs",
-            n_samples=n_samples,
-            n_jobs=1,
-        )
-        signatures, scores = test()
-    (name,) = signatures
-    baseline, system = scores[name]
-    p_value = float(system.p_value)
-    if float(system.score) == float(baseline.score):
+    base_stats = metric._extract_corpus_statistics(list(sys_a), ref_streams)
+    sys_stats = metric._extract_corpus_statistics(list(sys_b), ref_streams)
+    base_score = float(metric._aggregate_and_compute(base_stats).score)
+    sys_score = float(metric._aggregate_and_compute(sys_stats).score)
+    # sacreBLEU draws the same resamples twice, for the baseline's interval and for the paired test (both
+    # default_rng(seed).choice(N, (n, N))): the baseline's resampled scores are one list here
+    idxs = np.random.default_rng(seed).choice(len(sys_a), size=(n_samples, len(sys_a)), replace=True)
+    base_scores = _resampled_scores(metric, base_stats, idxs)
+    sys_scores = _resampled_scores(metric, sys_stats, idxs)
+    base_mean, base_ci = estimate_ci(base_scores)
+    sys_mean, sys_ci = estimate_ci(sys_scores)
+    sample_diffs = np.abs(sys_scores - base_scores)
+    p_value = float(_compute_p_value(sample_diffs - sample_diffs.mean(), abs(base_score - sys_score)))
+    if sys_score == base_score:
         # no observed difference: identical per-segment statistics (identical outputs) give equal corpus
         # scores, and so do different outputs that score the same (e.g. both at BLEU 0). Every resample then
         # ties and sacreBLEU reports its minimum p, but no difference is never significant.
         p_value = 1.0
+    signature = metric.get_signature()  # as PairedTest writes it: the seed and the number of resamples
+    signature.update("seed", str(seed).lower())
+    signature.update("bs", n_samples)
     return {
-        "baseline": {"bleu": float(baseline.score), "mean": float(baseline.mean), "ci": float(baseline.ci)},
-        "system": {"bleu": float(system.score), "mean": float(system.mean), "ci": float(system.ci)},
+        "baseline": {"bleu": base_score, "mean": float(base_mean), "ci": float(base_ci)},
+        "system": {"bleu": sys_score, "mean": float(sys_mean), "ci": float(sys_ci)},
         "p_value": p_value,
         "significant": p_value < 0.05,
         "n_samples": n_samples,
         "seed": seed,
-        "signature": str(signatures[name]),
+        "signature": str(signature),
     }
+
+
+def _resampled_scores(metric: BLEU, stats: list[list[int]], idxs: np.ndarray) -> np.ndarray:
+    """BLEU of every resample `idxs` [n, N] of per-segment `stats` [N, 10], as sacreBLEU's paired bootstrap
+    computes it: each resample's float32 sum of its rows, scored by the metric's own `_compute_score_from_stats`.
+    The sums are counts of n-grams and tokens, so while a resample's total stays below 2^24 float32 holds them
+    exactly in any summation order: then one product of resample counts [n, N] with the rows gives the very sums
+    sacreBLEU's row-by-row `sum(0)` gives, without materialising [n, N, 10]."""
+    rows = np.asarray(stats, dtype=np.int64)
+    n, size = idxs.shape
+    if size * int(rows.max(initial=0)) < 2**24:
+        counts = np.bincount((np.arange(n)[:, None] * size + idxs).ravel(), minlength=n * size).reshape(n, size)
+        sums = (counts.astype(np.float64) @ rows.astype(np.float64)).astype(np.float32)
+    else:  # a corpus too large for exact float32 counts: sacreBLEU's own summation, row by row
+        rows32 = rows.astype(np.float32)
+        sums = np.stack([rows32[i].sum(0) for i in idxs])
+    return np.array([metric._compute_score_from_stats(s).score for s in sums])
 
 
 def sentence_stats(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a") -> np.ndarray:
