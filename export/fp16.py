@@ -19,9 +19,8 @@ What the converted graph computes, value by value:
     produce float32;
   - float weights (initializers, Constant/ConstantOfShape values, Cast targets) read by float16 nodes are float16,
     finite values beyond ±65504 clamped to it (±inf, the attention masks' fill, stays ±inf).
-LayerNormalization and Softmax stay float16 on the interface: onnxruntime's CUDA kernels for them accumulate in
-float32 internally, and on the CPU onnxruntime runs float16 nodes it has no kernel for in float32 with casts around
-them.
+On the CPU, onnxruntime runs the float16 nodes it has no float16 kernel for in float32, with casts around them
+(its CastFloat16Transformer), so a float16 export runs there too, more slowly than its fp32 twin.
 """
 
 from __future__ import annotations
@@ -34,15 +33,17 @@ from onnx import TensorProto, helper, numpy_helper
 
 FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
 
-# Nodes that compute in float32. Each for a reason:
-#   LogSoftmax, TopK  the vocabulary's log-probabilities and the k best: the beam scores the search adds up (the
-#                     logits arrive in float16 from the output projection, are cast once, and are normalised in
-#                     float32, as fp16 inference engines keep the final softmax)
-#   ReduceLogSumExp   MGK's mixture of key components: exp overflows float16 above 11 unless the kernel subtracts
-#                     the maximum first, which ONNX does not require of it
-#   Pow, ReduceSum    MGK's squared distances and the sums over positions of linear attention (MLK): sums of many
-#                     terms, which overflow float16's 65504 long before float32's range and lose its 11 bits
-FP32_OPS = frozenset({"LogSoftmax", "TopK", "ReduceLogSumExp", "Pow", "ReduceSum"})
+# Nodes that compute in float32: the vocabulary's log-probabilities and the k best, the scores the search adds up.
+# The logits arrive in float16 from the output projection, are cast once, and are normalised and ranked in float32
+# (as fp16 inference engines keep the final softmax): in float16 a log-prob of −7 has a step of 0.004, and ties
+# between candidates would be broken by rounding.
+# Everything else stays float16, overflow included: LayerNormalization and Softmax because onnxruntime's CUDA kernels
+# accumulate float16 in float32 inside; sums (ReduceSum: MHA's score of the new position, MLK's sums over positions,
+# MGK's squared distances) because its CUDA reductions do too (a float32 reduction descriptor for float16 data), and
+# a sum that fits float16 has terms that fit it; MGK's ReduceLogSumExp because that kernel subtracts the maximum
+# before exp. A model whose activations leave float16's ±65504 gets inf/NaN scores on a GPU; the CPU's verification
+# need not see it (it computes much of the graph in float32): fp16.provider=cuda verifies with the kernels that serve.
+FP32_OPS = frozenset({"LogSoftmax", "TopK"})
 HALF_MAX = float(np.finfo(np.float16).max)  # 65504
 
 
