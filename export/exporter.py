@@ -13,6 +13,8 @@ directory:
             versions (export/manifest.py; its keys and types: export.runtime.Manifest)
   verify    the fp32 graphs against torch (export/verify.py)
   int8      optionally: INT8-quantise, verify without failing on drift, measure the BLEU cost
+  fp16      optionally: convert to float16 (export/fp16.py), verify against the fp32 model within fp16.tolerance
+            and fp16.min_agreement, on the CPU or, with fp16.provider=cuda, where it will run
   publish   swap the directory in as `out`, print the summary table
 """
 
@@ -21,12 +23,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import onnxruntime
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
@@ -43,7 +47,7 @@ from export.manifest import (
     summary_table,
     write_manifest,
 )
-from export.onnx_files import export_graphs, quantize_graphs
+from export.onnx_files import export_graphs, half_graphs, quantize_graphs
 from export.pruning import (
     active_heads,
     head_importance,
@@ -55,13 +59,16 @@ from export.pruning import (
 from export.runtime import (
     ALIGNMENT_OUTPUT,
     OPTIMIZATION_LEVELS,
+    PROVIDERS,
     AlignmentInfo,
     ExportedModel,
+    ExportRuntimeError,
     Graphs,
     Int8Quality,
     Manifest,
     Search,
     SearchError,
+    execution_providers,
     load,
 )
 from export.runtime.manifest import ShortlistInfo
@@ -101,6 +108,7 @@ def export_checkpoint(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
             f"runtime.graph_optimization_level={cfg.runtime.graph_optimization_level!r}: use one of "
             f"{', '.join(OPTIMIZATION_LEVELS)}"
         )
+    _check_precision(cfg)
     previous_threads = torch.get_num_threads()
     if cfg.runtime.threads:
         torch.set_num_threads(int(cfg.runtime.threads))
@@ -108,6 +116,37 @@ def export_checkpoint(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
         return _export(cfg)
     finally:
         torch.set_num_threads(previous_threads)
+
+
+PRECISIONS = ("fp32", "fp16")
+
+
+def _check_precision(cfg: DictConfig) -> None:
+    """Refuse, before any work, a precision this exporter cannot make or verify here: an unknown one, float16 with
+    INT8, float16 verified on a provider this onnxruntime lacks (fp16.provider=cuda without onnxruntime-gpu)."""
+    precision = cfg.precision
+    if precision not in PRECISIONS:
+        raise ExportError(f"precision={precision!r}: use one of {', '.join(PRECISIONS)}")
+    if precision != "fp16":
+        return
+    if cfg.quantize:
+        raise ExportError("quantize=true and precision=fp16: INT8 quantisation works on fp32 graphs; give one of them")
+    f = cfg.fp16
+    if not 0 < float(f.tolerance) < math.inf or not 0 <= float(f.min_agreement) <= 1:
+        raise ExportError(
+            f"fp16.tolerance={f.tolerance} / fp16.min_agreement={f.min_agreement}: give a tolerance > 0 (max |Δ "
+            "log-prob|) and an agreement share in [0, 1]"
+        )
+    if f.provider not in PROVIDERS:
+        raise ExportError(f"fp16.provider={f.provider!r}: verify the fp16 graphs on one of {', '.join(PROVIDERS)}")
+    try:
+        execution_providers(f.provider)
+    except ExportRuntimeError:
+        raise ExportError(
+            f"precision=fp16 fp16.provider={f.provider}: this onnxruntime ({onnxruntime.__version__}) has no "
+            "CUDAExecutionProvider to verify the fp16 graphs on; install onnxruntime-gpu (the '.[gpu]' extra), or "
+            "verify them on the CPU with fp16.provider=cpu"
+        ) from None
 
 
 def _export(cfg: DictConfig) -> dict[str, Any]:
@@ -146,6 +185,9 @@ def _export(cfg: DictConfig) -> dict[str, Any]:
         if cfg.quantize:
             _quantize(cfg, directory, manifest, fp32, exported, source, search)
             laps("quantize_and_check")
+        if cfg.precision == "fp16":
+            _half(cfg, directory, manifest, exported, source, search)
+            laps("fp16_and_check")
         del fp32
         manifest["timings_s"] = laps.timings
         write_manifest(directory, manifest)
@@ -238,7 +280,11 @@ def _public_name(cfg: DictConfig, payload: CheckpointPayload) -> str:
     if cfg.name:
         return str(cfg.name)
     data = (payload.get("data_config") or {}).get("name", "data")
-    return f"{payload.get('entry')}-{data}" + ("-int8" if cfg.quantize else "")
+    return (
+        f"{payload.get('entry')}-{data}"
+        + ("-int8" if cfg.quantize else "")
+        + ("-fp16" if cfg.precision == "fp16" else "")
+    )
 
 
 def _heldout(payload: CheckpointPayload, n: int) -> tuple[list[str], list[str]]:
@@ -449,9 +495,16 @@ def _spec(
 
 # ---------------------------------------------------------------------------------------------- verify
 def _verify(
-    cfg: DictConfig, runtime: ExportedModel, exported: _Exported, source: _Source, search: Search, strict: bool = True
+    cfg: DictConfig,
+    runtime: ExportedModel,
+    exported: _Exported,
+    source: _Source,
+    search: Search,
+    strict: bool = True,
+    tolerance: float | None = None,
 ) -> dict[str, Any]:
-    """The graphs in `runtime` against the torch model (strict: fail the export on any difference)."""
+    """The graphs in `runtime` against the torch model (strict: fail the export on any difference; `tolerance`:
+    verify.tolerance unless given)."""
     return verify_export(
         runtime,
         exported.model,
@@ -460,7 +513,7 @@ def _verify(
         source.srcs,
         source.tgts,
         search,
-        float(cfg.verify.tolerance),
+        float(cfg.verify.tolerance if tolerance is None else tolerance),
         int(cfg.verify.max_target_tokens),
         strict=strict,
     )
@@ -541,3 +594,68 @@ def int8_quality(fp32_out: list[str], int8_out: list[str], refs: list[str], spli
         significant=test["significant"],
         identical_outputs=sum(a == b for a, b in zip(fp32_out, int8_out, strict=True)),
     )
+
+
+# ---------------------------------------------------------------------------------------------- fp16
+def _half(
+    cfg: DictConfig, directory: Path, manifest: Manifest, exported: _Exported, source: _Source, search: Search
+) -> None:
+    """float16 graphs in place of the fp32 ones (export/fp16.py), their caches float16 in the manifest, verified
+    against the fp32 model on the held-out sample (verification_fp16, `fp16_verdict`): the export fails beyond
+    fp16.tolerance or below fp16.min_agreement.
+
+    Where it is verified: onnxruntime's CPU provider runs float16 graphs (it casts around the nodes it has no float16
+    kernel for, and computes them in float32), so the default check runs anywhere and checks the conversion —
+    weights, caches and the float16 nodes' rounding; fp16.provider=cuda checks it with the CUDA kernels that will run
+    it (onnxruntime-gpu), which compute more in float16 than the CPU's casts do."""
+    half_export(directory, manifest)
+    f = cfg.fp16
+    with _ort_errors("fp16"):
+        fp16 = load(directory, threads=cfg.runtime.threads, provider=f.provider)
+        report = _verify(cfg, fp16, exported, source, search, strict=False, tolerance=float(f.tolerance))
+    verdict = fp16_verdict(report, float(f.min_agreement), f.provider)
+    manifest["verification_fp16"] = verdict
+    if not verdict["passed"]:
+        raise ExportError(
+            f"fp16 verification failed: {'; '.join(verdict['problems'])}; export the model in fp32 (without "
+            "precision=fp16), or accept the difference with a larger fp16.tolerance / smaller fp16.min_agreement"
+        )
+
+
+def half_export(directory: Path, manifest: Manifest) -> None:
+    """The export in `directory` (its fp32 graphs and `manifest`) made float16 in place: graphs converted
+    (onnx_files.half_graphs), the manifest's precision, cache dtypes, checksums and shared weights following them,
+    written."""
+    dtypes = half_graphs(directory)
+    manifest["precision"] = "fp16"
+    manifest["caches"] = [{**c, "dtype": dtypes[c["name"]]} for c in manifest["caches"]]
+    manifest["files"] = checksums(directory, manifest["graphs"])
+    manifest["shared_weights"] = shared_weights(directory, manifest["graphs"])
+    write_manifest(directory, manifest)
+
+
+def fp16_verdict(report: dict[str, Any], min_agreement: float, provider: str) -> dict[str, Any]:
+    """verify_export's report on float16 graphs — against torch's fp32 model, which the fp32 graphs equal within
+    verify.tolerance with identical hypotheses — judged by float16's rule: the max |Δ log-prob| of the teacher-forced
+    held-out steps within the report's tolerance, and beam search's output equal to fp32's for at least
+    `min_agreement` of the held-out sentences. The other differences (logits, encoder states, caches, alignment,
+    greedy and translate() agreement) are reported, not judged: float16 moves them all a little."""
+    beam = report["beam"]
+    agreement = beam["identical"] / max(beam["total"], 1)
+    worst, tolerance = report["max_abs_log_probs_diff"], report["tolerance"]
+    problems = []
+    if not worst <= tolerance:  # NaN (an overflow) fails too
+        problems.append(f"max |Δ log-prob| against fp32 {worst:.3g} > fp16.tolerance {tolerance:g}")
+    if agreement < min_agreement:
+        problems.append(
+            f"beam search: {beam['identical']}/{beam['total']} held-out outputs equal to fp32's ({agreement:.0%} < "
+            f"fp16.min_agreement {min_agreement:.0%})"
+        )
+    return {
+        **report,
+        "provider": provider,
+        "min_agreement": min_agreement,
+        "agreement": agreement,
+        "passed": not problems,
+        "problems": problems,
+    }

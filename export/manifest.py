@@ -248,6 +248,7 @@ def build_manifest(directory: Path, spec: ExportSpec) -> Manifest:
         caches=[c.to_dict() for c in spec.caches],  # type: ignore[misc]  # CacheSpec.to_dict is a CacheEntry
         next_prefix=NEXT_PREFIX,
         quantized=spec.quantized,
+        precision="fp32",  # the graphs as written: the exporter's fp16 step converts them and says so
         size=size_info(spec.size_before, spec.size_after),
         generation=GenerationDefaults(
             **asdict(spec.search), max_tokens=spec.max_tokens, max_sentences=spec.max_sentences
@@ -306,6 +307,14 @@ def summary_table(m: dict[str, Any], out: Path) -> str:
             f"beam {v['beam']['beam_size']} {v['beam']['identical']}/{v['beam']['total']} identical, greedy "
             f"{v['greedy']['identical']}/{v['greedy']['total']}, translate {v['translate_identical']}/{v['sentences']}"
             f"; shapes {[(x['batch'], x['src_len']) for x in v['shapes']]}"
+        )
+    h = m.get("verification_fp16")
+    if h:
+        lines.append(
+            f"  fp16 against fp32 ({h['provider']}): max|Δ log-prob| {h['max_abs_log_probs_diff']:.2e} (tol "
+            f"{h['tolerance']:g}), max|Δlogits| {h['max_abs_logits_diff']:.2e}; beam {h['beam']['identical']}/"
+            f"{h['beam']['total']} outputs equal (min {h['min_agreement']:.0%}), greedy {h['greedy']['identical']}/"
+            f"{h['greedy']['total']}, translate {h['translate_identical']}/{h['sentences']}"
         )
     q = m.get("int8_quality")
     if q:

@@ -1,7 +1,7 @@
 """The exported model as ONNX files: encoder.onnx and decoder.onnx written from the torch wrappers of
 export/graph.py with torch's dynamo exporter (every batch/length axis dynamic: torch 2.13's legacy exporter bakes
 shapes, zoo/DESIGN.md §6), their weights given readable names, the export's metadata stored in them, and the optional
-dynamic INT8 quantisation of their MatMul weights.
+dynamic INT8 quantisation of their MatMul weights or float16 conversion (export/fp16.py).
 
 export/graph.py decides what the graphs compute (torch modules, cache discovery); this module turns them into files.
 """
@@ -26,6 +26,7 @@ from onnx import numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from torch.export import Dim
 
+from export.fp16 import float_inputs_outputs, to_float16
 from export.graph import (
     BATCH,
     CANDIDATES,
@@ -354,3 +355,22 @@ def quantize_graphs(directory: Path) -> None:
                 extra_options={"EnableSubgraph": True},
             )
         os.replace(tmp, path)
+
+
+# the float outputs that stay float32 in a float16 export: what the search computes with (and `memory`, which
+# verification compares with torch); every other float input and output — the caches — becomes float16
+FP32_OUTPUTS = {ENCODER_FILE: ("memory",), DECODER_FILE: ("logits", "log_probs", "top_log_probs", "alignment")}
+
+
+def half_graphs(directory: Path) -> dict[str, str]:
+    """float16 graphs in place of the fp32 ones (export/fp16.py: weights, activations and caches in float16, the
+    vocabulary's log-softmax and top-k and the outputs in FP32_OUTPUTS in float32); the numpy dtype of every float
+    input and output of the two graphs, by name (the caches' dtypes for the manifest)."""
+    dtypes: dict[str, str] = {}
+    for name, keep in FP32_OUTPUTS.items():
+        path = directory / name
+        model = onnx.load(str(path))
+        to_float16(model, keep)
+        onnx.save(model, str(path))
+        dtypes.update(float_inputs_outputs(model))
+    return dtypes

@@ -275,13 +275,20 @@ def _conforms(value, hint) -> bool:
     return isinstance(value, hint)
 
 
-@pytest.mark.parametrize("overrides", [(), ("keep_heads=2", "quantize=true")], ids=["fp32", "int8"])
+@pytest.mark.parametrize(
+    "overrides",
+    [(), ("keep_heads=2", "quantize=true"), ("precision=fp16", "fp16.min_agreement=0.75")],
+    ids=["fp32", "int8", "fp16"],
+)
 def test_manifest_follows_the_schema(exported, overrides) -> None:
     """manifest.json has the keys of export.runtime.Manifest in its order, each of its declared type, and the
     exporter returns the same document (+ out)."""
     out, manifest = exported("transformer", *overrides)
     written = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
-    optional = ({"verification_int8", "int8_quality"} if not overrides else set()) | {"shortlist"}
+    int8, fp16 = {"verification_int8", "int8_quality"}, {"verification_fp16"}
+    optional = (
+        {"shortlist"} | (fp16 if "precision=fp16" not in overrides else int8) | (int8 if not overrides else set())
+    )
     assert list(written) == [k for k in rt.MANIFEST_KEYS if k not in optional]
     assert _conforms(written, rt.Manifest)
     assert manifest == {**written, "out": str(out)}

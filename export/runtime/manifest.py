@@ -186,6 +186,8 @@ class _ManifestKeys(TypedDict):
     caches: list[CacheEntry]
     next_prefix: str
     quantized: bool
+    precision: str  # "fp32" | "fp16" (export/fp16.py: float16 weights, activations and caches — `caches` dtypes — with
+    # float32 scores); exports before it lack the key: fp32
     size: SizeInfo
     generation: GenerationDefaults
     runtime: RuntimeDefaults
@@ -200,6 +202,7 @@ class Manifest(_ManifestKeys, total=False):
     verification: dict[str, Any]  # export/verify.py verify_export's report on the fp32 graphs
     verification_int8: dict[str, Any]  # … on the INT8 graphs (quantize=true)
     int8_quality: Int8Quality  # quantize=true
+    verification_fp16: dict[str, Any]  # … on the float16 graphs against the fp32 model (precision=fp16)
     timings_s: dict[str, float]
     shared_weights: list[SharedWeight]  # read once and given to both sessions (exports before it: each its own)
     shortlist: ShortlistInfo  # shortlist.build=true
