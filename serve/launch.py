@@ -120,11 +120,19 @@ def check_repository(repo: Path) -> list[str]:
 
 NOISE = ("CudaDriverHelper", "Unable to allocate pinned system memory")  # harmless on a CPU-only machine
 LOAD_FAILURE = re.compile(r"failed to load '([^']+)' version (\d+): (.*)")
+# Triton refusing a KIND_GPU instance group (no GPU, or not the ids asked for): its words, and ours for the fix
+GPU_REFUSED = re.compile(r"unsupported gpu id|has kind KIND_GPU but|no GPUs are available|does not support GPUs")
+GPU_FIX = (
+    "the repository asks for GPU instances (serve.repository … triton.provider=cuda) that this Triton cannot place: "
+    "start it where Triton sees the GPUs of triton.gpus (nvidia-smi lists them), or write the repository again "
+    "without triton.provider=cuda"
+)
 
 
 def log_errors(log: Path, limit: int = 12) -> str:
     """Why Triton failed, from its log: one line per model that failed to load (its reason without the Python
-    traceback), else the error lines (bind errors, invalid repository)."""
+    traceback), else the error lines (bind errors, invalid repository); a GPU instance group Triton cannot place
+    (a provider=cuda repository on a machine without those GPUs) gets the fix (`GPU_FIX`) added."""
     if not log.is_file():
         return ""
     lines = [ln for ln in log.read_text(errors="replace").splitlines() if not any(n in ln for n in NOISE)]
@@ -133,11 +141,13 @@ def log_errors(log: Path, limit: int = 12) -> str:
         match = LOAD_FAILURE.search(ln)
         if match:
             reason = match.group(3).split("\\n\\nAt:")[0].split("\\n")[0].rstrip('"')
+            reason += f"; {GPU_FIX}" if GPU_REFUSED.search(reason) else ""
             failures[match.group(1)] = f"model {match.group(1)} (version {match.group(2)}) failed to load: {reason}"
     if failures:
         return "\n".join(failures.values())
     picked = [ln for ln in lines if ln.startswith("E") or "error" in ln.lower() or "failed" in ln.lower()]
-    return "\n".join((picked or lines)[-limit:])
+    fix = [GPU_FIX] if any(GPU_REFUSED.search(ln) for ln in picked) else []
+    return "\n".join([*(picked or lines)[-limit:], *fix])
 
 
 def repository_limits(repo: Path) -> RequestLimits:

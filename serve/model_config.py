@@ -60,10 +60,11 @@ class ModelSettings:
     dynamic_batching: bool = True
     preferred_batch_size: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
     max_queue_delay_microseconds: int = 2000
-    instance_count: int = 1
-    instance_kind: str = "KIND_CPU"
-    onnx_instance_kind: str = "KIND_GPU"
-    provider: str = "cpu"
+    instance_count: int = 1  # instances in all (KIND_CPU), or on each GPU of `gpus` (KIND_GPU: Triton's count)
+    instance_kind: str | None = None  # None: follows provider (`model_kind`); given, it must agree with it
+    onnx_instance_kind: str = "KIND_GPU"  # ngc variant: its onnxruntime-backend encoder and decoder models
+    provider: str = "cpu"  # where the python variant's runtime runs: cpu | cuda (onnxruntime-gpu)
+    gpus: list[int] | None = None  # device ids of the GPU instances; None: [0] with provider=cuda (`device_ids`)
     threads: int = 0
     optimization: str | None = None
     check_files: bool = True
@@ -87,10 +88,14 @@ class ModelSettings:
 
     def check(self) -> None:
         for key in ("instance_kind", "onnx_instance_kind"):
-            if getattr(self, key) not in KINDS:
-                raise RepositoryError(f"{key}={getattr(self, key)!r}; use one of {KINDS}")
-        if self.provider not in ("cpu", "cuda"):
+            value = getattr(self, key)
+            if value not in KINDS and not (key == "instance_kind" and value is None):
+                raise RepositoryError(f"{key}={value!r}; use one of {KINDS}")
+        if self.provider not in export_runtime.PROVIDERS:
             raise RepositoryError(f"provider={self.provider!r}; use cpu or cuda")
+        if int(self.instance_count) < 1:
+            raise RepositoryError(f"instance_count={self.instance_count}; use ≥ 1 (with KIND_GPU: instances per GPU)")
+        self.check_placement()
         if self.max_batch_size < 1:
             raise RepositoryError("max_batch_size must be ≥ 1 (requests carry a batch dimension)")
         if self.max_request_cost < 1 or self.max_execute_cost < self.max_request_cost:
@@ -102,6 +107,76 @@ class ModelSettings:
         if self.version < 1:
             raise RepositoryError("version must be ≥ 1 (Triton version directories are positive integers)")
         self.preferred_batch_size = sorted({int(b) for b in self.preferred_batch_size if int(b) <= self.max_batch_size})
+
+    def check_placement(self) -> None:
+        """Where the instances run, one rule per contradiction: `provider` decides (cuda: KIND_GPU instances on
+        `gpus`, default [0]; cpu: KIND_CPU and no gpus); `instance_kind` may restate it, never contradict it;
+        `gpus` lists distinct device ids ≥ 0. The ngc variant's ONNX models (`onnx_instance_kind`, its own
+        default KIND_GPU) must be on GPUs too when provider=cuda asks for them."""
+        cuda = self.provider == "cuda"
+        if self.instance_kind == "KIND_AUTO":
+            raise RepositoryError(
+                f"instance_kind=KIND_AUTO lets Triton pick CPU or GPU, but provider={self.provider} decides where "
+                "the model runs: drop instance_kind (it follows provider)"
+            )
+        if self.instance_kind == "KIND_CPU" and cuda:
+            raise RepositoryError(
+                "provider=cuda runs the model on a GPU, but instance_kind=KIND_CPU asks Triton for CPU instances: "
+                "drop instance_kind (provider=cuda makes them KIND_GPU), or use provider=cpu"
+            )
+        if self.instance_kind == "KIND_GPU" and not cuda:
+            raise RepositoryError(
+                "instance_kind=KIND_GPU asks Triton for GPU instances, but provider=cpu runs the model on the CPU: "
+                "add provider=cuda (it makes them KIND_GPU), or drop instance_kind"
+            )
+        if cuda and self.onnx_instance_kind != "KIND_GPU":
+            raise RepositoryError(
+                f"provider=cuda serves on GPUs, but onnx_instance_kind={self.onnx_instance_kind} puts the ngc "
+                "variant's ONNX models elsewhere: drop onnx_instance_kind (its default is KIND_GPU)"
+            )
+        if self.gpus is None:
+            return
+        gpus = self.gpus
+        if (
+            isinstance(gpus, str | bytes)
+            or not isinstance(gpus, Sequence)
+            or any(isinstance(g, bool) or not isinstance(g, int) for g in gpus)
+        ):
+            raise RepositoryError(f"gpus={gpus!r}; write a list of GPU device ids, e.g. gpus=[0] or gpus=[0,1]")
+        if not gpus:
+            raise RepositoryError("gpus=[] lists no GPU; drop gpus (provider=cuda uses [0]) or list ids, e.g. [0,1]")
+        if any(g < 0 for g in gpus):
+            raise RepositoryError(f"gpus={list(gpus)}: device ids are ≥ 0 (as nvidia-smi numbers them), e.g. [0,1]")
+        twice = sorted({g for g in gpus if list(gpus).count(g) > 1})
+        if twice:
+            raise RepositoryError(
+                f"gpus={list(gpus)} lists GPU {twice[0]} more than once; list each GPU once "
+                "(instance_count is the number of instances on each)"
+            )
+        if not cuda:
+            raise RepositoryError(
+                f"gpus={list(gpus)} places GPU instances, but provider=cpu runs the model on the CPU: "
+                "add provider=cuda, or drop gpus"
+            )
+        self.gpus = [int(g) for g in gpus]
+
+    @property
+    def model_kind(self) -> str:
+        """The Triton instance kind of the model that runs the export runtime (python variant): provider's."""
+        return "KIND_GPU" if self.provider == "cuda" else "KIND_CPU"
+
+    def device_ids(self) -> list[int]:
+        """The GPUs a KIND_GPU group is placed on: `gpus`, or [0] with provider=cuda; [] with provider=cpu (the
+        ngc variant's default KIND_GPU ONNX models then get Triton's default: `instance_count` on every GPU)."""
+        if self.gpus is not None:
+            return list(self.gpus)
+        return [0] if self.provider == "cuda" else []
+
+    def instance_group_text(self, kind: str) -> str:
+        """`instance_group` of a model with instances of `kind`: count per GPU, on `device_ids()`, for KIND_GPU."""
+        ids = self.device_ids() if kind == "KIND_GPU" else []
+        gpus = f" gpus: [ {', '.join(str(i) for i in ids)} ]" if ids else ""
+        return f"instance_group [ {{ count: {int(self.instance_count)} kind: {kind}{gpus} }} ]"
 
     def version_policy_text(self) -> str:
         policy = self.version_policy
@@ -188,7 +263,7 @@ def python_config(
         settings.version_policy_text(),
         text_io_text(),
         batching_text(settings),
-        f"instance_group [ {{ count: {int(settings.instance_count)} kind: {kind or settings.instance_kind} }} ]",
+        settings.instance_group_text(kind or settings.model_kind),
         parameters_text(params),
         warmup,
     ]

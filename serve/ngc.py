@@ -62,7 +62,10 @@ def _tensors(items: list[Any]) -> str:
 
 
 def onnx_config(name: str, onnx_path: Path, settings: ModelSettings) -> str:
-    """config.pbtxt for one ONNX graph under the onnxruntime backend; I/O read from the graph itself."""
+    """config.pbtxt for one ONNX graph under the onnxruntime backend; I/O read from the graph itself. Its
+    instances are `onnx_instance_kind` (default KIND_GPU), placed as the python variant's are
+    (`ModelSettings.instance_group_text`): `instance_count` on each GPU of `gpus` (provider=cuda: default [0]);
+    with provider=cpu and no gpus the group names no GPU, so Triton puts `instance_count` on every visible one."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
@@ -74,7 +77,7 @@ def onnx_config(name: str, onnx_path: Path, settings: ModelSettings) -> str:
         f"{settings.version_policy_text()}\n"
         f"input [\n{_tensors(session.get_inputs())}\n]\n"
         f"output [\n{_tensors(session.get_outputs())}\n]\n"
-        f"instance_group [ {{ count: {int(settings.instance_count)} kind: {settings.onnx_instance_kind} }} ]\n"
+        f"{settings.instance_group_text(settings.onnx_instance_kind)}\n"
     )
     parse_config(text, f"{name}/config.pbtxt")
     return text
@@ -120,6 +123,7 @@ def write_ngc_model(
             "decoder_model": f"{name}-decoder",
             "decoder_inputs": json.dumps(decoder_inputs),
         }
+        # the BLS model runs no graph (tokenization and search only): CPU instances whatever the provider
         (stage.path / "config.pbtxt").write_text(python_config(name, settings, extra, kind="KIND_CPU"))
         for stage in staged:  # encoder, decoder, then the BLS model that calls them
             stage.publish()

@@ -17,7 +17,9 @@ from export import runtime as export_runtime
 
 
 class TritonPythonModel(TextModel):
-    """The export runtime's ORT sessions (CPU, or CUDA with provider=cuda) in this model instance."""
+    """The export runtime's ORT sessions (CPU, or CUDA with provider=cuda) in this model instance. A KIND_GPU
+    instance (serve.repository with provider=cuda) runs on the GPU Triton placed it on: Triton passes that device
+    id as `model_instance_device_id` (0 for CPU instances), and the runtime's CUDA provider is opened on it."""
 
     def load(self, directory: str, params: dict[str, str], args: dict[str, str]) -> Any:
         return export_runtime.load(
