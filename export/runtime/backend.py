@@ -73,7 +73,24 @@ def execution_providers(provider: str, device_id: int = 0) -> list[Any]:
             f"(it has {ort.get_available_providers()}): install onnxruntime-gpu instead of onnxruntime, "
             "or use provider=cpu"
         )
+    preload_cuda_libraries(ort)
     return [("CUDAExecutionProvider", {"device_id": int(device_id), "use_tf32": "0"}), "CPUExecutionProvider"]
+
+
+_CUDA_PRELOADED = False
+
+
+def preload_cuda_libraries(ort: Any) -> None:
+    """Load the CUDA and cuDNN libraries of the nvidia-* pip packages, once per process, where this onnxruntime can
+    (`preload_dlls`, onnxruntime ≥ 1.21): installed from pip, they are on no library path, and the CUDA provider
+    would fail to load its libcublas / libcudnn at the first session."""
+    global _CUDA_PRELOADED
+    if not _CUDA_PRELOADED and hasattr(ort, "preload_dlls"):
+        _CUDA_PRELOADED = True
+        try:
+            ort.preload_dlls()
+        except OSError:  # none found: the first CUDA session says which library it lacks
+            pass
 
 
 def shared_initializers(directory: Path, weights: Sequence[SharedWeight]) -> dict[str, tuple[np.ndarray, Any]]:
