@@ -296,14 +296,16 @@ def render(report_path: Path, table: Path) -> None:
         f"{report['rounds']} interleaved rounds; every search forced to the stored hypotheses' lengths. "
         "Rendered by `python -m zoo.devtools.gpu_decode render`.",
         "",
-        "| model | search | batch | sentences | "
-        + " | ".join(f"{n} tok/s" for n in names)
-        + " | device / host | fp16 / host |",
-        "|---" * (4 + len(names) + 2) + "|",
+        "Cells: target tokens/s (sentences/s). device / host: the new path over the old on the GPU (fp32); fp16 / CPU: "
+        "the fp16 device path over the same machine's CPU threads.",
+        "",
+        "| model | search | batch | sentences | " + " | ".join(names) + " | device / host | fp16 / host | fp16 / CPU |",
+        "|---" * (4 + len(names) + 3) + "|",
     ]
     for p in report["points"]:
         e = p["engines"]
-        cells = [f"{e[n]['tokens_per_s']:.0f}" if n in e else "–" for n in names]
+        cells = [f"{e[n]['tokens_per_s']:.0f} ({e[n]['sentences_per_s']:.0f})" if n in e else "–" for n in names]
+        cpu = next((n for n in e if n.startswith("cpu")), "")
 
         def ratio(a: str, b: str, e: dict[str, Any] = e) -> str:
             return f"{e[a]['tokens_per_s'] / e[b]['tokens_per_s']:.2f}×" if a in e and b in e else "–"
@@ -311,7 +313,8 @@ def render(report_path: Path, table: Path) -> None:
         lines.append(
             f"| {p['model']} | {p['search']} | {p['batch']} | {p['sentences']} | "
             + " | ".join(cells)
-            + f" | {ratio('cuda-device', 'cuda-host')} | {ratio('cuda-device-fp16', 'cuda-host')} |"
+            + f" | {ratio('cuda-device', 'cuda-host')} | {ratio('cuda-device-fp16', 'cuda-host')}"
+            + f" | {ratio('cuda-device-fp16', cpu)} |"
         )
     if report.get("skipped"):
         lines += ["", f"Not reached before the deadline: {', '.join(report['skipped'])}."]
