@@ -115,6 +115,27 @@ def render(report: dict[str, Any], source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_state(report: dict[str, Any], source: str) -> str:
+    """Markdown: per point the host-owned decoding state (engine ort) against the device-resident one (ort-device),
+    sentences/s and their ratio with the hypotheses' agreement — what backend.py's DEFAULT_STATE was chosen by."""
+    machine = report.get("machine", {})
+    lines = [
+        f"Rendered by `python -m export.bench.table {source} --state` from that report: {cpu_name(machine)}, "
+        f"{machine.get('cores', '?')} cores, {report['threads']} threads, medians of {report['repeats']} interleaved "
+        f"rounds (the headline {report['headline']['rounds']}); fixed points produce {report['fixed_len']} tokens.",
+        "",
+        "| point | state=host sent/s | state=device sent/s | device / host |",
+        "|---|---|---|---|",
+    ]
+    for point in report["points"]:
+        engines = point["engines"]
+        lines.append(
+            f"| {point['label'].removeprefix('headline: ')} | {engines['ort']['sentences_per_s']:.1f} | "
+            f"{engines['ort-device']['sentences_per_s']:.1f} | {_ratio(point, 'ort-device')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _limits_cells(engine: dict[str, Any] | None) -> tuple[str, str]:
     """A point's arithmetic cell (matmul GFLOP/s achieved / their roofline = share) and memory cell (batch 1:
     weight GB/s = share of the read bandwidth)."""
@@ -211,10 +232,15 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m export.bench.table", description=__doc__.split("\n\n")[0])
     ap.add_argument("report", help="an export.bench --json report made with --baseline-runtime (or --roofline)")
     ap.add_argument("--limits", action="store_true", help="the machine-limits table of a --roofline report")
+    ap.add_argument(
+        "--state", action="store_true", help="the host vs device decoding-state table of a --device-state report"
+    )
     ap.add_argument("--readme", action="store_true", help="rewrite results/runtime/README.md's block with the table")
     args = ap.parse_args(argv)
     path = Path(args.report)
     renderer, block = (render_limits, LIMITS_BLOCK) if args.limits else (render, BLOCK)
+    if args.state:
+        renderer = render_state
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
         table = renderer(report, args.report)
