@@ -31,6 +31,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from export.rewrites import graph_and_branches
+
 FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
 
 # Nodes that compute in float32: the vocabulary's log-probabilities and the k best, the scores the search adds up.
@@ -86,7 +88,7 @@ class _Converter:
         inferred = onnx.shape_inference.infer_shapes(model)
         # each value's original element type, in every graph of the model (value names are unique across them)
         self.types: dict[str, int] = {}
-        for graph in _graphs(inferred.graph):
+        for graph in graph_and_branches(inferred.graph):
             for value in [*graph.input, *graph.output, *graph.value_info]:
                 if value.type.HasField("tensor_type"):
                     self.types[value.name] = value.type.tensor_type.elem_type
@@ -112,11 +114,11 @@ class _Converter:
     def _initializers(self, graph: onnx.GraphProto) -> None:
         """Float initializers read by any float16 node become float16 (a float32 reader gets a cast)."""
         readers: dict[str, list[onnx.NodeProto]] = {}
-        for g in _graphs(graph):
+        for g in graph_and_branches(graph):
             for node in g.node:
                 for name in node.input:
                     readers.setdefault(name, []).append(node)
-        for g in _graphs(graph):
+        for g in graph_and_branches(graph):
             for i, init in enumerate(g.initializer):
                 if init.data_type != FLOAT:
                     continue
@@ -196,7 +198,7 @@ class _Converter:
     def _value_info(self) -> None:
         """value_info entries follow their values' new types; those of renamed values are dropped (onnxruntime
         infers them)."""
-        for graph in _graphs(self.model.graph):
+        for graph in graph_and_branches(self.model.graph):
             keep = []
             for value in graph.value_info:
                 if value.name in self.renamed:
@@ -206,16 +208,6 @@ class _Converter:
                 keep.append(value)
             del graph.value_info[:]
             graph.value_info.extend(keep)
-
-
-def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
-    """`graph` and every control-flow branch inside it, outermost first."""
-    found = [graph]
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                found += _graphs(attribute.g)
-    return found
 
 
 def to_float16(model: onnx.ModelProto, fp32_outputs: Collection[str]) -> None:

@@ -1,4 +1,4 @@
-"""The device-resident decoding path (export/runtime/bound_stepper.py, device_state.py, row_gather.py) against the
+"""The device-resident decoding path (export/runtime/device_state.py, row_gather.py) against the
 host-owned one it replaces on GPUs: the same hypotheses, scores, n-best lists, alignments and scores of forced
 decoding for every export signature, here on the CPU provider (the same code runs on CUDA).
 
@@ -16,8 +16,9 @@ from onnx import TensorProto, helper
 
 import export
 from export import runtime as rt
-from export.runtime.bound_stepper import BoundStepper
+from export.runtime.device_state import DeviceState
 from export.runtime.row_gather import ONNX_ELEMENT_TYPES, gather_model
+from export.runtime.stepper import Stepper
 from tests.export_testing import REPRESENTATIVES
 
 
@@ -61,7 +62,7 @@ def test_the_device_path_searches_as_the_host_path(entry: str, exported) -> None
     sentences with different length limits — rows leave the batch at different steps — equal on both paths."""
     out, manifest = exported(entry)
     host, device = _loaded(out, "host"), _loaded(out, "device")
-    assert isinstance(device.decoding(np.array([[5, device.eos_id]]), steps=2), BoundStepper)
+    assert isinstance(device.decoding(np.array([[5, device.eos_id]]), steps=2).state, DeviceState)
     encoded = host.encode_texts(manifest_heldout(out)[:8])
     limits = rt.RowLimits(np.zeros(8, dtype=np.int64), np.array([1, 9, 3, 14, 6, 2, 11, 4], dtype=np.int64))
     aligns = manifest["alignment"]["output"] is not None
@@ -110,7 +111,7 @@ def test_device_stores_regrow_where_a_caller_outruns_their_size(exported) -> Non
     src = host.pad(host.encode_texts(manifest_heldout(out)[:3]))
     rows = np.repeat(np.arange(3), 2)
     a = host.stepper(host.encode(src), rows, steps=1, slots=1)
-    b = BoundStepper(device, src, rows, steps=1, slots=1)
+    b = Stepper(device, DeviceState(device, src, np.arange(3), len(rows), 1, 1), rows, np.arange(3))
     last = np.full(len(rows), host.bos_id, dtype=np.int64)
     for t in range(9):
         (lp_a, tok_a), (lp_b, tok_b) = a(last, t, 5), b(last, t, 5)
@@ -122,7 +123,7 @@ def test_device_stores_regrow_where_a_caller_outruns_their_size(exported) -> Non
         a.select(keep)
         b.select(keep)
         last = tok_a[keep, 0]
-    assert b.cache.capacity >= 9 and b.cache.width == 6
+    assert b.state.cache.capacity >= 9 and b.state.cache.width == 6
 
 
 def test_an_unknown_state_is_refused_with_the_choices(exported) -> None:

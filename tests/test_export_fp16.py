@@ -73,7 +73,7 @@ def test_an_fp16_export_keeps_the_interface_and_verifies_against_fp32(exported, 
     # the runtime decodes it with float16 stores and float32 scores, as the fp32 model (torch) does
     model, reference = export.load(out, threads=1), zoo.load(str(checkpoint_run("transformer")))
     step = model.stepper(model.encode(np.array([[5, 6, 7, model.eos_id]], dtype=np.int64)), steps=2)
-    assert {s.dtype for s in step.cache.stores if s is not None} == {np.dtype(np.float16)}  # half the memory
+    assert {s.dtype for s in step.state.cache.stores if s is not None} == {np.dtype(np.float16)}  # half the memory
     lp, _ = step(np.array([model.bos_id]), 0, 3)
     assert lp.dtype == np.float32
     sources = json.loads((out / "heldout.json").read_text())["src"][:8]

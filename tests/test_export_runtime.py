@@ -134,7 +134,7 @@ def test_decoder_gathers_the_past_and_returns_only_new_positions(exported, tmp_p
     step(np.full(6, runtime.bos_id), 0, 4)
     step.select(np.array([2, 2, 0, 5, 4, 3]))
     step(np.full(6, 5), 1, 4)
-    assert step.cache.history.shape == (6, 2) and step.cache.width == 6
+    assert step.state.cache.history.shape == (6, 2) and step.state.cache.width == 6
     old = _tampered(out, tmp_path, lambda m: m.update(runtime_format=1))
     with pytest.raises(rt.ExportedModelError, match=r"re-export it with `python -m export") as err:
         export.load(old)

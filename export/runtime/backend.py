@@ -163,7 +163,7 @@ class OrtBackend:
         options = session_options(manifest, threads, optimization, spinning, provider)
         providers = execution_providers(provider, device_id)
         self.state = DEFAULT_STATE[provider] if state == "auto" else state
-        # the device the decoding state lives on with state="device" (bound_stepper.py), else None
+        # the device the decoding state lives on with state="device" (device_state.py), else None
         self.device = Device(provider, device_id, options, providers) if self.state == "device" else None
         self.shared = shared_initializers(directory, manifest.get("shared_weights", []))
         for name, (_, value) in self.shared.items():
@@ -194,7 +194,7 @@ class OrtBackend:
         return [Bound.of(value) for value in binding.get_outputs()]
 
     def run_bound(self, binding: ort.IOBinding) -> None:
-        """The decoder graph once over a bound step (bound_stepper.py)."""
+        """The decoder graph once over a bound step (device_state.py's `DeviceState`)."""
         run_bound(self.decoder, "decoder", binding, {})
 
     def decode(self, outputs: list[str], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -1,5 +1,6 @@
-"""A decoding state that stays where the graphs run: `Device` (memory and row gathers on an execution provider's
-device) and `DeviceCache` (the self-attention stores there).
+"""A decoding state that stays where the graphs run: `DeviceState` (stepper.py's `DecodingState` through I/O
+binding) over `Device` (memory and row gathers on an execution provider's device) and `DeviceCache` (the
+self-attention stores there).
 
 Why: with provider=cuda the host-owned state (stores.py) crossed the bus twice per decoder step — every row's past
 to the GPU and the new position back — so a GPU decoded at CPU speed. Here the stores are device buffers of the
@@ -23,6 +24,9 @@ from .stores import cache_layout
 
 if TYPE_CHECKING:
     import onnxruntime as ort
+
+    from .backend import OrtBackend
+    from .model import ExportedModel
 
 ORT_DEVICES = {"cpu": "cpu", "cuda": "cuda"}  # runtime provider → onnxruntime's device name for OrtValues/bindings
 
@@ -242,3 +246,51 @@ class DeviceCache:
             self.stores[i] = grown
         self.history = self.history // old_width * width + self.history % old_width
         self.capacity, self.width = capacity, width
+
+
+class DeviceState:
+    """stepper.py's `DecodingState` on `model`'s backend device (an `OrtBackend` made with state="device"): the
+    encoder's outputs stay there as the cross-attention inputs (gathered there when sources leave), the
+    self-attention stores are a `DeviceCache`, and each run binds host inputs, device tensors and the outputs the
+    search reads (to the host) to one reused I/O binding."""
+
+    def __init__(
+        self, model: ExportedModel, src: np.ndarray, sources: np.ndarray, rows: int, steps: int, slots: int
+    ) -> None:
+        self.m = model
+        backend: OrtBackend = model.backend  # type: ignore[assignment]
+        assert backend.device is not None, "DeviceState needs a backend made with state='device'"
+        self.backend, self.device = backend, backend.device
+        names = ["memory_pad_mask", *model.cross_names]
+        encoded = dict(zip(names, backend.encode_bound(names, np.ascontiguousarray(src, dtype=np.int64)), strict=True))
+        whole = np.array_equal(sources, np.arange(src.shape[0]))  # a fresh batch: the encoder's own tensors
+        self.cross = {n: v if whole else self.device.gather(v, sources) for n, v in encoded.items()}
+        self.cache = DeviceCache(model.self_specs, rows, self.device, steps, slots)
+        self.binding = backend.decoder.io_binding()
+
+    def run(self, host: dict[str, np.ndarray], fetch: list[str]) -> list[np.ndarray]:
+        """One decoder run: `host` inputs and `fetch` outputs cross; the new positions are written into the device
+        stores by the graph itself."""
+        binding, used, rows = self.binding, self.backend.decoder_inputs, len(host["tokens"])
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        for name, value in host.items():
+            if name in used:
+                binding.bind_cpu_input(name, value)
+        for name, bound in self.cross.items():
+            if name in used:
+                self.device.bind_input(binding, name, bound)
+        for name in fetch:
+            binding.bind_output(name, "cpu")
+        self.cache.bind(binding, rows, used, self.m.next_names)
+        self.backend.run_bound(binding)
+        outputs = binding.get_outputs()
+        sums = [Bound.of(outputs[len(fetch) + i]) for i, store in enumerate(self.cache.stores) if store is None]
+        self.cache.take_step(sums, rows)
+        return [value.numpy() for value in outputs[: len(fetch)]]
+
+    def select(self, rows: np.ndarray, cross_keep: np.ndarray | None) -> None:
+        """The cell lists on the host; the cross-attention inputs gathered on the device when sources left."""
+        if cross_keep is not None:
+            self.cross = {name: self.device.gather(value, cross_keep) for name, value in self.cross.items()}
+        self.cache.select(rows)

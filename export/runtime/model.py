@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .backend import Backend, OrtBackend
-from .bound_stepper import BoundStepper
+from .device_state import DeviceState
 from .errors import ExportedModelError, ExportRuntimeError
 from .manifest import ALIGNMENT_OUTPUT, NEXT_PREFIX, Manifest, read_manifest
 from .manifest_checks import open_regular
@@ -54,7 +54,7 @@ from .search_loop import (
     samples_by_sentence,
 )
 from .shortlist import Shortlist
-from .stepper import Stepper
+from .stepper import HostState, Stepper, cross_rows
 from .stores import StorePool
 from .tokenizer import SentencePieceTokenizer, SharedVocabTokenizer, load_tokenizer
 
@@ -127,9 +127,11 @@ class ExportedModel:
         goes beyond); `vocab_rows`: the sorted token ids [C] of a shortlist to decode over (`candidates`);
         `alignments`: every step also fetches the `alignment` output into the stepper's `attention` [N, S]
         (SearchError if the export has none: `check_alignments`)."""
-        if rows is None:
-            rows = np.arange(len(encoded["memory_pad_mask"]), dtype=np.int64)
-        return Stepper(self, encoded, np.asarray(rows, dtype=np.int64), full, steps, slots, vocab_rows, alignments)
+        rows = np.arange(len(encoded["memory_pad_mask"])) if rows is None else rows
+        rows = np.asarray(rows, dtype=np.int64)
+        sources = cross_rows(rows, self.cross_per_source)
+        state = HostState(self, encoded, sources, len(rows), steps, slots)
+        return Stepper(self, state, rows, sources, full, vocab_rows, alignments)
 
     def decoding(
         self,
@@ -139,12 +141,15 @@ class ExportedModel:
         slots: int = 0,
         vocab_rows: np.ndarray | None = None,
         alignments: bool = False,
-    ) -> Stepper | BoundStepper:
+    ) -> Stepper:
         """A search's decoding state over src [B, S] (`stepper`'s arguments): on the backend's device when it keeps
-        the state there (backend.py `STATES`), else host-owned after encoding on the host."""
-        if getattr(self.backend, "device", None) is not None:
-            return BoundStepper(self, src, rows, False, steps, slots, vocab_rows, alignments)
-        return self.stepper(self.encode(src), rows, False, steps, slots, vocab_rows, alignments)
+        the state there (backend.py `STATES`: device_state.py), else host-owned after encoding on the host."""
+        if getattr(self.backend, "device", None) is None:
+            return self.stepper(self.encode(src), rows, False, steps, slots, vocab_rows, alignments)
+        rows = np.arange(src.shape[0], dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+        sources = cross_rows(rows, self.cross_per_source)
+        state = DeviceState(self, src, sources, len(rows), steps, slots)
+        return Stepper(self, state, rows, sources, False, vocab_rows, alignments)
 
     def check_alignments(self) -> None:
         """SearchError (one line) unless the decoder graph returns alignments (export/graph.py's `alignment`): not

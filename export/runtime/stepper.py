@@ -1,13 +1,14 @@
 """`Stepper`: one decoding state of an `ExportedModel` — the search loop's `Step` over the exported decoder graph.
 
-It feeds the graph the last tokens, the self-attention store (`SelfCache`) and the cross-attention inputs, fetches
-only the outputs a search needs (the in-graph top k, or the whole distribution for the options of
-processing.py), and follows beam reordering and sentences leaving.
+It feeds the graph the last tokens, fetches only the outputs a search needs (the in-graph top k, or the whole
+distribution for the options of processing.py), and follows beam reordering and sentences leaving. Where the state
+between steps lives is its `DecodingState`'s business: `HostState` here (numpy cross inputs and the host-owned
+`SelfCache`), or device_state.py's `DeviceState` (everything on the execution device, through I/O binding).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -36,26 +37,76 @@ def cross_rows(sentence: np.ndarray, per_source: bool) -> np.ndarray:
     return sources
 
 
-class Stepper:
-    """A decoding state over the live rows: per-row best tokens from the backend's decoder, the self-attention
-    state in a host-owned `SelfCache`, the cross-attention inputs re-sliced on the host only when the set of
-    sentences changes (finished sentences leaving). Exports whose cross caches are per source (manifest shape
-    "sources") get one cache row per sentence, shared by its beams."""
+class DecodingState(Protocol):
+    """What a `Stepper` keeps between decoder runs and how it runs one."""
+
+    def run(self, host: dict[str, np.ndarray], fetch: list[str]) -> list[np.ndarray]:
+        """One decoder run on `host` inputs (tokens, step, topk, vocab_rows) and the kept state: the outputs
+        `fetch` as host arrays, in order; what the step adds to the self-attention state is kept."""
+        ...
+
+    def select(self, rows: np.ndarray, cross_keep: np.ndarray | None) -> None:
+        """Continue from rows `rows` of the last run; `cross_keep`: the cross rows to keep, in order, when the set
+        of sources changed (None: unchanged)."""
+        ...
+
+
+class HostState:
+    """The state on the host: the cross-attention inputs as numpy arrays (re-sliced only when the set of sources
+    changes) and the self-attention store in a host-owned `SelfCache` (stores.py says why)."""
 
     def __init__(
         self,
         model: ExportedModel,
         encoded: dict[str, np.ndarray],
+        sources: np.ndarray,
+        rows: int,
+        steps: int,
+        slots: int,
+    ) -> None:
+        self.m = model
+        # every source once, in order (beam search and greedy over a fresh batch): the encoder's own arrays. A copy
+        # would hold the cross caches twice while it is made and leave that much freed but resident heap behind
+        # for the rest of the search. Measured: results/runtime/docstring_figures.md
+        whole = np.array_equal(sources, np.arange(len(encoded["memory_pad_mask"])))
+        self.cross = {
+            name: np.ascontiguousarray(encoded[name] if whole else encoded[name][sources])
+            for name in [*model.cross_names, "memory_pad_mask"]
+        }
+        self.cache = SelfCache(model.self_specs, rows, steps, slots, model.store_pool)
+
+    def run(self, host: dict[str, np.ndarray], fetch: list[str]) -> list[np.ndarray]:
+        used = self.m.backend.decoder_inputs
+        feeds = {n: v for n, v in {**host, **self.cross, **self.cache.feeds()}.items() if n in used}
+        out = self.m.backend.decode([*fetch, *self.m.next_names], feeds)
+        self.cache.update(out[len(fetch) :])
+        return out[: len(fetch)]
+
+    def select(self, rows: np.ndarray, cross_keep: np.ndarray | None) -> None:
+        if cross_keep is not None:
+            self.cross = {k: np.ascontiguousarray(v[cross_keep]) for k, v in self.cross.items()}
+        self.cache.select(rows)
+
+
+class Stepper:
+    """A decoding state over the live rows: per-row best tokens from the backend's decoder, the state between
+    steps in `state` (a `DecodingState`). Exports whose cross caches are per source (manifest shape "sources") get
+    one cross row per sentence, shared by its beams."""
+
+    def __init__(
+        self,
+        model: ExportedModel,
+        state: DecodingState,
         rows: np.ndarray,
+        sources: np.ndarray,
         full: bool = False,
-        steps: int = 0,
-        slots: int = 0,
         vocab_rows: np.ndarray | None = None,
         alignments: bool = False,
     ) -> None:
         self.m = model
-        self._take_cross(encoded, rows)
-        self.cache = SelfCache(model.self_specs, len(rows), steps, slots, model.store_pool)
+        self.state = state
+        self.sentence = rows  # [N] source row of every decoder row
+        self.cross_sources = sources  # [sources or N] source of every cross row (`cross_rows`)
         self.fetch_full = full  # not `self.full`: that is the method the options of processing.py step with
         self.logits: np.ndarray | None = None  # [N, V] (or [N, C] over a shortlist) of the last step when `full`
         self.log_probs: np.ndarray | None = None
@@ -94,49 +145,26 @@ class Stepper:
         return self._run(last, t, 1, ["log_probs"])[0]
 
     def _run(self, last: np.ndarray, t: int, k: int, names: list[str]) -> list[np.ndarray]:
-        """One decoder step fetching outputs `names`; what it adds to the self-attention state goes to the store,
-        with `alignments` its `alignment` output to `attention`."""
-        feeds = {
+        """One decoder step fetching outputs `names`; with `alignments` its `alignment` output to `attention`."""
+        host = {
             "tokens": np.ascontiguousarray(last, dtype=np.int64).reshape(-1, 1),
             "step": np.array([t], dtype=np.int64),
             "topk": np.array([min(k, self.width)], dtype=np.int64),
             "vocab_rows": EVERY_TOKEN if self.vocab_rows is None else self.vocab_rows,
-            **self.cross,
-            **self.cache.feeds(),
         }
-        used = self.m.backend.decoder_inputs
-        extra = [ALIGNMENT_OUTPUT] if self.alignments else []
-        out = self._decode([*names, *extra, *self.m.next_names], {n: v for n, v in feeds.items() if n in used})
-        self.cache.update(out[len(names) + len(extra) :])
+        out = self.state.run(host, [*names, *([ALIGNMENT_OUTPUT] if self.alignments else [])])
         if self.alignments:  # [sources, G, S] → [N, S]: the graph's G rows per source are consecutive rows
             self.attention = out[len(names)].reshape(-1, out[len(names)].shape[-1])
         return out[: len(names)]
-
-    def _decode(self, outputs: list[str], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """The decoder graph, once, wherever the model's backend runs it."""
-        return self.m.backend.decode(outputs, inputs)
-
-    def _take_cross(self, encoded: dict[str, np.ndarray], rows: np.ndarray) -> None:
-        """The cross-attention inputs (caches, memory_pad_mask) for decoder rows whose sources are `rows` [N]."""
-        self.sentence = rows  # [N] source row of every decoder row
-        self.cross_sources = cross_rows(rows, self.m.cross_per_source)  # [sources or N] source of every cross row
-        # every source once, in order (beam search and greedy over a fresh batch): the encoder's own arrays. A copy
-        # would hold the cross caches twice while it is made and leave that much freed but resident heap behind
-        # for the rest of the search. Measured: results/runtime/docstring_figures.md
-        whole = np.array_equal(self.cross_sources, np.arange(len(encoded["memory_pad_mask"])))
-        self.cross = {
-            name: np.ascontiguousarray(encoded[name] if whole else encoded[name][self.cross_sources])
-            for name in [*self.m.cross_names, "memory_pad_mask"]
-        }
 
     def select(self, rows: np.ndarray) -> None:
         """Continue from rows `rows` of the last step (beam reordering / finished sentences leaving)."""
         rows = np.asarray(rows, dtype=np.int64)
         self.sentence = self.sentence[rows]
         sources = cross_rows(self.sentence, self.m.cross_per_source)
+        keep = None
         if sources.shape != self.cross_sources.shape or not np.array_equal(sources, self.cross_sources):
             position = {int(s): i for i, s in enumerate(self.cross_sources)}  # every kept source has a row now
             keep = np.array([position[int(s)] for s in sources], dtype=np.int64)
-            self.cross = {k: np.ascontiguousarray(v[keep]) for k, v in self.cross.items()}
             self.cross_sources = sources
-        self.cache.select(rows)
+        self.state.select(rows, keep)
