@@ -13,9 +13,12 @@ usage:
   python -m zoo.devtools.gpu_decode prepare RECORD.json.gz WORK_DIR [SENTENCES]
   python -m zoo.devtools.gpu_decode pack WORK_DIR WHEEL PARTS_DIR [PART_MB]
   python -m zoo.devtools.gpu_decode run WORK_DIR OUT_JSON [DEADLINE_S] [CPU_THREADS]
+  python -m zoo.devtools.gpu_decode serve WORK_DIR OUT_DIR [CONCURRENCY ...]
   python -m zoo.devtools.gpu_decode render OUT_JSON TABLE_MD
+environment (serve): SERVE_PYTHONPATH is put first on the served process' path (its tritonserver, numpy < 2, client).
 environment (run): FP16=0 leaves the fp16 exports out; POINTS=greedy:1,beam5:32 limits the grid; MODELS=cpu_preset
-limits the architectures; DRYRUN=1 runs the "cuda" engines and the fp16 verification on the CPU (a rehearsal here).
+limits the architectures (SERVE_MODEL=cpu_preset: `serve`'s); DRYRUN=1 runs the "cuda" engines, the fp16
+verification and the served model on the CPU (a rehearsal here).
 
 How it ran on the lent machine (its image has torch, onnx and onnxscript, not Hydra or onnxruntime-gpu, and one call
 carries at most 64 MiB): `prepare` and `pack` here write WORK_DIR (the workload and `site/`, this checkout's pure-Python
@@ -281,6 +284,45 @@ def run(work: Path, out_json: Path, deadline: float = 420.0, cpu_threads: int = 
     out_json.write_text(json.dumps(report, indent=1))
 
 
+# ---------------------------------------------------------------------------------------------- serve (there)
+def serve(work: Path, out: Path, concurrency: list[int]) -> None:
+    """The base model's fp16 export served by tritonserver on the GPU (`python -m serve.bench`, gRPC, our load
+    generator, provider=cuda: GPU instance groups and the device path), every request forced to its sentence's
+    length as `run` forces it; serve.bench's results copied to OUT_DIR."""
+    model = os.environ.get("SERVE_MODEL", "base")
+    os.environ["MODELS"] = model
+    w = json.loads((work / "workload.json").read_text())
+    export = build_exports(work, ["fp16"])[(model, "fp16")]
+    (work / "sources.txt").write_text("\n".join(w["texts"]) + "\n")
+    (work / "lengths.json").write_text(json.dumps(w["lengths"]))
+    bench = work / "bench"
+    cmd = [
+        sys.executable,
+        "-m",
+        "serve.bench",
+        f"exports=[{export}]",
+        f"out={bench}",
+        "protocols=[grpc]",
+        f"concurrency=[{','.join(map(str, concurrency))}]",
+        "no_batching_concurrency=[]",
+        "baseline=false",
+        f"sentences={work / 'sources.txt'}",
+        f"lengths=[{work / 'lengths.json'}]",
+        "duration_s=10",
+        "+server.provider=" + GPU,
+        "server.instance_count=2",
+    ]
+    say(" ".join(cmd))
+    env = dict(os.environ)
+    if os.environ.get("SERVE_PYTHONPATH"):  # the server's own packages first (pytriton's stubs want numpy < 2)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ["SERVE_PYTHONPATH"], env.get("PYTHONPATH")) if p)
+    subprocess.run(cmd, check=False, env=env)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in sorted(bench.glob("*"))[:6]:
+        if f.is_file():
+            (out / f"serve_{f.name}").write_bytes(f.read_bytes())
+
+
 # ---------------------------------------------------------------------------------------------- render (here)
 def render(report_path: Path, table: Path) -> None:
     """The stored report as a Markdown table: target tokens/s per engine, and the device path's ratio."""
@@ -324,7 +366,7 @@ def render(report_path: Path, table: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] not in ("prepare", "pack", "run", "render"):
+    if not args or args[0] not in ("prepare", "pack", "run", "serve", "render"):
         raise SystemExit(__doc__)
     if args[0] == "prepare":
         prepare(args[1], Path(args[2]), *(int(a) for a in args[3:4]))
@@ -332,6 +374,8 @@ def main(argv: list[str] | None = None) -> None:
         pack(Path(args[1]), Path(args[2]), Path(args[3]), *(int(a) for a in args[4:5]))
     elif args[0] == "run":
         run(Path(args[1]), Path(args[2]), *(float(a) for a in args[3:4]), *(int(a) for a in args[4:5]))
+    elif args[0] == "serve":
+        serve(Path(args[1]), Path(args[2]), [int(a) for a in args[3:]] or [16, 64])
     else:
         render(Path(args[1]), Path(args[2]))
 
