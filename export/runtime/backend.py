@@ -155,12 +155,16 @@ class OrtBackend:
         provider: str = "cpu",
         device_id: int = 0,
         state: str = "auto",
+        profile_prefix: str | None = None,
     ) -> None:
         import onnxruntime as ort  # here, not at the top: see the module docstring
 
         if state not in STATES:
             raise ExportRuntimeError(f"state={state!r}: choose one of {list(STATES)} (where a search keeps its caches)")
         options = session_options(manifest, threads, optimization, spinning, provider)
+        if profile_prefix is not None:  # onnxruntime's profiler (export/bench/kernels.py reads its traces)
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_prefix
         providers = execution_providers(provider, device_id)
         self.state = DEFAULT_STATE[provider] if state == "auto" else state
         # the device the decoding state lives on with state="device" (device_state.py), else None
