@@ -4,6 +4,7 @@
     python -m export.bench.table …       the runtime's tables, rendered from a stored speed report
     python -m export.bench.threads …     throughput mode (inter × intra threads) against one search
     python -m export.bench.shortlist …   what the lexical shortlist costs in BLEU and gains in speed
+    python -m export.bench.kernels …     kernels per decoder step, from onnxruntime's profile
 
 Why a package of its own: the product (export/, export/runtime/, serve/) imports nothing from here
 (tests/test_imports.py holds it), so the exporter and the runtime read as what they ship. This file imports
