@@ -17,6 +17,7 @@ import export
 from export import runtime as rt
 from export.pruning import prune
 from export.runtime.search import Scored, Search
+from export.runtime.stepper import HostState
 from export.verify import encode_pairs, graph_parity
 from tests.export_testing import (
     PLAN,
@@ -200,14 +201,14 @@ def test_beam_search_runs_its_first_step_on_one_row_per_sentence(exported, monke
     src = runtime.pad(runtime.encode_texts(["Guten Morgen.", "Das Haus ist klein.", "Ja."]))
     rows: list[int] = []
     widths: list[int] = []
-    decode = rt.Stepper._decode
+    run = HostState.run
 
-    def spy(self, outputs, inputs):
-        rows.append(len(inputs["tokens"]))
+    def spy(self, host, fetch):
+        rows.append(len(host["tokens"]))
         widths.append(self.cache.width)
-        return decode(self, outputs, inputs)
+        return run(self, host, fetch)
 
-    monkeypatch.setattr(rt.Stepper, "_decode", spy)
+    monkeypatch.setattr(HostState, "run", spy)
     hyps = runtime.generate_nbest(src, rt.Search(beam_size=4, max_len_a=0.0, max_len_b=6, min_len=6), 4)
     assert rows[:3] == [3, 12, 12] and set(widths) == {12}
     assert all(len(h) == 4 and all(len(x.tokens) == 5 for x in h) for h in hyps)
@@ -222,13 +223,13 @@ def test_a_step_where_every_hypothesis_must_end_is_not_decoded(exported, monkeyp
     runtime = export.load(out, threads=1)
     src = runtime.pad(runtime.encode_texts(["Ja.", "Das Haus ist klein und alt, aber es hat einen Garten."]))
     steps: list[int] = []
-    decode = rt.Stepper._decode
+    run = HostState.run
 
-    def spy(self, outputs, inputs):
-        steps.append(int(inputs["step"][0]))
-        return decode(self, outputs, inputs)
+    def spy(self, host, fetch):
+        steps.append(int(host["step"][0]))
+        return run(self, host, fetch)
 
-    monkeypatch.setattr(rt.Stepper, "_decode", spy)
+    monkeypatch.setattr(HostState, "run", spy)
     for beam in (1, 4):
         steps.clear()
         hyps = runtime.generate_nbest(src, rt.Search(beam_size=beam, max_len_a=0.0, max_len_b=6, min_len=6), beam)
