@@ -149,7 +149,7 @@ def machine_line() -> dict[str, Any]:
     }
 
 
-def build_exports(work: Path, wanted: list[str]) -> dict[tuple[str, str], Path]:
+def build_exports(work: Path, wanted: list[str], models: list[str] | None = None) -> dict[tuple[str, str], Path]:
     """Random-weight checkpoints of both architectures and their exports (all in parallel processes)."""
     from zoo.data import Tokenizer
     from zoo.report.speed_models import SpeedCorpus, rebuild_checkpoint
@@ -159,7 +159,7 @@ def build_exports(work: Path, wanted: list[str]) -> dict[tuple[str, str], Path]:
         w["texts"], Tokenizer.from_bytes((work / "tokenizer.model").read_bytes()), w["data_config"], w["heldout"]
     )
     jobs, out = [], {}
-    chosen = os.environ.get("MODELS", ",".join(w["models"])).split(",")
+    chosen = models or os.environ.get("MODELS", ",".join(w["models"])).split(",")
     for model, node in w["models"].items():
         if model not in chosen:
             continue
@@ -290,9 +290,8 @@ def serve(work: Path, out: Path, concurrency: list[int]) -> None:
     generator, provider=cuda: GPU instance groups and the device path), every request forced to its sentence's
     length as `run` forces it; serve.bench's results copied to OUT_DIR."""
     model = os.environ.get("SERVE_MODEL", "base")
-    os.environ["MODELS"] = model
     w = json.loads((work / "workload.json").read_text())
-    export = build_exports(work, ["fp16"])[(model, "fp16")]
+    export = build_exports(work, ["fp16"], [model])[(model, "fp16")]
     (work / "sources.txt").write_text("\n".join(w["texts"]) + "\n")
     (work / "lengths.json").write_text(json.dumps(w["lengths"]))
     bench = work / "bench"
