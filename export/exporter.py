@@ -35,6 +35,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+from export.fused_attention import FUSED_CHOICES
 from export.graph import CacheSpec, ExportError, discover_caches
 from export.manifest import (
     HELDOUT_FILE,
@@ -108,6 +109,11 @@ def export_checkpoint(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
             f"runtime.graph_optimization_level={cfg.runtime.graph_optimization_level!r}: use one of "
             f"{', '.join(OPTIMIZATION_LEVELS)}"
         )
+    if cfg.fused_attention not in FUSED_CHOICES:
+        raise ExportError(
+            f"fused_attention={cfg.fused_attention!r}: use one of {', '.join(FUSED_CHOICES)} (which decoder attentions "
+            "run as onnxruntime's fused kernel)"
+        )
     _check_precision(cfg)
     previous_threads = torch.get_num_threads()
     if cfg.runtime.threads:
@@ -170,6 +176,7 @@ def _export(cfg: DictConfig) -> dict[str, Any]:
             metadata,
             bool(shortlist_pairs),
             exported.alignment["layer"],
+            fused_attention=str(cfg.fused_attention),
         )
         laps("onnx_export")
         _write_tokenizer_and_heldout(directory, source)

@@ -27,6 +27,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from torch.export import Dim
 
 from export.fp16 import float_inputs_outputs, to_float16
+from export.fused_attention import fused_decoder_steps
 from export.graph import (
     BATCH,
     CANDIDATES,
@@ -55,6 +56,7 @@ from export.rewrites import (
     new_positions_from_concat,
     outputs_from_their_producers,
     reads,
+    unread_attention_outputs_dropped,
 )
 from export.runtime import GraphInfo, Graphs
 from zoo.model import Transformer
@@ -199,6 +201,7 @@ def _finish_graph(path: Path, metadata: dict[str, str]) -> GraphInfo:
     layout_preserving_transposes_to_reshapes(model)
     consecutive_reshapes_merged(model)
     drop_unread(model)
+    unread_attention_outputs_dropped(model)
     for key, value in metadata.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
@@ -224,11 +227,13 @@ def export_graphs(
     metadata: dict[str, str],
     shortlist: bool = False,
     alignment_layer: int | None = None,
+    fused_attention: str = "none",
 ) -> Graphs:
     """Write encoder.onnx and decoder.onnx for `model` (eval) with every batch/length axis dynamic — with
     `shortlist`, a decoder that takes a vocabulary shortlist, with `alignment_layer`, one whose `alignment` output
-    is that layer's cross-attention (export/graph.py) — and return their manifest entries (file, IR version, opset,
-    actual inputs and outputs)."""
+    is that layer's cross-attention (export/graph.py), with `fused_attention` "cross" or "all" the decoder step's
+    cross-attention (or every) mha module as onnxruntime's fused kernel (export/fused_attention.py) — and return
+    their manifest entries (file, IR version, opset, actual inputs and outputs)."""
     cfg = model.cfg
     # lengths are bounded by the positions table (Transformer._embed checks it: a guard torch.export must
     # see declared, or it reports a constraint violation)
@@ -299,7 +304,8 @@ def export_graphs(
             {0: dims[SOURCES], 1: dims[SRC_LEN]},
             (*[_dynamic(c, dims) for c in cross_specs], *[_dynamic(c, dims) for c in self_specs]),
         )
-        with _export_errors("decoder", cfg.attention):
+        fused = contextlib.nullcontext() if fused_attention == "none" else fused_decoder_steps(model, fused_attention)
+        with _export_errors("decoder", cfg.attention), fused:
             torch.onnx.export(
                 decoder,
                 args,

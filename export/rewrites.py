@@ -194,6 +194,21 @@ def drop_unread(model: onnx.ModelProto) -> None:
         graph.initializer.remove(init)
 
 
+def unread_attention_outputs_dropped(model: onnx.ModelProto) -> None:
+    """A fused cross-attention (export/fused_attention.py: a MultiHeadAttention without past inputs) whose present
+    key/value nobody reads gets them as unnamed outputs: named, onnxruntime would write them — a copy of the whole
+    cross cache every step. A self-attention's stay named though unread: onnxruntime attends to the past only when
+    they are asked for."""
+    graph = model.graph
+    used = {name for node in nested_nodes(graph) for name in reads(node)} | {o.name for o in graph.output}
+    for node in graph.node:
+        has_past = len(node.input) > 6 and any(node.input[6:8])
+        if node.op_type == "MultiHeadAttention" and node.domain == "com.microsoft" and not has_past:
+            node.output[:] = [o if o in used or i == 0 else "" for i, o in enumerate(node.output)]
+            while node.output and node.output[-1] == "":
+                del node.output[-1]
+
+
 def _moves_only_unit_axes(perm: list[int], dims: list[onnx.TensorShapeProto.Dimension]) -> bool:
     """Whether a Transpose by `perm` keeps its input's memory order: the axes not known to have size 1 stay in
     their order (a size-1 axis may go anywhere without moving a single element)."""

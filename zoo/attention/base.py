@@ -71,6 +71,9 @@ class Attention(nn.Module):
         self.register_buffer("head_gate", torch.ones(num_heads))
         self.capture: tuple[str, ...] = ()  # which feature maps to keep (GHT); empty = free
         self.captured: dict[str, Tensor] = {}
+        # the export layer's fused kernel for one decoding step (export/fused_attention.py), set only while a decoder
+        # graph is exported: called with forward's arguments, it returns the output or None to run the usual path
+        self.export_step: Callable[[Tensor, Tensor | None, Tensor | None, Cache], Tensor | None] | None = None
         # This class's reset, not an override: a subclass's own tensors do not exist yet. A subclass that adds
         # parameters calls `self.reset_parameters()` once they do (that re-draws q/k/v/out too, which seeded
         # models' initial values depend on, so the draws here stay).
@@ -145,6 +148,10 @@ class Attention(nn.Module):
         makes `causal` unnecessary for single-token steps; cross-attention computes the memory
         projections once and reuses them.
         """
+        if self.export_step is not None and cache is not None and x.shape[1] == 1 and torch.compiler.is_exporting():
+            fused = self.export_step(x, memory, key_padding_mask, cache)
+            if fused is not None:
+                return fused
         q = self._split(self.q_proj(x))  # [B, H, T, dh]
         past: Cache = {}
         if memory is None:

@@ -1,0 +1,186 @@
+"""The decoder step's fused attention kernel (export/fused_attention.py): onnxruntime's MultiHeadAttention computes
+what the formula says in the ways the export uses it, the exported graphs hold one kernel per mha module with that
+module's own head count, and a fused export decodes as the written-out one does."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from export.fused_attention import MASK_FILTER_VALUE
+from export.runtime import load
+from tests.export_testing import pruning_overrides
+
+D, H = 32, 4
+DH = D // H
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def heads(x: np.ndarray) -> np.ndarray:
+    """[B, S, D] → [B, H, S, dh]"""
+    b, s, _ = x.shape
+    return x.reshape(b, s, H, DH).transpose(0, 2, 1, 3)
+
+
+def run_node(node: onnx.NodeProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """One com.microsoft node in a session of its own, its named outputs fetched."""
+    inputs = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in feeds.items()
+    ]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in node.output if n]
+    graph = helper.make_graph([node], "g", inputs, outputs)
+    opsets = [helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+@pytest.mark.parametrize("past", [0, 3])
+def test_a_self_attention_step_attends_to_the_past_and_returns_it_grown(past: int) -> None:
+    """The self step: q, k, v [N, 1, D] of the new position plus their bias, the past [N, H, t, dh] (t = 0 at the
+    first step) → softmax(q Kᵀ/√dh) V over past and new, and the grown caches whose last position is the new k, v
+    with their biases (what the export returns as `next.*`)."""
+    rng = np.random.default_rng(past)
+    n = 3
+    q, k, v = (rng.standard_normal((n, 1, D), dtype=np.float32) for _ in range(3))
+    bias = rng.standard_normal(3 * D).astype(np.float32)
+    past_k, past_v = (rng.standard_normal((n, H, past, DH), dtype=np.float32) for _ in range(2))
+    node = helper.make_node(
+        "MultiHeadAttention",
+        ["q", "k", "v", "bias", "", "", "past_k", "past_v"],
+        ["out", "grown_k", "grown_v"],
+        domain="com.microsoft",
+        num_heads=H,
+    )
+    feeds = {"q": q, "k": k, "v": v, "bias": bias, "past_k": past_k, "past_v": past_v}
+    out, grown_k, grown_v = run_node(node, feeds)
+    qb, kb, vb = q + bias[:D], k + bias[D : 2 * D], v + bias[2 * D :]
+    keys = np.concatenate([past_k, heads(kb)], axis=2)  # [N, H, t + 1, dh]
+    values = np.concatenate([past_v, heads(vb)], axis=2)
+    expected = softmax(heads(qb) @ keys.transpose(0, 1, 3, 2) / np.sqrt(DH)) @ values  # [N, H, 1, dh]
+    np.testing.assert_allclose(out, expected.transpose(0, 2, 1, 3).reshape(n, 1, D), atol=1e-5)
+    np.testing.assert_array_equal(grown_k, keys)
+    np.testing.assert_array_equal(grown_v, values)
+
+
+def test_a_cross_attention_step_groups_each_sources_beams_and_masks_its_padding() -> None:
+    """The cross step: a source's G beam rows as G query positions against its one cache row [sources, H, S, dh],
+    padded keys masked by the 0/1 key mask at the lowest float: weight exactly 0, as torch's −inf gives; the scores
+    returned (`output_qk`) are the scaled, masked ones the alignment output is the softmax of."""
+    rng = np.random.default_rng(0)
+    sources, beams, length = 3, 5, 6
+    q = rng.standard_normal((sources, beams, D), dtype=np.float32)
+    k, v = (rng.standard_normal((sources, H, length, DH), dtype=np.float32) for _ in range(2))
+    bias = np.concatenate([rng.standard_normal(D), np.zeros(2 * D)]).astype(np.float32)
+    pad = np.zeros((sources, length), bool)
+    pad[1, 4:], pad[2, 2:] = True, True
+    node = helper.make_node(
+        "MultiHeadAttention",
+        ["q", "k", "v", "bias", "keep"],
+        ["out", "", "", "scores"],
+        domain="com.microsoft",
+        num_heads=H,
+        mask_filter_value=MASK_FILTER_VALUE,
+    )
+    out, scores = run_node(node, {"q": q, "k": k, "v": v, "bias": bias, "keep": (~pad).astype(np.int32)})
+    expected_scores = heads(q + bias[:D]) @ k.transpose(0, 1, 3, 2) / np.sqrt(DH)  # [sources, H, G, S]
+    expected_scores = np.where(pad[:, None, None, :], -np.inf, expected_scores)
+    weights = softmax(expected_scores)
+    np.testing.assert_allclose(out, (weights @ v).transpose(0, 2, 1, 3).reshape(sources, beams, D), atol=1e-5)
+    np.testing.assert_allclose(softmax(scores), weights, atol=1e-6)
+    assert (softmax(scores)[np.broadcast_to(pad[:, None, None, :], weights.shape)] == 0).all()
+
+
+def fused_nodes(directory) -> dict[str, onnx.NodeProto]:
+    """The decoder's MultiHeadAttention nodes by module: a self-attention's reads a past, a cross-attention's the
+    cross caches `L<i>.cross.k` (layers in graph order)."""
+    graph = onnx.load(str(directory / "decoder.onnx")).graph
+    found, self_layer = {}, 0
+    for node in graph.node:
+        if node.op_type != "MultiHeadAttention":
+            continue
+        if len(node.input) > 6 and node.input[6]:
+            found[f"decoder.layers.{self_layer}.self_attn"] = node
+            self_layer += 1
+        else:
+            layer = node.input[1].split(".")[0][1:]  # "L3.cross.k" → 3
+            found[f"decoder.layers.{layer}.cross_attn"] = node
+    return found
+
+
+def test_a_pruned_export_has_one_fused_kernel_per_decoder_attention_with_its_own_heads(
+    exported, checkpoint_run, tmp_path
+) -> None:
+    """The transformer exported with its test head plan (decoder layer 0's self-attention keeps 2 heads, layer 1's
+    cross-attention 1): every decoder attention is one kernel with its module's head count; only the alignment
+    layer's returns its scores, and no cross-attention names its present caches (which would copy the cross cache
+    every step)."""
+    plan_overrides, _ = pruning_overrides(checkpoint_run("transformer"), tmp_path)
+    out, manifest = exported("transformer", *plan_overrides, "fused_attention=all")
+    nodes = fused_nodes(out)
+    modules = {name: spec for name, spec in manifest["heads"].items() if name.startswith("decoder.")}
+    assert set(nodes) == set(modules)
+    for name, node in nodes.items():
+        num_heads = next(a.i for a in node.attribute if a.name == "num_heads")
+        assert num_heads == modules[name]["num_heads"], name
+        if name.endswith("cross_attn"):
+            alignment = name == f"decoder.layers.{manifest['alignment']['layer']}.cross_attn"
+            assert list(node.output[1:]) == (["", "", node.output[3]] if alignment else []), name
+        else:
+            # past in, grown caches out (unread, but asked for: else onnxruntime ignores the past)
+            assert len(node.output) == 3 and all(node.output) and node.input[6] and node.input[7], name
+    assert {
+        modules["decoder.layers.0.self_attn"]["num_heads"],
+        modules["decoder.layers.1.cross_attn"]["num_heads"],
+    } == {
+        2,
+        1,
+    }
+
+
+def test_a_fused_export_decodes_as_the_written_out_one(exported, checkpoint_run, tmp_path) -> None:
+    """The same pruned checkpoint exported written out (the default) and with fused_attention=all: beam-4 n-best
+    lists on the held-out sources give the same texts, tokens and word alignments, and scores equal within float
+    rounding."""
+    written, _ = exported("transformer")
+    plan_overrides, _ = pruning_overrides(checkpoint_run("transformer"), tmp_path)
+    fused, _ = exported("transformer", *plan_overrides, "fused_attention=all")
+    assert not fused_nodes(written)
+    sources = json.loads((fused / "heldout.json").read_text())["src"][:8]
+    options = {"beam_size": 4, "num_hypotheses": 4, "return_alignments": True}
+    a, b = load(fused).translate(sources, **options), load(written).translate(sources, **options)
+    assert [[h.text for h in s] for s in a] == [[h.text for h in s] for s in b]
+    for x, y in zip([h for s in a for h in s], [h for s in b for h in s], strict=True):
+        assert x.score == pytest.approx(y.score, abs=1e-4)
+        assert x.tokens == y.tokens and x.alignment == y.alignment
+
+
+def test_an_unknown_fused_attention_choice_is_refused_before_any_work(checkpoint_run, tmp_path) -> None:
+    from export.exporter import ExportError, export_checkpoint
+    from tests.export_testing import export_config
+
+    cfg = export_config(checkpoint_run("transformer"), tmp_path / "out", "fused_attention=true")
+    with pytest.raises(ExportError, match=r"fused_attention=.*none, cross, all"):
+        export_checkpoint(cfg)
+    assert not (tmp_path / "out").exists()
+
+
+def test_spinning_names_whose_threads_spin_and_refuses_anything_else(exported) -> None:
+    """`spinning="decoder"` (only the decoder session's idle threads spin) decodes as the default; a setting that is
+    none of False / True / "decoder" is refused naming them."""
+    from export.runtime import ExportRuntimeError
+
+    out, _ = exported("transformer")
+    sources = json.loads((out / "heldout.json").read_text())["src"][:4]
+    assert load(out, spinning="decoder").translate(sources) == load(out).translate(sources)
+    with pytest.raises(ExportRuntimeError, match=r"spinning='both'.*False, True, 'decoder'"):
+        load(out, spinning="both")
