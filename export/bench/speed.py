@@ -250,7 +250,7 @@ def _engines(args: argparse.Namespace, inputs: Inputs, baseline: tuple[Path, Mod
         file, module = baseline
         engines[f"{name}-baseline"] = (
             "ort",
-            load_with_baseline(module, file, directory, ours, flag, args.threads, args.ort_spinning),
+            load_with_baseline(module, file, directory, ours, flag, args.threads, args.ort_spinning is True),
         )
         baseline_exports[kind] = Path(directory)
         pairs.append((name, f"{name}-baseline"))
@@ -432,7 +432,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-torch", action="store_true", help="leave out the PyTorch engine (and its long runs)")
     ap.add_argument("--src", help="source sentences file (default: the checkpoint's test split)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--ort-spinning", action="store_true", help="let ORT's idle threads spin-wait")
+    ap.add_argument(
+        "--ort-spinning",
+        nargs="?",
+        const=True,
+        default=False,
+        type=lambda s: "decoder" if s == "decoder" else s.lower() in ("1", "true", "both"),
+        help="let ORT's idle threads spin-wait: both sessions' (no value), or `--ort-spinning decoder` the decoder's",
+    )
     ap.add_argument("--modes", default="natural,fixed", type=lambda s: s.split(","))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batches", default="1,32,256", type=lambda s: [int(x) for x in s.split(",")])

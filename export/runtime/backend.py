@@ -38,8 +38,14 @@ PROVIDERS = ("cpu", "cuda")
 STATES = ("auto", "host", "device")
 DEFAULT_STATE = {"cpu": "host", "cuda": "device"}
 # On the CPU, residual Add + LayerNormalization stay two nodes: onnxruntime's fused SkipLayerNormalization made a
-# decoder step slower at beam × batch rows, and no faster at batch 1. Measured: results/runtime/docstring_figures.md
+# decoder step slower at beam × batch rows, and no faster at batch 1 (measured again with onnxruntime 1.31 and the
+# fused attention kernel: results/runtime/fused_attention.md). Earlier figures: results/runtime/docstring_figures.md
 CPU_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
+# `spinning`: whose idle threads spin-wait between kernels instead of sleeping — False neither session's (the
+# default: the host does real work between steps and the cores may be shared), True both, "decoder" the decoder's
+# only (a step is a chain of short kernels, each waking a sleeping worker; the encoder runs once per batch, and its
+# spinning threads would compete with the decoder's). Measured: results/runtime/fused_attention.md
+SPINNING = (False, True, "decoder")
 
 
 class Backend(Protocol):
@@ -151,7 +157,7 @@ class OrtBackend:
         manifest: Manifest,
         threads: int | None = None,
         optimization: str | None = None,
-        spinning: bool = False,
+        spinning: bool | str = False,
         provider: str = "cpu",
         device_id: int = 0,
         state: str = "auto",
@@ -161,10 +167,16 @@ class OrtBackend:
 
         if state not in STATES:
             raise ExportRuntimeError(f"state={state!r}: choose one of {list(STATES)} (where a search keeps its caches)")
-        options = session_options(manifest, threads, optimization, spinning, provider)
+        if not any(spinning is choice for choice in SPINNING):
+            raise ExportRuntimeError(f"spinning={spinning!r}: choose one of {list(SPINNING)} (whose idle threads spin)")
+        options, decoder_options = (
+            session_options(manifest, threads, optimization, spinning is True, provider),
+            session_options(manifest, threads, optimization, spinning in (True, "decoder"), provider),
+        )
         if profile_prefix is not None:  # onnxruntime's profiler (export/bench/kernels.py reads its traces)
-            options.enable_profiling = True
-            options.profile_file_prefix = profile_prefix
+            for o in (options, decoder_options):
+                o.enable_profiling = True
+                o.profile_file_prefix = profile_prefix
         providers = execution_providers(provider, device_id)
         self.state = DEFAULT_STATE[provider] if state == "auto" else state
         # the device the decoding state lives on with state="device" (device_state.py), else None
@@ -172,13 +184,17 @@ class OrtBackend:
         self.shared = shared_initializers(directory, manifest.get("shared_weights", []))
         for name, (_, value) in self.shared.items():
             options.add_initializer(name, value)
+            decoder_options.add_initializer(name, value)
         graphs = manifest["graphs"]
         disabled = CPU_DISABLED_OPTIMIZERS if provider == "cpu" else []
         self.encoder = ort.InferenceSession(
             str(directory / graphs["encoder"]["file"]), options, providers=providers, disabled_optimizers=disabled
         )
         self.decoder = ort.InferenceSession(
-            str(directory / graphs["decoder"]["file"]), options, providers=providers, disabled_optimizers=disabled
+            str(directory / graphs["decoder"]["file"]),
+            decoder_options,
+            providers=providers,
+            disabled_optimizers=disabled,
         )
         release_free_heap()  # the parsed graph files are gone now; glibc keeps their pages unless asked
         self.decoder_inputs = frozenset(i.name for i in self.decoder.get_inputs())
