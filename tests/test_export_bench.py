@@ -17,7 +17,7 @@ import pytest
 from onnx import numpy_helper
 
 from export import runtime as rt
-from export.bench import roofline, speed
+from export.bench import points, roofline, speed
 from export.bench import table as bench_table
 from tests.zoo_testing import REPO, tiny_model
 
@@ -234,3 +234,35 @@ def test_bench_refuses_a_missing_or_foreign_baseline_runtime(tmp_path, capsys) -
     with pytest.raises(SystemExit) as exc:  # torch compared without a checkpoint
         speed.main(["--export", str(tmp_path / "export")])
     assert exc.value.code == 2 and "--checkpoint is required unless --no-torch" in capsys.readouterr().err
+
+
+def test_latency_percentiles_are_numpys_linear_order_statistics() -> None:
+    assert points.latency_percentiles([0.1 * i for i in range(1, 11)]) == pytest.approx(
+        {"p50": 0.55, "p90": 0.91, "n": 10}
+    )
+
+
+def test_batch1_points_store_per_sentence_latency_and_the_table_renders_it(exported) -> None:
+    """At batch 1 every generate call is one sentence: the point stores p50 / p90 of those calls over the timed
+    rounds (the warm-up round left out), which `--latency` renders; a point of larger batches stores none."""
+    fp32, _ = exported("transformer")
+    model = rt.load(fp32, threads=1)
+    texts = json.loads((fp32 / "heldout.json").read_text())["src"][:3]
+    singles = [model.pad(model.encode_texts([t])) for t in texts]
+    search = points.searches("greedy", 4)
+    point = points.bench_point("fixed greedy batch 1", {"ort": ("ort", model)}, singles, search, repeats=2)
+    entry = point["engines"]["ort"]
+    latency = entry["latency_s"]
+    assert latency["n"] == 6 and 0 < latency["p50"] <= latency["p90"] <= max(entry["times_s"])
+    batched = points.bench_point(
+        "fixed greedy batch 3", {"ort": ("ort", model)}, [model.pad(model.encode_texts(texts))], search, repeats=1
+    )
+    assert "latency_s" not in batched["engines"]["ort"]
+    report = {"machine": {}, "threads": 1, "repeats": 2, "points": [point, batched]}
+    row = (
+        f"| fixed greedy batch 1 | ort | {entry['sentences_per_s']:.1f} | {1e3 * latency['p50']:.1f} | "
+        f"{1e3 * latency['p90']:.1f} | 6 |"
+    )
+    assert row in bench_table.render_latency(report, "r.json")
+    with pytest.raises(ValueError, match="no batch-1 point"):
+        bench_table.render_latency({**report, "points": [batched]}, "r.json")

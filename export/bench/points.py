@@ -125,18 +125,29 @@ def bench_point(
     measured read bandwidth (roofline.py)."""
     tensors = [torch.from_numpy(b) for b in batches]
     results: dict[str, list[list[int]]] = {}
+    # wall seconds of every batch's own call, every round (warm-up excluded below): at batch 1, the latency of a
+    # sentence as a caller decoding one at a time sees it
+    calls: dict[str, list[float]] = {name: [] for name in engines}
+
+    def timed(name: str, decode: Callable[[Any], list[list[int]]], inputs: list[Any]) -> list[list[int]]:
+        out = []
+        for src in inputs:
+            start = time.perf_counter()
+            out += decode(src)
+            calls[name].append(time.perf_counter() - start)
+        return out
 
     def runner(name: str, kind: str, engine: Any) -> Callable[[], None]:
         if kind == "torch":
 
             def run() -> None:
-                results[name] = [h for src in tensors for h in generate(engine, src, search)]
+                results[name] = timed(name, lambda src: generate(engine, src, search), tensors)
 
         else:
             own = search_for(engine, search)
 
             def run() -> None:
-                results[name] = [h for src in batches for h in engine.generate(src, own)]
+                results[name] = timed(name, lambda src: engine.generate(src, own), batches)
 
         return run
 
@@ -159,6 +170,8 @@ def bench_point(
             "times_s": times[name],
             "peak_rss_rise_mb": None,
         }
+        if len(batches[0]) == 1:  # every call one sentence: its latency percentiles over every timed round
+            entry["latency_s"] = latency_percentiles(calls[name][len(batches) :])  # the first round was warm-up
         rise = peak_rss_rise(fns[name])
         if rise is not None:
             entry["peak_rss_rise_mb"] = rise / 1e6
@@ -185,6 +198,12 @@ def bench_point(
     if point["pairs"]:
         point["ratio"] = point["pairs"][0]["ratio"]
     return point
+
+
+def latency_percentiles(seconds: Sequence[float]) -> dict[str, float]:
+    """p50 / p90 (and the count) of per-sentence wall times: numpy's linear interpolation between order statistics."""
+    values = np.asarray(seconds, dtype=float)
+    return {"p50": float(np.percentile(values, 50)), "p90": float(np.percentile(values, 90)), "n": int(values.size)}
 
 
 def _against_limits(
@@ -248,6 +267,8 @@ def point_line(p: dict[str, Any], roofline: float | None) -> str:
             if "bandwidth_fraction" in e:
                 s += f"; weights {e['weight_gb_per_s']:.1f} GB/s = {100 * e['bandwidth_fraction']:.0f}% of memory"
             s += ")"
+        if "latency_s" in e:
+            s += f" p50 {1e3 * e['latency_s']['p50']:.1f} / p90 {1e3 * e['latency_s']['p90']:.1f} ms"
         if e["peak_rss_rise_mb"] is not None:
             s += f" peak +{e['peak_rss_rise_mb']:.0f}MB"
         parts.append(s)

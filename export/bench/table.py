@@ -136,6 +136,32 @@ def render_state(report: dict[str, Any], source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_latency(report: dict[str, Any], source: str) -> str:
+    """Markdown: per batch-1 point and engine the per-sentence latency a caller decoding one sentence at a time sees,
+    p50 / p90 over every timed round (points.latency_percentiles), beside sentences/s."""
+    machine = report.get("machine", {})
+    lines = [
+        f"Rendered by `python -m export.bench.table {source} --latency` from that report: {cpu_name(machine)}, "
+        f"{machine.get('cores', '?')} cores, {report['threads']} threads, {report['repeats']} interleaved rounds; "
+        "latency = wall time of one sentence's `generate` call.",
+        "",
+        "| point | engine | sent/s | p50 ms | p90 ms | sentences timed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for point in report["points"]:
+        for name, engine in point["engines"].items():
+            latency = engine.get("latency_s")
+            if latency is None:
+                continue
+            lines.append(
+                f"| {point['label'].removeprefix('headline: ')} | {name} | {engine['sentences_per_s']:.1f} | "
+                f"{1e3 * latency['p50']:.1f} | {1e3 * latency['p90']:.1f} | {latency['n']} |"
+            )
+    if len(lines) == 4:
+        raise ValueError("no batch-1 point with per-sentence latencies (reports made before they were recorded)")
+    return "\n".join(lines) + "\n"
+
+
 def _limits_cells(engine: dict[str, Any] | None) -> tuple[str, str]:
     """A point's arithmetic cell (matmul GFLOP/s achieved / their roofline = share) and memory cell (batch 1:
     weight GB/s = share of the read bandwidth)."""
@@ -235,12 +261,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--state", action="store_true", help="the host vs device decoding-state table of a --device-state report"
     )
+    ap.add_argument("--latency", action="store_true", help="per-sentence p50 / p90 latency of the batch-1 points")
     ap.add_argument("--readme", action="store_true", help="rewrite results/runtime/README.md's block with the table")
     args = ap.parse_args(argv)
     path = Path(args.report)
     renderer, block = (render_limits, LIMITS_BLOCK) if args.limits else (render, BLOCK)
     if args.state:
         renderer = render_state
+    if args.latency:
+        renderer = render_latency
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
         table = renderer(report, args.report)
