@@ -100,6 +100,13 @@ def test_a_cross_attention_step_groups_each_sources_beams_and_masks_its_padding(
     assert (softmax(scores)[np.broadcast_to(pad[:, None, None, :], weights.shape)] == 0).all()
 
 
+@pytest.fixture(scope="module")
+def fused_all(exported, checkpoint_run, tmp_path_factory) -> tuple:
+    """The transformer exported with its test head plan and fused_attention=all, once for this module's tests."""
+    plan_overrides, _ = pruning_overrides(checkpoint_run("transformer"), tmp_path_factory.mktemp("plan"))
+    return exported("transformer", *plan_overrides, "fused_attention=all")
+
+
 def fused_nodes(directory) -> dict[str, onnx.NodeProto]:
     """The decoder's MultiHeadAttention nodes by module: a self-attention's reads a past, a cross-attention's the
     cross caches `L<i>.cross.k` (layers in graph order)."""
@@ -117,15 +124,12 @@ def fused_nodes(directory) -> dict[str, onnx.NodeProto]:
     return found
 
 
-def test_a_pruned_export_has_one_fused_kernel_per_decoder_attention_with_its_own_heads(
-    exported, checkpoint_run, tmp_path
-) -> None:
+def test_a_pruned_export_has_one_fused_kernel_per_decoder_attention_with_its_own_heads(fused_all) -> None:
     """The transformer exported with its test head plan (decoder layer 0's self-attention keeps 2 heads, layer 1's
     cross-attention 1): every decoder attention is one kernel with its module's head count; only the alignment
     layer's returns its scores, and no cross-attention names its present caches (which would copy the cross cache
     every step)."""
-    plan_overrides, _ = pruning_overrides(checkpoint_run("transformer"), tmp_path)
-    out, manifest = exported("transformer", *plan_overrides, "fused_attention=all")
+    out, manifest = fused_all
     nodes = fused_nodes(out)
     modules = {name: spec for name, spec in manifest["heads"].items() if name.startswith("decoder.")}
     assert set(nodes) == set(modules)
@@ -147,15 +151,14 @@ def test_a_pruned_export_has_one_fused_kernel_per_decoder_attention_with_its_own
     }
 
 
-def test_a_fused_export_decodes_as_the_written_out_one(exported, checkpoint_run, tmp_path) -> None:
+def test_a_fused_export_decodes_as_the_written_out_one(exported, fused_all) -> None:
     """The same pruned checkpoint exported written out (the default) and with fused_attention=all: beam-4 n-best
     lists on the held-out sources give the same texts, tokens and word alignments, and scores equal within float
     rounding."""
     written, _ = exported("transformer")
-    plan_overrides, _ = pruning_overrides(checkpoint_run("transformer"), tmp_path)
-    fused, _ = exported("transformer", *plan_overrides, "fused_attention=all")
+    fused, _ = fused_all
     assert not fused_nodes(written)
-    sources = json.loads((fused / "heldout.json").read_text())["src"][:8]
+    sources = json.loads((fused / "heldout.json").read_text())["src"][:4]
     options = {"beam_size": 4, "num_hypotheses": 4, "return_alignments": True}
     a, b = load(fused).translate(sources, **options), load(written).translate(sources, **options)
     assert [[h.text for h in s] for s in a] == [[h.text for h in s] for s in b]
