@@ -67,9 +67,9 @@ class FusedSelfStep:
         n = x.shape[0]
         heads, dh = m.num_heads, m.head_dim
         inner = heads * dh
-        # [N, 1, I] each, with their biases: the new k, v go out as they are (a Reshape each), and the kernel's grown
-        # caches are never read — onnxruntime frees each right after its node (read, every layer's would be alive
-        # until the step's end: 118 MB more at beam 5 × 32 on the 36.7M model)
+        # [N, 1, I] each, with their biases: the new k, v go out as they are (a Reshape each); the kernel's grown
+        # caches are not read, yet the peak at beam 5 × 32 is still 121 MB above the written-out graph's
+        # (results/runtime/fused_attention.md)
         q, k, v = F.linear(x, m.fused_qkv_weight, m.fused_qkv_bias).split(inner, dim=-1)
         past_k, past_v = cache["k"], cache["v"]  # [N, H, t, dh]
         t = past_k.shape[2]
@@ -108,9 +108,8 @@ class FusedCrossStep:
         torch._check(n % sources == 0)
         heads, dh = m.num_heads, m.head_dim
         inner = heads * dh
-        q = F.linear(x, m.q_proj.weight).reshape(
-            sources, n // sources, inner
-        )  # [sources, G, I]: its beams as positions
+        # [sources, G, I]: a source's beams as its query positions; the bias is the kernel's
+        q = F.linear(x, m.q_proj.weight).reshape(sources, n // sources, inner)
         keep = None if key_padding_mask is None else (~key_padding_mask).to(torch.int32)  # [sources, S] 1 = a key
         weights = "A" in m.capture  # the alignment layer: its attention weights are recorded
         outputs = torch.onnx.ops.symbolic_multi_out(
