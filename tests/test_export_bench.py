@@ -266,3 +266,10 @@ def test_batch1_points_store_per_sentence_latency_and_the_table_renders_it(expor
     assert row in bench_table.render_latency(report, "r.json")
     with pytest.raises(ValueError, match="no batch-1 point"):
         bench_table.render_latency({**report, "points": [batched]}, "r.json")
+
+
+def test_ort_spinning_takes_both_or_decoder_and_names_them_otherwise(capsys) -> None:
+    assert speed.spinning_choice("both") is True and speed.spinning_choice("decoder") == "decoder"
+    with pytest.raises(SystemExit):
+        speed.main(["--export", "unused", "--ort-spinning", "sometimes"])
+    assert "'sometimes': give both or decoder" in capsys.readouterr().err

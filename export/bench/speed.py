@@ -411,6 +411,15 @@ def _memory(args: argparse.Namespace, inputs: Inputs, sweep: Sweep, head_batches
     return memory
 
 
+def spinning_choice(text: str) -> bool | str:
+    """--ort-spinning's value → the runtime's `spinning`: "both" → True, "decoder" → "decoder"; anything else is an
+    argparse error naming the two (it was read as False before, silently)."""
+    choices: dict[str, bool | str] = {"both": True, "decoder": "decoder"}
+    if text not in choices:
+        raise argparse.ArgumentTypeError(f"{text!r}: give both or decoder (whose idle threads spin)")
+    return choices[text]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m export.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", help="run dir or .pt the export was made from (needed unless --no-torch)")
@@ -437,8 +446,8 @@ def main(argv: list[str] | None = None) -> None:
         nargs="?",
         const=True,
         default=False,
-        type=lambda s: "decoder" if s == "decoder" else s.lower() in ("1", "true", "both"),
-        help="let ORT's idle threads spin-wait: both sessions' (no value), or `--ort-spinning decoder` the decoder's",
+        type=spinning_choice,
+        help="let ORT's idle threads spin-wait: both sessions' (no value, or `both`), or `decoder` the decoder's only",
     )
     ap.add_argument("--modes", default="natural,fixed", type=lambda s: s.split(","))
     ap.add_argument("--repeats", type=int, default=5)
