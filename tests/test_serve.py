@@ -982,7 +982,8 @@ def test_bench_smoke(translator_export, tmp_path) -> None:
         assert len(p["rounds_sentences_per_s"]) == len(p["rounds_ratio"]) == 2
         assert p["errors"] == 0 and p["sentences_per_s"] > 0 and p["effective_batch"] >= 1
         assert p["inprocess_sentences_per_s"] > 0 and p["ratio"] > 0
-        assert set(p["latency_ms"]) >= {"p50", "p95", "p99"}
+        lat = p["latency_ms"]
+        assert 0 < lat["p50"] <= lat["p90"] <= lat["p95"] <= lat["p99"]
     assert any(not p["dynamic_batching"] for p in points)
     assert "| model | protocol |" in (out / "results.md").read_text()
     assert (out / "results.png").stat().st_size > 10_000

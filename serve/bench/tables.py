@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from serve.bench.points import NO_BATCHING, Point
+from serve.bench.points import LATENCY_PERCENTILES, NO_BATCHING, Point
 
 
 def cell(value: float | None, digits: int = 1) -> str:
@@ -23,29 +23,33 @@ def markdown(points: list[Point]) -> str:
     """The results table; with perf_analyzer's numbers (or errors) in any point, its columns beside ours."""
     with_pa = any(p.pa_sentences_per_s is not None or p.pa_error for p in points)
     head = (
-        "| model | protocol | dyn. batching | client batch | concurrency | sent/s | p50 ms | p95 ms | p99 ms "
+        "| model | protocol | dyn. batching | client batch | concurrency | sent/s | p50 ms | p90 ms | p95 ms | p99 ms "
         "| eff. batch | in-process sent/s | served / in-process | requests | errors |"
-        + (" perf_analyzer sent/s | its p50 ms | its p95 ms | its p99 ms | perf_analyzer ÷ ours |" if with_pa else "")
-        + "\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-        + ("---:|---:|---:|---:|---:|" if with_pa else "")
+        + (
+            " perf_analyzer sent/s | its p50 ms | its p90 ms | its p95 ms | its p99 ms | perf_analyzer ÷ ours |"
+            if with_pa
+            else ""
+        )
+        + "\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        + ("---:|---:|---:|---:|---:|---:|" if with_pa else "")
         + "\n"
     )
     rows = []
     for p in points:
         lat = p.latency_ms if p.measured_by_ours else {}
-        ours = [p.sentences_per_s, lat.get("p50"), lat.get("p95"), lat.get("p99")] if p.measured_by_ours else []
+        ours = [p.sentences_per_s, *(lat.get(f"p{q}") for q in LATENCY_PERCENTILES)] if p.measured_by_ours else []
         row = (
             f"| {p.model} | {p.protocol} | {'on' if p.dynamic_batching else 'off'} | {p.client_batch} "
-            f"| {p.concurrency} | {' | '.join(cell(v) for v in ours) if ours else ' |  |  | '} "
+            f"| {p.concurrency} | {' | '.join(cell(v) for v in ours) if ours else ' |  |  |  | '} "
             f"| {p.effective_batch:.2f} | {cell(p.inprocess_sentences_per_s)} | {cell(p.ratio, 2)} "
             f"| {p.requests if p.measured_by_ours else ''} | {p.errors if p.measured_by_ours else ''} |"
         )
         if with_pa:
             theirs = p.pa_latency_ms
             if p.pa_sentences_per_s is None:
-                row += " failed (below) |  |  |  |  |"
+                row += " failed (below) |  |  |  |  |  |"
             else:
-                cells = [p.pa_sentences_per_s, theirs.get("p50"), theirs.get("p95"), theirs.get("p99")]
+                cells = [p.pa_sentences_per_s, *(theirs.get(f"p{q}") for q in LATENCY_PERCENTILES)]
                 row += f" {' | '.join(cell(v) for v in cells)} | {cell(p.pa_ratio, 2)} |"
         rows.append(row)
     return head + "\n".join(rows) + "\n"
