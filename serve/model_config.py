@@ -67,6 +67,7 @@ class ModelSettings:
     gpus: list[int] | None = None  # device ids of the GPU instances; None: [0] with provider=cuda (`device_ids`)
     threads: int = 0
     optimization: str | None = None
+    spinning: bool | str = False  # whose ORT threads spin-wait between kernels: False | True | "decoder" (backend.py)
     check_files: bool = True
     max_request_cost: int = DEFAULT_MAX_REQUEST_COST  # rows × beam × max output tokens one request may ask for
     max_execute_cost: int = DEFAULT_MAX_EXECUTE_COST  # the most one lane batch runs at once (the rest waits)
@@ -91,6 +92,11 @@ class ModelSettings:
             value = getattr(self, key)
             if value not in KINDS and not (key == "instance_kind" and value is None):
                 raise RepositoryError(f"{key}={value!r}; use one of {KINDS}")
+        if not any(self.spinning is choice for choice in export_runtime.SPINNING):
+            raise RepositoryError(
+                f"spinning={self.spinning!r}; use false, true or decoder (decoder: only the decoder session's idle "
+                "threads spin, for one-sentence latency on cores the instance has to itself)"
+            )
         if self.provider not in export_runtime.PROVIDERS:
             raise RepositoryError(f"provider={self.provider!r}; use cpu or cuda")
         if int(self.instance_count) < 1:
@@ -249,6 +255,7 @@ def python_config(
         "provider": settings.provider,
         "threads": settings.threads,
         "optimization": settings.optimization or "",
+        "spinning": export_runtime.spinning_text(settings.spinning),
         "check_files": str(settings.check_files).lower(),
         "max_request_cost": int(settings.max_request_cost),
         "max_execute_cost": int(settings.max_execute_cost),

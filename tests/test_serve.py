@@ -36,9 +36,10 @@ from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 import export
+from export import runtime as export_runtime
 from export.exporter import export_checkpoint
 from serve.client import Client, ClientError, translate
-from serve.model_config import ModelSettings, RepositoryError, read_manifest
+from serve.model_config import ModelSettings, RepositoryError, parse_config, python_config, read_manifest
 from serve.ngc import python_standins
 from serve.repository import write_repository
 from serve.server import Server, ServerError
@@ -349,6 +350,17 @@ def test_repository_errors(translator_export, tmp_path) -> None:
     )
     assert list(config.version_policy.specific.versions) == [1, 2] and not config.HasField("dynamic_batching")
     assert config.instance_group[0].count == 2 and (tmp_path / "r/transformer-smoke/2/model.py").is_file()
+
+
+def test_spinning_setting_round_trips_through_the_model_config() -> None:
+    """serve.repository writes `spinning` as a text parameter; the served model reads back the same choice."""
+    for choice in export_runtime.SPINNING:
+        config = parse_config(python_config("m", ModelSettings.from_mapping({"spinning": choice})))
+        assert export_runtime.spinning_from_text(config.parameters["spinning"].string_value) is choice
+    with pytest.raises(RepositoryError, match="use false, true or decoder"):
+        ModelSettings.from_mapping({"spinning": "always"})
+    with pytest.raises(export_runtime.ExportRuntimeError, match="choose one of"):
+        export_runtime.spinning_from_text("yes")
 
 
 def test_repository_refuses_a_traversal_key_and_writes_nothing_outside(translator_export, tmp_path) -> None:
@@ -897,7 +909,8 @@ def _start_cli(repo: Path, ports: list[int]) -> tuple[subprocess.Popen, str]:
 
 def test_start_stop_cli(translator_export, local, tmp_path) -> None:
     repo = tmp_path / "one"
-    write_repository([translator_export], repo, ModelSettings(threads=1))
+    # spinning="decoder": the served model parses it (translator_model.py) and still translates as in-process
+    write_repository([translator_export], repo, ModelSettings(threads=1, spinning="decoder"))
     ports = free_ports(3)  # distinct: three free_port() calls may return one port twice
     proc, _ = _start_cli(repo, ports)
     info = json.loads((tmp_path / "one.serve" / "server.json").read_text())

@@ -23,7 +23,17 @@ functions that make sessions, so zoo, which takes its search types from here, ne
 
 from __future__ import annotations
 
-from .backend import OPTIMIZATION_LEVELS, PROVIDERS, Backend, OrtBackend, execution_providers, shared_initializers
+from .backend import (
+    OPTIMIZATION_LEVELS,
+    PROVIDERS,
+    SPINNING,
+    Backend,
+    OrtBackend,
+    execution_providers,
+    shared_initializers,
+    spinning_from_text,
+    spinning_text,
+)
 from .errors import ExportedModelError, ExportRuntimeError, GraphRunError
 from .manifest import (
     ALIGNMENT_OUTPUT,
@@ -81,6 +91,7 @@ __all__ = [
     "PROVIDERS",
     "RUNTIME_FORMAT",
     "SEARCH_LIMITS",
+    "SPINNING",
     "AlignmentInfo",
     "Backend",
     "CacheEntry",
@@ -125,4 +136,6 @@ __all__ = [
     "search_setting",
     "sha256_file",
     "shared_initializers",
+    "spinning_from_text",
+    "spinning_text",
 ]

@@ -46,6 +46,22 @@ CPU_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 # only (a step is a chain of short kernels, each waking a sleeping worker; the encoder runs once per batch, and its
 # spinning threads would compete with the decoder's). Measured: results/runtime/fused_attention.md
 SPINNING = (False, True, "decoder")
+SPINNING_TEXT = {"false": False, "true": True, "decoder": "decoder"}  # as a text setting (a served model's parameter)
+
+
+def spinning_from_text(text: str) -> bool | str:
+    """A `SPINNING` choice from its text (`SPINNING_TEXT`), refused with the choices named."""
+    if text not in SPINNING_TEXT:
+        raise ExportRuntimeError(f"spinning={text!r}: choose one of {list(SPINNING_TEXT)} (whose idle threads spin)")
+    return SPINNING_TEXT[text]
+
+
+def spinning_text(spinning: bool | str) -> str:
+    """The text of a `SPINNING` choice (the inverse of `spinning_from_text`)."""
+    for text, choice in SPINNING_TEXT.items():
+        if spinning is choice:
+            return text
+    raise ExportRuntimeError(f"spinning={spinning!r}: choose one of {list(SPINNING)} (whose idle threads spin)")
 
 
 class Backend(Protocol):

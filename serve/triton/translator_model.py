@@ -26,6 +26,7 @@ class TritonPythonModel(TextModel):
             directory,
             threads=int(params.get("threads", "0")) or None,
             optimization=params.get("optimization") or None,
+            spinning=export_runtime.spinning_from_text(params.get("spinning", "false")),
             check_files=params.get("check_files", "true") == "true",
             provider=params.get("provider", "cpu"),
             device_id=int(args.get("model_instance_device_id", "0")),
