@@ -92,6 +92,8 @@ class ModelSettings:
             value = getattr(self, key)
             if value not in KINDS and not (key == "instance_kind" and value is None):
                 raise RepositoryError(f"{key}={value!r}; use one of {KINDS}")
+        if isinstance(self.spinning, str) and self.spinning in export_runtime.SPINNING_TEXT:  # "decoder" from a CLI
+            self.spinning = export_runtime.spinning_from_text(self.spinning)  # is the runtime's own object
         if not any(self.spinning is choice for choice in export_runtime.SPINNING):
             raise RepositoryError(
                 f"spinning={self.spinning!r}; use false, true or decoder (decoder: only the decoder session's idle "
