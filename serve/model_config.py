@@ -92,13 +92,13 @@ class ModelSettings:
             value = getattr(self, key)
             if value not in KINDS and not (key == "instance_kind" and value is None):
                 raise RepositoryError(f"{key}={value!r}; use one of {KINDS}")
-        if isinstance(self.spinning, str) and self.spinning in export_runtime.SPINNING_TEXT:  # "decoder" from a CLI
-            self.spinning = export_runtime.spinning_from_text(self.spinning)  # is the runtime's own object
-        if not any(self.spinning is choice for choice in export_runtime.SPINNING):
+        try:
+            self.spinning = export_runtime.check_spinning(self.spinning)  # "decoder" from a CLI: the runtime's own
+        except export_runtime.ExportRuntimeError:
             raise RepositoryError(
                 f"spinning={self.spinning!r}; use false, true or decoder (decoder: only the decoder session's idle "
                 "threads spin, for one-sentence latency on cores the instance has to itself)"
-            )
+            ) from None
         if self.provider not in export_runtime.PROVIDERS:
             raise RepositoryError(f"provider={self.provider!r}; use cpu or cuda")
         if int(self.instance_count) < 1:

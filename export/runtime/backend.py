@@ -56,6 +56,16 @@ def spinning_from_text(text: str) -> bool | str:
     return SPINNING_TEXT[text]
 
 
+def check_spinning(value: bool | str) -> bool | str:
+    """`value` as its `SPINNING` choice — a bool, or a text of `SPINNING_TEXT` (so a "decoder" built at run time, by
+    a config parser say, is the constant itself) — refused with the choices named."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value in SPINNING_TEXT:
+        return SPINNING_TEXT[value]
+    raise ExportRuntimeError(f"spinning={value!r}: choose one of {list(SPINNING)} (whose idle threads spin)")
+
+
 def spinning_text(spinning: bool | str) -> str:
     """The text of a `SPINNING` choice (the inverse of `spinning_from_text`)."""
     for text, choice in SPINNING_TEXT.items():
@@ -183,8 +193,7 @@ class OrtBackend:
 
         if state not in STATES:
             raise ExportRuntimeError(f"state={state!r}: choose one of {list(STATES)} (where a search keeps its caches)")
-        if not any(spinning is choice for choice in SPINNING):
-            raise ExportRuntimeError(f"spinning={spinning!r}: choose one of {list(SPINNING)} (whose idle threads spin)")
+        spinning = check_spinning(spinning)
         options, decoder_options = (
             session_options(manifest, threads, optimization, spinning is True, provider),
             session_options(manifest, threads, optimization, spinning in (True, "decoder"), provider),
