@@ -74,6 +74,11 @@ def test_bench_runs_side_by_side(ght_ps_unpruned, exported, smoke_run, tmp_path,
             ort = e["ort"]
             assert ort["matmul_gflops_per_s"] == pytest.approx(ort["efficiency"] * ort["roofline_gflops"])
             assert ("bandwidth_fraction" in e["ort"]) == (p["batch"] == 1)  # weight traffic: batch 1 only
+            if p["batch"] == 1:  # the step's matmuls alone take a share of the search's time, and stream its weights
+                assert 0 < ort["stream_fraction"] < 1 and ort["stream_gb_per_s"] > 0
+                [stream] = report["limits"]["step_stream_s"]
+                assert stream["weight_bytes"] == ort["step_weight_bytes"]
+                assert ort["stream_gb_per_s"] == pytest.approx(stream["weight_bytes"] / stream["seconds"] / 1e9)
     assert report["headline"]["rounds"] == 3 and report["baseline_runtime"] is None
     assert report["matmul_roofline_gflops"] > 0
     assert set(report["memory"]) >= {"fp32"} and set(report["memory"]["fp32"]["engines"]) == {"ort"}
@@ -103,6 +108,9 @@ def test_step_matmuls_are_the_decoder_linears_a_step_runs() -> None:
     kept = 2 * d // model.cfg.num_heads
     assert shrunk[0] == (1, d, kept) and shrunk[3] == (1, kept, d)  # q_proj, out_proj of 2 of 8 heads
     assert roofline.read_bandwidth(threads=1, megabytes=8, repeats=1) > 0
+    # the step's matmuls alone, every weight its own: more work (a wider step) takes longer
+    one = roofline.step_stream_seconds(shrunk, threads=1, repeats=1)
+    assert 0 < one < roofline.step_stream_seconds(shrunk * 8, threads=1, repeats=1)
 
 
 def test_search_matmuls_are_the_encoder_pass_then_every_step_at_its_rows() -> None:

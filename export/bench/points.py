@@ -218,8 +218,9 @@ def _against_limits(
     """A fixed-length point against the machine's limits (roofline.py). Arithmetic, for fp32 engines: the time the
     search's own matmuls (encoder, then every step at its rows) take at the best kernel's speed on their shapes, over
     the measured time — the same work on both sides, so everything else the search does counts against it. Memory,
-    at batch 1: the weight bytes every step reads over the measured read bandwidth; the encoder's time is in
-    `seconds` too, so that share is a lower bound of the decoder's own."""
+    at batch 1: the weight bytes every step reads over the measured read bandwidth, and (fp32) the time the steps'
+    matmuls alone take back to back (`step_stream_seconds`) over the measured time; the encoder's time is in
+    `seconds` too, so both shares are lower bounds of the decoder's own."""
     out: dict[str, Any] = {}
     if bytes_per_weight == 4:  # INT8 MatMuls have no fp32 roofline
         shapes = search_matmuls(model, batches, out_len, search.beam_size)
@@ -236,6 +237,9 @@ def _against_limits(
         weights = step_weight_bytes(model, bytes_per_weight)
         gbps = weights * steps / seconds / 1e9
         out.update(step_weight_bytes=weights, weight_gb_per_s=gbps, bandwidth_fraction=gbps / limits.bandwidth_gbps)
+        if bytes_per_weight == 4:  # the fp32 step's matmuls alone, back to back (INT8 kernels are not timed so)
+            stream = limits.step_stream_seconds(model)
+            out.update(stream_gb_per_s=weights / stream / 1e9, stream_fraction=stream * steps / seconds)
     return out
 
 
@@ -266,6 +270,8 @@ def point_line(p: dict[str, Any], roofline: float | None) -> str:
                 s += f" roofline {e['roofline_gflops']:.1f}"
             if "bandwidth_fraction" in e:
                 s += f"; weights {e['weight_gb_per_s']:.1f} GB/s = {100 * e['bandwidth_fraction']:.0f}% of memory"
+            if "stream_fraction" in e:
+                s += f", {100 * e['stream_fraction']:.0f}% of its matmuls alone ({e['stream_gb_per_s']:.1f} GB/s)"
             s += ")"
         if "latency_s" in e:
             s += f" p50 {1e3 * e['latency_s']['p50']:.1f} / p90 {1e3 * e['latency_s']['p90']:.1f} ms"

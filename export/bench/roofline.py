@@ -12,7 +12,10 @@ below the runtime's own kernels would read above 100%. Shapes are timed one by o
 
 Memory: at batch 1 a step re-reads every decoder weight, so bytes per step over the measured read bandwidth bounds
 it from below whatever the arithmetic (the timed shapes above have their weights in cache: at batch 1 this is the
-limit that binds).
+limit that binds). Where the last-level cache holds the decoder's weights (a Xeon's 300 MB: 83 MB of fp32 weights
+stream faster than main memory reads), that bound is not one; so the step's matmuls are also timed alone, back to
+back in one session, each weight its own (`step_stream_seconds`): the least time a step's weights take to go through
+this machine's kernels, whatever the cache — the step's own time against it says what is left for everything else.
 """
 
 from __future__ import annotations
@@ -149,6 +152,37 @@ def read_bandwidth(threads: int, megabytes: int = 512, repeats: int = 5) -> floa
         torch.set_num_threads(previous)
 
 
+def step_stream_seconds(shapes: list[Shape], threads: int, repeats: int = 5) -> float:
+    """Best seconds of running the matmuls `shapes` (one decoder step's, `step_matmuls(model, 1)`) back to back in
+    one onnxruntime session — each weight a distinct initializer, as in an export, so that they stream through the
+    caches as a real step's do — with inputs and outputs bound in place and the threads spinning (the fastest a
+    step's matmuls run here: a lower bound of its time, not counting the one empty call of `ort_call_seconds`)."""
+    rng = np.random.default_rng(0)
+    widths = sorted({k for _, k, _ in shapes})
+    nodes = [helper.make_node("MatMul", [f"x{k}", f"w{i}"], [f"y{i}"]) for i, (_, k, _) in enumerate(shapes)]
+    graph = helper.make_graph(
+        nodes,
+        "step_stream",
+        [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [1, k]) for k in widths],
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [m, n]) for i, (m, _, n) in enumerate(shapes)],
+        [numpy_helper.from_array(rng.standard_normal(s[1:], np.float32), f"w{i}") for i, s in enumerate(shapes)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    binding = session.io_binding()
+    inputs = {k: rng.standard_normal((1, k), np.float32) for k in widths}
+    outputs = [np.empty((m, n), np.float32) for m, _, n in shapes]
+    for k, x in inputs.items():
+        binding.bind_cpu_input(f"x{k}", x)
+    for i, y in enumerate(outputs):
+        binding.bind_output(f"y{i}", "cpu", 0, np.float32, list(y.shape), y.ctypes.data)
+    return best_seconds(lambda: session.run_with_iobinding(binding), repeats)
+
+
 def step_weight_bytes(model: Transformer, bytes_per_weight: float = 4.0) -> int:
     """Weight bytes one decoder step reads (the matmuls of `step_matmuls`, biases and norms left out): at batch 1
     the step's memory traffic, caches being far smaller. `bytes_per_weight` 1 for an INT8 export's MatMuls."""
@@ -164,6 +198,7 @@ class MachineLimits:
     bandwidth_gbps: float  # read_bandwidth
     ort_call_s: float  # ort_call_seconds
     kernels: dict[Shape, dict[str, float]] = field(default_factory=dict)  # shape → {kernel: seconds}
+    streams: dict[tuple[Shape, ...], float] = field(default_factory=dict)  # a step's matmuls → step_stream_seconds
 
     @classmethod
     def measure(cls, threads: int) -> MachineLimits:
@@ -180,6 +215,13 @@ class MachineLimits:
         """Seconds the matmuls `shapes` take at the best kernel's speed on each shape."""
         return sum(count * self.seconds(shape) for shape, count in shapes.items())
 
+    def step_stream_seconds(self, model: Transformer) -> float:
+        """`step_stream_seconds` of `model`'s batch-1 decoder step (timed on first use per architecture)."""
+        shapes = tuple(step_matmuls(model, 1))
+        if shapes not in self.streams:
+            self.streams[shapes] = step_stream_seconds(list(shapes), self.threads)
+        return self.streams[shapes]
+
     def gflops(self, shape: Shape) -> float:
         """The best kernel's GFLOP/s on one shape."""
         return matmul_flops(Counter([shape])) / self.seconds(shape) / 1e9
@@ -191,4 +233,8 @@ class MachineLimits:
             "read_bandwidth_gbps": self.bandwidth_gbps,
             "ort_call_s": self.ort_call_s,
             "kernels_s": {"x".join(map(str, shape)): times for shape, times in sorted(self.kernels.items())},
+            "step_stream_s": [
+                {"weight_bytes": 4 * sum(k * n for _, k, n in shapes), "seconds": seconds}
+                for shapes, seconds in self.streams.items()
+            ],
         }

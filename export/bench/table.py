@@ -164,7 +164,8 @@ def render_latency(report: dict[str, Any], source: str) -> str:
 
 def _limits_cells(engine: dict[str, Any] | None) -> tuple[str, str]:
     """A point's arithmetic cell (matmul GFLOP/s achieved / their roofline = share) and memory cell (batch 1:
-    weight GB/s = share of the read bandwidth)."""
+    weight GB/s = share of the read bandwidth; fp32 also the rate of the step's matmuls alone, and the share of the
+    measured time they would take)."""
     if engine is None:
         return "—", "—"
     arithmetic = "—"
@@ -174,6 +175,8 @@ def _limits_cells(engine: dict[str, Any] | None) -> tuple[str, str]:
     memory = "—"
     if "bandwidth_fraction" in engine:
         memory = f"{engine['weight_gb_per_s']:.1f} GB/s = **{100 * engine['bandwidth_fraction']:.0f}%**"
+    if "stream_fraction" in engine:
+        memory += f"; matmuls alone {engine['stream_gb_per_s']:.1f} GB/s: **{100 * engine['stream_fraction']:.0f}%**"
     return arithmetic, memory
 
 
@@ -181,6 +184,16 @@ def _kernel_summary(limits: dict[str, Any]) -> str:
     kernels = limits.get("kernels_s", {})
     faster = sum(1 for t in kernels.values() if t["onnxruntime"] < t["torch"])
     return f"onnxruntime's MatMul was the faster kernel on {faster} of {len(kernels)} shapes"
+
+
+def _stream_summary(limits: dict[str, Any]) -> str:
+    """The batch-1 step's matmuls alone (roofline.py `step_stream_seconds`), where the report timed them."""
+    streams = limits.get("step_stream_s", [])
+    return "".join(
+        f"; one batch-1 step's matmuls alone, back to back: {1e3 * s['seconds']:.2f} ms for "
+        f"{s['weight_bytes'] / 1e6:.0f} MB of weights ({s['weight_bytes'] / s['seconds'] / 1e9:.1f} GB/s)"
+        for s in streams
+    )
 
 
 def render_limits(report: dict[str, Any], source: str) -> str:
@@ -197,7 +210,8 @@ def render_limits(report: dict[str, Any], source: str) -> str:
         f"{report['fixed_len']} (eos banned before), medians of {report['repeats']} interleaved rounds. Limits "
         f"measured in the same run: the matmul roofline is the faster of torch.mm and onnxruntime's MatMul on each "
         f"of the search's own shapes ({_kernel_summary(limits)}; 1024³: "
-        f"{report['matmul_roofline_gflops']:.0f} GFLOP/s); read bandwidth {limits['read_bandwidth_gbps']:.1f} GB/s.",
+        f"{report['matmul_roofline_gflops']:.0f} GFLOP/s); read bandwidth {limits['read_bandwidth_gbps']:.1f} GB/s"
+        f"{_stream_summary(limits)}.",
         "",
         "| fixed-length point | fp32 sent/s | fp32 matmul GFLOP/s / roofline | fp32 weights at batch 1 "
         "| INT8 sent/s (× fp32) | INT8 weights at batch 1 |",
