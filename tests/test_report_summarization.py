@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from tests.zoo_testing import REPO
 from zoo.metrics import rouge
-from zoo.report.baselines import choose_constant, choose_lead, lead, score_baselines
+from zoo.report.baselines import choose_constant, choose_lead, lead, oracle, score_baselines, sentences
 from zoo.report.claims import HOLDS
 from zoo.report.collect import collect
 from zoo.report.records import BASELINES_FILE, RecordError, References, write_json_gz
@@ -132,12 +132,15 @@ def test_baselines_are_chosen_on_validation_and_scored_from_the_references(tmp_p
         "references_sha256": References(tuple(refs), ("summ",) * len(refs)).sha256,
         "constant": constant,
         "lead": {**chosen, "outputs": [lead(d, 4) for d in docs]},
+        "oracle": {"outputs": oracle(docs, refs)},
     }
     write_json_gz(tmp_path / BASELINES_FILE, stored)
     scored = score_baselines(tmp_path, References(tuple(refs), ("summ",) * len(refs)))
     assert scored is not None
     assert scored["lead"]["test"] == pytest.approx(rouge([lead(d, 4) for d in docs], refs))
     assert scored["constant"]["test"] == pytest.approx(rouge([constant["text"]] * len(refs), refs))
+    # the oracle sentence: each document's own best sentence, so never below any single sentence of it
+    assert scored["oracle"]["test"] == pytest.approx(rouge(oracle(docs, refs), refs))
     other = References(tuple(reversed(refs)), ("summ",) * len(refs))
     with pytest.raises(RecordError, match="made for other test references"):
         score_baselines(tmp_path, other)
@@ -146,3 +149,13 @@ def test_baselines_are_chosen_on_validation_and_scored_from_the_references(tmp_p
     assert f"| lead-4 | k = 4 of 1–40 (ROUGE-L {chosen['valid_rougeL_by_k']['4']:.2f}) |" in text
     assert f"{scored['lead']['test']['rougeL']:.2f} |" in text
     assert "on every seed: no entry; not on every seed: `transformer`." in text
+    assert "| oracle sentence (upper bound) | the document's sentence closest to its own reference" in text
+
+
+def test_oracle_sentence_is_each_documents_best_sentence_against_its_own_reference() -> None:
+    """The oracle picks, per document, the sentence that scores best against that document's reference."""
+    assert sentences("One tool. It reads files! Does it? yes") == ["One tool.", "It reads files!", "Does it?", "yes"]
+    assert sentences("no end mark") == ["no end mark"]
+    docs = ["A library for parsing. Command line tool for images.", "Fonts for the desktop. Data files."]
+    refs = ["command line image tool", "data files"]
+    assert oracle(docs, refs) == ["Command line tool for images.", "Data files."]

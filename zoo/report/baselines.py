@@ -7,6 +7,8 @@ the suite's references like any record (zoo/report/render_outputs.py), so their 
   matrix product); the CONSTANT_CANDIDATES best are rescored by exact ROUGE-L (all of them exactly would be ~10⁸
   ROUGE computations).
 - lead-k: the document's first k words, k in 1 … LEAD_MAX_WORDS chosen by mean validation ROUGE-L.
+- oracle (an upper bound, not a baseline to beat): each test document's own sentence with the best ROUGE-L against
+  its own reference — what the best one-sentence extract would score, which needs the reference to choose.
 
 A model that does not beat both on every seed has not shown that it summarizes.
 """
@@ -43,6 +45,25 @@ def lead(document: str, k: int) -> str:
     return " ".join(document.split()[:k])
 
 
+def sentences(document: str) -> list[str]:
+    """The document's sentences: split after . ! or ? before whitespace (the whole text if it has no such end)."""
+    return [part for part in re.split(r"(?<=[.!?])\s+", document.strip()) if part] or [document]
+
+
+def oracle(documents: Sequence[str], refs: Sequence[str]) -> list[str]:
+    """Per document, its sentence with the best ROUGE-L F1 against the document's own reference (the first of the
+    best): the best one-sentence extract, chosen with the answer in hand."""
+    pieces = [sentences(d) for d in documents]
+    flat_hyps = [p for ps in pieces for p in ps]
+    flat_refs = [r for ps, r in zip(pieces, refs, strict=True) for _ in ps]
+    scores = document_rouge(flat_hyps, flat_refs)[:, _ROUGE_L] if flat_hyps else np.zeros(0)
+    best, start = [], 0
+    for ps in pieces:
+        best.append(ps[int(np.argmax(scores[start : start + len(ps)]))])
+        start += len(ps)
+    return best
+
+
 def _mean_rouge_l(hyps: Sequence[str], refs: Sequence[str]) -> float:
     return float(100.0 * np.mean(document_rouge(hyps, refs)[:, _ROUGE_L]))
 
@@ -50,6 +71,10 @@ def _mean_rouge_l(hyps: Sequence[str], refs: Sequence[str]) -> float:
 def _words(text: str) -> set[str]:
     """rouge-score's tokens (lowercase [a-z0-9] runs), unstemmed: enough to shortlist candidates."""
     return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def _mean_words(texts: Sequence[str]) -> float:
+    return round(float(np.mean([len(t.split()) for t in texts])), 2) if texts else 0.0
 
 
 def shortlist(summaries: Sequence[str], valid_refs: Sequence[str], n: int = CONSTANT_CANDIDATES) -> list[str]:
@@ -113,6 +138,7 @@ def build_baselines(data_cfg: dict[str, Any], suite: Suite, refs: References) ->
         "references_sha256": refs.sha256,
         "constant": constant,
         "lead": {**chosen_lead, "outputs": [lead(e.src, chosen_lead["k"]) for e in splits.test]},
+        "oracle": {"outputs": oracle([e.src for e in splits.test], test_refs)},
     }
 
 
@@ -141,7 +167,14 @@ def score_baselines(results_dir: Path, refs: References) -> dict[str, Any] | Non
     constant, lead_ = raw["constant"], raw["lead"]
     if len(lead_["outputs"]) != n:
         raise RecordError(f"{path}: {len(lead_['outputs'])} lead outputs for {n} references")
+    scored: dict[str, Any] = {}
+    if "oracle" in raw:  # files made before the oracle was added have none (rerun stages=[baselines] for it)
+        outputs = raw["oracle"]["outputs"]
+        if len(outputs) != n:
+            raise RecordError(f"{path}: {len(outputs)} oracle outputs for {n} references")
+        scored["oracle"] = {"test": rouge(outputs, refs.texts), "mean_words": _mean_words(outputs)}
     return {
+        **scored,
         "constant": {**constant, "test": rouge([constant["text"]] * n, refs.texts)},
         "lead": {
             "k": lead_["k"],
@@ -152,4 +185,13 @@ def score_baselines(results_dir: Path, refs: References) -> dict[str, Any] | Non
     }
 
 
-__all__ = ["build_baselines", "choose_constant", "choose_lead", "lead", "run_baselines", "score_baselines"]
+__all__ = [
+    "build_baselines",
+    "choose_constant",
+    "choose_lead",
+    "lead",
+    "oracle",
+    "run_baselines",
+    "score_baselines",
+    "sentences",
+]
