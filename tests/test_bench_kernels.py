@@ -36,3 +36,22 @@ def test_a_real_export_runs_the_same_kernels_every_step(exported, tmp_path, caps
     assert report["runs"] >= 4 and len(set(report["per_run"])) == 1 and report["kernels_per_run"] > 20
     assert report["by_op"]["MatMul"]["kernels_per_run"] >= 2
     assert f"{report['kernels_per_run']:.0f} kernels per decoder step" in capsys.readouterr().out
+
+
+def test_spin_pairs_times_each_setting_in_its_own_processes(exported, tmp_path, capsys) -> None:
+    """`python -m export.bench.spin_pairs`: every round runs one fresh process per spinning setting (the order
+    alternating), each timing its calls and its encoder runs; the summary is the median of per-pair ratios."""
+    from export.bench import spin_pairs
+
+    out, _ = exported("transformer")
+    args = ["--export", str(out), "--settings", "false,runs", "--pairs", "2", "--calls", "2", "--fixed-len", "3"]
+    spin_pairs.main([*args, "--threads", "1", "--json", str(tmp_path / "s.json")])
+    report = json.loads((tmp_path / "s.json").read_text())
+    assert [list(row) for row in report["rounds"]] == [["false", "runs"], ["runs", "false"]]  # order alternates
+    for row in report["rounds"]:
+        for setting, child in row.items():
+            assert child["spinning"] == setting and 0 < child["encoder_s"] < child["call_s"]
+    ratios = [row["false"]["call_s"] / row["runs"]["call_s"] for row in report["rounds"]]
+    assert report["runs"]["speed_vs_false"] == sum(ratios) / 2 and report["false"]["speed_vs_false"] == 1.0
+    assert report["runs"]["faster_than_false_in"] == sum(r > 1 for r in ratios)
+    assert "faster in" in capsys.readouterr().out
