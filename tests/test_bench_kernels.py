@@ -44,14 +44,14 @@ def test_spin_pairs_times_each_setting_in_its_own_processes(exported, tmp_path, 
     from export.bench import spin_pairs
 
     out, _ = exported("transformer")
-    args = ["--export", str(out), "--settings", "false,runs", "--pairs", "2", "--calls", "2", "--fixed-len", "3"]
+    args = ["--export", str(out), "--settings", "false,decoder", "--pairs", "2", "--calls", "2", "--fixed-len", "3"]
     spin_pairs.main([*args, "--threads", "1", "--json", str(tmp_path / "s.json")])
     report = json.loads((tmp_path / "s.json").read_text())
-    assert [list(row) for row in report["rounds"]] == [["false", "runs"], ["runs", "false"]]  # order alternates
+    assert [list(row) for row in report["rounds"]] == [["false", "decoder"], ["decoder", "false"]]  # order alternates
     for row in report["rounds"]:
         for setting, child in row.items():
             assert child["spinning"] == setting and 0 < child["encoder_s"] < child["call_s"]
-    ratios = [row["false"]["call_s"] / row["runs"]["call_s"] for row in report["rounds"]]
-    assert report["runs"]["speed_vs_false"] == sum(ratios) / 2 and report["false"]["speed_vs_false"] == 1.0
-    assert report["runs"]["faster_than_false_in"] == sum(r > 1 for r in ratios)
+    ratios = [row["false"]["call_s"] / row["decoder"]["call_s"] for row in report["rounds"]]
+    assert report["decoder"]["speed_vs_false"] == sum(ratios) / 2 and report["false"]["speed_vs_false"] == 1.0
+    assert report["decoder"]["faster_than_false_in"] == sum(r > 1 for r in ratios)
     assert "faster in" in capsys.readouterr().out

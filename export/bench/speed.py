@@ -412,11 +412,11 @@ def _memory(args: argparse.Namespace, inputs: Inputs, sweep: Sweep, head_batches
 
 
 def spinning_choice(text: str) -> bool | str:
-    """--ort-spinning's value → the runtime's `spinning`: "both" → True, "decoder" and "runs" as they are; anything
-    else is an argparse error naming them (it was read as False before, silently)."""
-    choices: dict[str, bool | str] = {"both": True, "decoder": "decoder", "runs": "runs"}
+    """--ort-spinning's value → the runtime's `spinning`: "both" → True, "decoder" → "decoder"; anything else is an
+    argparse error naming the two (it was read as False before, silently)."""
+    choices: dict[str, bool | str] = {"both": True, "decoder": "decoder"}
     if text not in choices:
-        raise argparse.ArgumentTypeError(f"{text!r}: give both, decoder or runs (whose idle threads spin, and when)")
+        raise argparse.ArgumentTypeError(f"{text!r}: give both or decoder (whose idle threads spin)")
     return choices[text]
 
 
@@ -447,8 +447,7 @@ def main(argv: list[str] | None = None) -> None:
         const=True,
         default=False,
         type=spinning_choice,
-        help="let ORT's idle threads spin-wait: both sessions' (no value, or `both`), `decoder` the decoder's only, "
-        "or `runs` both sessions' while a graph runs, stopping when it returns",
+        help="let ORT's idle threads spin-wait: both sessions' (no value, or `both`), or `decoder` the decoder's only",
     )
     ap.add_argument("--modes", default="natural,fixed", type=lambda s: s.split(","))
     ap.add_argument("--repeats", type=int, default=5)

@@ -4,10 +4,11 @@ faster, measured as pairs of processes, one per setting, their order alternating
 Why processes: a setting is a property of the thread pools of a process's sessions, and two pools spinning in one
 process compete for its cores, so one process per setting; why pairs: on a shared virtual machine the speed drifts
 by ±10% within minutes, and a pair's two processes see the same drift, so the median of per-pair ratios holds where
-one long run per setting would not. Each process also times its encoder runs apart (the sessions' idle threads
-matter most there: the encoder runs once per batch, after the decoder's steps, and its workers sleep in between).
+one long run per setting would not. Each process also times its encoder runs apart: the encoder runs once per
+batch, right after the previous batch's decoder steps, so whether the decoder's threads are still spinning shows there
+(results/runtime/fused_attention.md).
 
-    python -m export.bench.spin_pairs --export <dir> --settings decoder,runs [--pairs 8] [--calls 20] [--beam 1]
+    python -m export.bench.spin_pairs --export <dir> --settings false,decoder [--pairs 8] [--calls 20] [--beam 1]
         [--batch 1] [--threads 2] [--fixed-len 30] [--json <report>]
 """
 
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m export.bench.spin_pairs", description=__doc__.split("\n\n")[0])
     ap.add_argument("--export", required=True, help="export dir (python -m export …)")
-    ap.add_argument("--settings", default="decoder,runs", type=lambda s: s.split(","), help="spinning choices")
+    ap.add_argument("--settings", default="false,decoder", type=lambda s: s.split(","), help="spinning choices")
     ap.add_argument("--pairs", type=int, default=8, help="rounds of one process per setting")
     ap.add_argument("--calls", type=int, default=20, help="timed generate calls per process")
     ap.add_argument("--beam", type=int, default=1)

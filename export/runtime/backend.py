@@ -44,13 +44,9 @@ CPU_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 # `spinning`: whose idle threads spin-wait between kernels instead of sleeping — False neither session's (the
 # default: the host does real work between steps and the cores may be shared), True both, "decoder" the decoder's
 # only (a step is a chain of short kernels, each waking a sleeping worker; the encoder runs once per batch, and its
-# spinning threads, left spinning after its run, would compete with the decoder's), "runs" both sessions' threads
-# spin while a graph runs and stop when it returns (onnxruntime's session.force_spinning_stop): the encoder's kernels
-# no longer wait for sleeping workers, and nothing spins between runs. Measured: results/runtime/fused_attention.md
-SPINNING = (False, True, "decoder", "runs")
-SPINNING_TEXT = {"false": False, "true": True, "decoder": "decoder", "runs": "runs"}  # as a text setting (served)
-SPIN_IN_ENCODER = (True, "runs")
-SPIN_IN_DECODER = (True, "decoder", "runs")
+# spinning threads would compete with the decoder's). Measured: results/runtime/fused_attention.md
+SPINNING = (False, True, "decoder")
+SPINNING_TEXT = {"false": False, "true": True, "decoder": "decoder"}  # as a text setting (a served model's parameter)
 
 
 def spinning_from_text(text: str) -> bool | str:
@@ -145,15 +141,9 @@ def shared_initializers(directory: Path, weights: Sequence[SharedWeight]) -> dic
 
 
 def session_options(
-    manifest: Manifest,
-    threads: int | None,
-    optimization: str | None,
-    spinning: bool,
-    provider: str,
-    stop_spinning: bool = False,
+    manifest: Manifest, threads: int | None, optimization: str | None, spinning: bool, provider: str
 ) -> ort.SessionOptions:
-    """Both sessions' options: the manifest's runtime defaults unless given, sequential execution; `spinning` lets
-    idle threads spin-wait, `stop_spinning` ends that at the end of every run (`SPINNING`'s "runs")."""
+    """Both sessions' options: the manifest's runtime defaults unless given, sequential execution."""
     import onnxruntime as ort  # here, not at the top: see the module docstring
 
     defaults = manifest.get("runtime", {})
@@ -171,8 +161,6 @@ def session_options(
     # by default no spin-waiting after a run: the host does real work between steps and the cores may be
     # shared (other processes, torch in the same process); spinning trades that CPU for wake-up latency
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    if spinning and stop_spinning:
-        options.add_session_config_entry("session.force_spinning_stop", "1")
     # No memory pattern: every decoder step has new shapes (the past grows by one position, beams finish),
     # so patterns never repeat. On the CPU, both sessions allocate from the one arena of the process
     # (`use_shared_cpu_arena`: see there why an arena, and why one).
@@ -206,10 +194,9 @@ class OrtBackend:
         if state not in STATES:
             raise ExportRuntimeError(f"state={state!r}: choose one of {list(STATES)} (where a search keeps its caches)")
         spinning = check_spinning(spinning)
-        stop = spinning == "runs"
         options, decoder_options = (
-            session_options(manifest, threads, optimization, spinning in SPIN_IN_ENCODER, provider, stop),
-            session_options(manifest, threads, optimization, spinning in SPIN_IN_DECODER, provider, stop),
+            session_options(manifest, threads, optimization, spinning is True, provider),
+            session_options(manifest, threads, optimization, spinning in (True, "decoder"), provider),
         )
         if profile_prefix is not None:  # onnxruntime's profiler (export/bench/kernels.py reads its traces)
             for o in (options, decoder_options):
