@@ -11,12 +11,13 @@ from omegaconf import OmegaConf
 from tests.zoo_testing import REPO
 from zoo.metrics import rouge
 from zoo.report.baselines import choose_constant, choose_lead, lead, oracle, score_baselines, sentences
+from zoo.report.budget_probe import probe_choice, probe_section
 from zoo.report.claims import HOLDS
 from zoo.report.collect import collect
 from zoo.report.records import BASELINES_FILE, RecordError, References, write_json_gz
 from zoo.report.render import markdown, readme_block
 from zoo.report.render_outputs import baselines_section
-from zoo.report.suite import suite_from_config
+from zoo.report.suite import BudgetProbe, SuiteError, suite_from_config
 
 WORDS = "package tool library daemon server client plugin data files for the manage network python debian".split()
 
@@ -159,3 +160,41 @@ def test_oracle_sentence_is_each_documents_best_sentence_against_its_own_referen
     docs = ["A library for parsing. Command line tool for images.", "Fonts for the desktop. Data files."]
     refs = ["command line image tool", "data files"]
     assert oracle(docs, refs) == ["Command line tool for images.", "Data files."]
+
+
+def test_budget_probe_applies_its_rule_to_the_baselines_curve() -> None:
+    """Issue 64's probe: the smallest budget whose next budget adds < min_gain and whose outputs are distinct enough,
+    each budget read at the last validation at or before it; the last budget when none qualifies (with what its last
+    quarter gained); no decision before the run reaches the last budget. probe_summ.yaml states the rule."""
+    suite = suite_from_config(OmegaConf.load(REPO / "conf" / "suite" / "probe_summ.yaml"), REPO / "conf")
+    assert suite.probe == BudgetProbe((2400, 4800, 8400), 0.5, 0.5)
+
+    def baseline(points: dict[int, tuple[float, float]]) -> dict:
+        curve = [{"step": s, "valid_quality": q, "valid_distinct": d} for s, (q, d) in sorted(points.items())]
+        return {"seeds": {1: {"learning_curve": curve}}}
+
+    # 2250 stands for 2400: +0.3 to 4750 but only 40% distinct; 4750 → 8400 +0.2 with 60% distinct: 4800 chosen
+    chosen = probe_choice(
+        suite.probe, baseline({2250: (20.0, 0.4), 2500: (99.0, 1.0), 4750: (20.3, 0.6), 8400: (20.5, 0.7)})
+    )
+    assert [r["step"] for r in chosen["rows"]] == [2250, 4750, 8400]
+    assert [r.get("qualifies") for r in chosen["rows"]] == [False, True, None]
+    assert chosen["chosen"] == 4800 and chosen["last_quarter_gain"] is None
+    assert chosen["rows"][0]["gain_to_next"] == pytest.approx(0.3)
+    # still climbing at every budget: the last, with its last quarter's gain (8400 against 6250, the point of 6300)
+    climbing = baseline({2250: (10.0, 0.9), 4750: (14.0, 0.9), 6250: (17.0, 0.9), 8400: (18.5, 0.9)})
+    fallback = probe_choice(suite.probe, climbing)
+    assert fallback["chosen"] == 8400 and fallback["last_quarter_gain"] == pytest.approx(1.5)
+    text = "\n".join(probe_section({"probe": fallback, "task": "summarization", "baseline": "transformer"}))
+    assert "| 2400 | update 2250 | 10.00 | 90% | +4.00 | no |" in text
+    assert "**Chosen: 8400 updates** — no smaller budget qualifies; its last quarter still gained +1.50" in text
+    running = probe_choice(suite.probe, baseline({2250: (10.0, 0.9), 4750: (14.0, 0.9)}))
+    assert running["chosen"] is None and not running["rows"][2]["reached"]
+    assert "No decision yet" in "\n".join(probe_section({"probe": running, "task": "summarization", "baseline": "t"}))
+    with pytest.raises(SuiteError, match="two or more rising"):
+        suite_from_config(
+            OmegaConf.merge(
+                OmegaConf.load(REPO / "conf" / "suite" / "probe_summ.yaml"), {"probe": {"budgets": [4800, 2400]}}
+            ),
+            REPO / "conf",
+        )

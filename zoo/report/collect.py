@@ -21,6 +21,7 @@ from zoo.metrics import (
     paired_bootstrap_means,
     sentence_stats,
 )
+from zoo.report.budget_probe import probe_choice
 from zoo.report.claims import CLIMBING_GAIN, Stats, climbing, collect_claims
 from zoo.report.records import References, convergence
 from zoo.report.suite import Suite
@@ -216,6 +217,11 @@ def ordered_entries(suite: Suite, records: Records) -> list[str]:
     return [e for e in suite.entries if e in present] + sorted(present - set(suite.entries))
 
 
+def _probe(suite: Suite, entries: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A budget probe's decision from its baseline's curve (None for other suites, or before the baseline ran)."""
+    return probe_choice(suite.probe, entries[suite.baseline]) if suite.probe and suite.baseline in entries else None
+
+
 def collect(
     suite: Suite,
     refs: References,
@@ -313,6 +319,7 @@ def collect(
         "compute": compute_spent(records),
         "claims": claims,
         "compaction_rule": asdict(suite.compaction) if suite.compaction else None,
+        "probe": _probe(suite, entries),
     }
 
 

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt
 
 from zoo.flops import format_count, format_flops
 from zoo.plots import save_report_figure as _save
+from zoo.report.budget_probe import probe_section
 from zoo.report.claims import (
     ALPHA,
     CLIMBING_GAIN,
@@ -207,6 +208,7 @@ def markdown(data: dict[str, Any], command: str) -> str:
         row += [_pm(rec["train_minutes"], 1), _pm(rec["updates"], 0)]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    lines += probe_section(data)
     lines += outputs_section(data)
     lines += claims_section(data)
     lines += speed_section(data["speed"], data["baseline"], data["speed_claims"], data["speed_enabled"])

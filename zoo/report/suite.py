@@ -10,6 +10,7 @@ project, which gets its own table and quotes nothing.
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +139,18 @@ class CompactionRule:
 
 
 @dataclass(frozen=True)
+class BudgetProbe:
+    """How a budget probe picks the budget its suite is re-run at (issue 64): the smallest of `budgets` at which the
+    baseline's validation quality at the next budget is less than `min_gain` higher and at least `min_distinct` of
+    the validation outputs are distinct; else the last. A budget's point is the last validation at or before it (a
+    run that validates every 250 updates has none at 2400)."""
+
+    budgets: tuple[int, ...]
+    min_gain: float
+    min_distinct: float
+
+
+@dataclass(frozen=True)
 class Suite:
     name: str
     task: str
@@ -162,6 +175,7 @@ class Suite:
     speed_controls: tuple[SpeedControl, ...] = ()
     equivalence_margin: float | None = None
     compaction: CompactionRule | None = None
+    probe: BudgetProbe | None = None
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -261,6 +275,7 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
         claims=claims,
         equivalence_margin=margin,
         compaction=_compaction(raw.get("compaction"), known, list(raw["entries"])),
+        probe=_probe(raw.get("probe")),
     )
 
 
@@ -289,6 +304,19 @@ def _compaction(raw: dict[str, Any] | None, known: list[str], entries: list[str]
         max_quality_loss=float(raw["max_quality_loss"]),
         scans=tuple(scans),
     )
+
+
+def _probe(raw: dict[str, Any] | None) -> BudgetProbe | None:
+    """A budget probe's rule, refused unless its budgets rise and its thresholds are numbers."""
+    if not raw:
+        return None
+    keys = {"budgets", "min_gain", "min_distinct"}
+    if set(raw) != keys:
+        raise SuiteError(f"suite.probe needs exactly {sorted(keys)}; got {sorted(raw)}")
+    budgets = tuple(int(b) for b in raw["budgets"])
+    if len(budgets) < 2 or any(b <= a for a, b in itertools.pairwise(budgets)) or budgets[0] <= 0:
+        raise SuiteError(f"suite.probe.budgets={list(budgets)}: give two or more rising update counts")
+    return BudgetProbe(budgets, float(raw["min_gain"]), float(raw["min_distinct"]))
 
 
 def require_speed_seed(suite: Suite) -> None:
