@@ -218,7 +218,7 @@ def ordered_entries(suite: Suite, records: Records) -> list[str]:
 
 
 def _probe(suite: Suite, entries: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A budget probe's decision from its baseline's curve (None for other suites, or before the baseline ran)."""
+    """A budget probe's decision from its baseline's curve (None before the baseline ran)."""
     return probe_choice(suite.probe, entries[suite.baseline]) if suite.probe and suite.baseline in entries else None
 
 
@@ -319,7 +319,7 @@ def collect(
         "compute": compute_spent(records),
         "claims": claims,
         "compaction_rule": asdict(suite.compaction) if suite.compaction else None,
-        "probe": _probe(suite, entries),
+        **({"probe": _probe(suite, entries)} if suite.probe else {}),  # budget probes only
     }
 
 
