@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from tests.zoo_testing import REPO
 from zoo.metrics import rouge
 from zoo.report.baselines import choose_constant, choose_lead, lead, oracle, score_baselines, sentences
-from zoo.report.budget_probe import probe_choice, probe_section
+from zoo.report.budget_probe import plot_probe, probe_choice, probe_section
 from zoo.report.claims import HOLDS
 from zoo.report.collect import collect
 from zoo.report.records import BASELINES_FILE, RecordError, References, write_json_gz
@@ -162,7 +162,7 @@ def test_oracle_sentence_is_each_documents_best_sentence_against_its_own_referen
     assert oracle(docs, refs) == ["Command line tool for images.", "Data files."]
 
 
-def test_budget_probe_applies_its_rule_to_the_baselines_curve() -> None:
+def test_budget_probe_applies_its_rule_to_the_baselines_curve(tmp_path) -> None:
     """Issue 64's probe: the smallest budget whose next budget adds < min_gain and whose outputs are distinct enough,
     each budget read at the last validation at or before it; the last budget when none qualifies (with what its last
     quarter gained); no decision before the run reaches the last budget. probe_summ.yaml states the rule."""
@@ -188,6 +188,9 @@ def test_budget_probe_applies_its_rule_to_the_baselines_curve() -> None:
     text = "\n".join(probe_section({"probe": fallback, "task": "summarization", "baseline": "transformer"}))
     assert "| 2400 | update 2250 | 10.00 | 90% | +4.00 | no |" in text
     assert "**Chosen: 8400 updates** — no smaller budget qualifies; its last quarter still gained +1.50" in text
+    assert "![budget probe](probe.png)" in text
+    plot_probe({"probe": fallback, "entries": {"t": climbing}, "baseline": "t", "task": "summarization"}, tmp_path)
+    assert (tmp_path / "probe.png").read_bytes().startswith(b"\x89PNG")
     running = probe_choice(suite.probe, baseline({2250: (10.0, 0.9), 4750: (14.0, 0.9)}))
     assert running["chosen"] is None and not running["rows"][2]["reached"]
     assert "No decision yet" in "\n".join(probe_section({"probe": running, "task": "summarization", "baseline": "t"}))

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from zoo.plots import save_report_figure
 from zoo.report.suite import BudgetProbe
+
+PLOT_FILE = "probe.png"
 
 
 def point_at(curve: Sequence[Mapping[str, Any]], budget: int) -> Mapping[str, Any] | None:
@@ -94,7 +98,35 @@ def probe_section(data: Mapping[str, Any]) -> list[str]:
         )
     else:
         lines.append(f"**Chosen: {probe['chosen']} updates.**")
-    return [*lines, ""]
+    return [*lines, "", f"![budget probe]({PLOT_FILE})", ""]
 
 
-__all__ = ["point_at", "probe_choice", "probe_section"]
+def plot_probe(data: Mapping[str, Any], out_dir: Path) -> None:
+    """The baseline's validation quality and share of distinct outputs over updates, the budgets marked (the chosen
+    one solid): `PLOT_FILE` in `out_dir`, nothing for a suite that is no probe."""
+    probe = data.get("probe")
+    if not probe:
+        return
+    import matplotlib.pyplot as plt  # here: matplotlib is slow to import and only plotting needs it
+
+    curve = data["entries"][data["baseline"]]["seeds"][probe["seed"]].get("learning_curve") or []
+    points = [p for p in curve if p.get("valid_quality") is not None]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot([p["step"] for p in points], [p["valid_quality"] for p in points], marker=".", color="C0")
+    ax.set_xlabel("update")
+    ax.set_ylabel(f"validation {'BLEU' if data['task'] == 'translation' else 'ROUGE-L'} (greedy)", color="C0")
+    share = ax.twinx()
+    shown = [p for p in points if p.get("valid_distinct") is not None]
+    share.plot([p["step"] for p in shown], [100 * p["valid_distinct"] for p in shown], marker=".", color="C1")
+    share.axhline(100 * probe["rule"]["min_distinct"], color="C1", linestyle=":", linewidth=1)
+    share.set_ylabel("distinct validation outputs (%)", color="C1")
+    share.set_ylim(0, 100)
+    for budget in probe["rule"]["budgets"]:
+        chosen = budget == probe["chosen"]
+        ax.axvline(budget, color="black", linestyle="-" if chosen else "--", linewidth=1.5 if chosen else 0.8)
+    ax.set_title(f"budget probe: `{data['baseline']}` seed {probe['seed']}; chosen {probe['chosen'] or '—'}")
+    ax.grid(alpha=0.3)
+    save_report_figure(fig, out_dir / PLOT_FILE)
+
+
+__all__ = ["PLOT_FILE", "plot_probe", "point_at", "probe_choice", "probe_section"]

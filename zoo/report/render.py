@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 
 from zoo.flops import format_count, format_flops
 from zoo.plots import save_report_figure as _save
-from zoo.report.budget_probe import probe_section
+from zoo.report.budget_probe import plot_probe, probe_section
 from zoo.report.claims import (
     ALPHA,
     CLIMBING_GAIN,
@@ -501,6 +501,7 @@ def render(out_dir: Path, data: dict[str, Any], command: str) -> Path:
     _plot_learning_curves(data, out_dir / "learning_curves.png")
     plot_vote_maps(data, out_dir)
     plot_compaction(data, out_dir)
+    plot_probe(data, out_dir)
     path = out_dir / "REPORT.md"
     path.write_text(markdown(data, command))
     return path
