@@ -124,7 +124,7 @@ def plot_probe(data: Mapping[str, Any], out_dir: Path) -> None:
     for budget in probe["rule"]["budgets"]:
         chosen = budget == probe["chosen"]
         ax.axvline(budget, color="black", linestyle="-" if chosen else "--", linewidth=1.5 if chosen else 0.8)
-    ax.set_title(f"budget probe: `{data['baseline']}` seed {probe['seed']}; chosen {probe['chosen'] or '—'}")
+    ax.set_title(f"budget probe: {data['baseline']} seed {probe['seed']}; chosen {probe['chosen'] or '—'}")
     ax.grid(alpha=0.3)
     save_report_figure(fig, out_dir / PLOT_FILE)
 
