@@ -55,3 +55,25 @@ def test_spin_pairs_times_each_setting_in_its_own_processes(exported, tmp_path, 
     assert report["decoder"]["speed_vs_false"] == sum(ratios) / 2 and report["false"]["speed_vs_false"] == 1.0
     assert report["decoder"]["faster_than_false_in"] == sum(r > 1 for r in ratios)
     assert "faster in" in capsys.readouterr().out
+
+
+def test_op_costs_times_each_kind_of_kernel_as_a_chain(tmp_path) -> None:
+    """`python -m export.bench.op_costs`: every kind runs as a chain in its own session; the report holds one cost
+    per kind and the empty run's; a longer chain of the same kernels takes longer per run."""
+    from export.bench import op_costs
+
+    small = ["--d-model", "64", "--heads", "4", "--past", "3", "--vocab", "100", "--runs", "50", "--threads", "1"]
+    op_costs.main([*small, "--chain", "4", "--json", str(tmp_path / "c.json")])
+    report = json.loads((tmp_path / "c.json").read_text())
+    kinds = ("bias_add", "layer_norm", "self_attention_step", "cross_attention_step", "log_softmax")
+    assert all(f"{k}_us" in report for k in kinds) and report["empty_run_us"] > 0
+    assert report["shapes"] == {"d_model": 64, "heads": 4, "past": 3, "vocab": 100, "chain": 4}
+    helper, x = op_costs.helper, op_costs.np.zeros((1, 1, 64), op_costs.np.float32)
+    bias = op_costs.numpy_helper.from_array(op_costs.np.ones(64, op_costs.np.float32), "b")
+
+    def chain_run(n: int) -> float:
+        nodes = [helper.make_node("Add", [f"a{i - 1}" if i else "x", "b"], [f"a{i}"]) for i in range(n)]
+        inputs = [helper.make_tensor_value_info("x", op_costs.F32, [1, 1, 64])]
+        return op_costs.run_seconds(op_costs._session(nodes, inputs, [bias], 1, False), {"x": x}, 200)
+
+    assert chain_run(64) > chain_run(1)
