@@ -94,34 +94,46 @@ def torch_mm_seconds(shape: Shape, threads: int, repeats: int = 5) -> float:
         torch.set_num_threads(previous)
 
 
-def _session(nodes: list[onnx.NodeProto], x: Shape, y: Shape, weights: list[np.ndarray], threads: int):
+def _session(
+    nodes: list[onnx.NodeProto],
+    inputs: dict[str, tuple[int, ...]],
+    outputs: dict[str, tuple[int, ...]],
+    weights: list[np.ndarray],
+    threads: int,
+    spinning: bool = False,
+):
+    """A CPU session of `nodes` over fp32 `inputs` and `outputs` (name → shape), weights as initializers w0, w1, …"""
     graph = helper.make_graph(
         nodes,
         "roofline",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(y))],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)) for name, shape in inputs.items()],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)) for name, shape in outputs.items()],
         [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    if spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def _bound_run_seconds(session, x: np.ndarray, y: np.ndarray, repeats: int) -> float:
-    """Best seconds of one run with input and output bound to preallocated arrays (no copy out)."""
+def _bound_run_seconds(session, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray], repeats: int) -> float:
+    """Best seconds of one run with inputs and outputs bound to preallocated arrays (no copy out)."""
     binding = session.io_binding()
-    binding.bind_cpu_input("x", x)
-    binding.bind_output("y", "cpu", 0, np.float32, list(y.shape), y.ctypes.data)
+    for name, x in inputs.items():
+        binding.bind_cpu_input(name, x)
+    for name, y in outputs.items():
+        binding.bind_output(name, "cpu", 0, np.float32, list(y.shape), y.ctypes.data)
     return best_seconds(lambda: session.run_with_iobinding(binding), repeats)
 
 
 def ort_call_seconds(threads: int, repeats: int = 5) -> float:
     """Best seconds of a bound onnxruntime run that does nothing (Identity of one float): the per-call cost a
     one-node MatMul session pays and a decoder step's MatMuls, all in one run, do not."""
-    session = _session([helper.make_node("Identity", ["x"], ["y"])], (1,), (1,), [], threads)
-    return _bound_run_seconds(session, np.zeros(1, np.float32), np.zeros(1, np.float32), repeats)
+    session = _session([helper.make_node("Identity", ["x"], ["y"])], {"x": (1,)}, {"y": (1,)}, [], threads)
+    return _bound_run_seconds(session, {"x": np.zeros(1, np.float32)}, {"y": np.zeros(1, np.float32)}, repeats)
 
 
 def ort_matmul_seconds(shape: Shape, threads: int, repeats: int = 5) -> float:
@@ -131,13 +143,13 @@ def ort_matmul_seconds(shape: Shape, threads: int, repeats: int = 5) -> float:
     rng = np.random.default_rng(0)
     session = _session(
         [helper.make_node("MatMul", ["x", "w0"], ["y"])],
-        (m, k),
-        (m, n),
+        {"x": (m, k)},
+        {"y": (m, n)},
         [rng.standard_normal((k, n), np.float32)],
         threads,
     )
     x, y = rng.standard_normal((m, k), np.float32), np.empty((m, n), np.float32)
-    return _bound_run_seconds(session, x, y, repeats)
+    return _bound_run_seconds(session, {"x": x}, {"y": y}, repeats)
 
 
 def read_bandwidth(threads: int, megabytes: int = 512, repeats: int = 5) -> float:
@@ -160,27 +172,16 @@ def step_stream_seconds(shapes: list[Shape], threads: int, repeats: int = 5) -> 
     rng = np.random.default_rng(0)
     widths = sorted({k for _, k, _ in shapes})
     nodes = [helper.make_node("MatMul", [f"x{k}", f"w{i}"], [f"y{i}"]) for i, (_, k, _) in enumerate(shapes)]
-    graph = helper.make_graph(
-        nodes,
-        "step_stream",
-        [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [1, k]) for k in widths],
-        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [m, n]) for i, (m, _, n) in enumerate(shapes)],
-        [numpy_helper.from_array(rng.standard_normal(s[1:], np.float32), f"w{i}") for i, s in enumerate(shapes)],
+    inputs = {f"x{k}": (1, k) for k in widths}
+    outputs = {f"y{i}": (m, n) for i, (m, _, n) in enumerate(shapes)}
+    weights = [rng.standard_normal((k, n), np.float32) for _, k, n in shapes]
+    session = _session(nodes, inputs, outputs, weights, threads, spinning=True)
+    return _bound_run_seconds(
+        session,
+        {name: rng.standard_normal(shape, np.float32) for name, shape in inputs.items()},
+        {name: np.empty(shape, np.float32) for name, shape in outputs.items()},
+        repeats,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1")
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    binding = session.io_binding()
-    inputs = {k: rng.standard_normal((1, k), np.float32) for k in widths}
-    outputs = [np.empty((m, n), np.float32) for m, _, n in shapes]
-    for k, x in inputs.items():
-        binding.bind_cpu_input(f"x{k}", x)
-    for i, y in enumerate(outputs):
-        binding.bind_output(f"y{i}", "cpu", 0, np.float32, list(y.shape), y.ctypes.data)
-    return best_seconds(lambda: session.run_with_iobinding(binding), repeats)
 
 
 def step_weight_bytes(model: Transformer, bytes_per_weight: float = 4.0) -> int:

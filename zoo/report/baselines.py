@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-from zoo.metrics import ROUGE_TYPES, document_rouge, rouge
+from zoo.metrics import ROUGE_TYPES, document_rouge, output_stats, rouge
 from zoo.report.records import (
     BASELINES_FILE,
     RecordError,
@@ -71,10 +71,6 @@ def _mean_rouge_l(hyps: Sequence[str], refs: Sequence[str]) -> float:
 def _words(text: str) -> set[str]:
     """rouge-score's tokens (lowercase [a-z0-9] runs), unstemmed: enough to shortlist candidates."""
     return set(re.findall(r"[a-z0-9]+", text.lower()))
-
-
-def _mean_words(texts: Sequence[str]) -> float:
-    return round(float(np.mean([len(t.split()) for t in texts])), 2) if texts else 0.0
 
 
 def shortlist(summaries: Sequence[str], valid_refs: Sequence[str], n: int = CONSTANT_CANDIDATES) -> list[str]:
@@ -172,7 +168,7 @@ def score_baselines(results_dir: Path, refs: References) -> dict[str, Any] | Non
         outputs = raw["oracle"]["outputs"]
         if len(outputs) != n:
             raise RecordError(f"{path}: {len(outputs)} oracle outputs for {n} references")
-        scored["oracle"] = {"test": rouge(outputs, refs.texts), "mean_words": _mean_words(outputs)}
+        scored["oracle"] = {"test": rouge(outputs, refs.texts), "mean_words": output_stats(outputs)["mean_words"]}
     return {
         **scored,
         "constant": {**constant, "test": rouge([constant["text"]] * n, refs.texts)},
