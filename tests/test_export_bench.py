@@ -281,3 +281,6 @@ def test_ort_spinning_takes_both_or_decoder_and_names_them_otherwise(capsys) -> 
     with pytest.raises(SystemExit):
         speed.main(["--export", "unused", "--ort-spinning", "sometimes"])
     assert "'sometimes': give both or decoder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        speed.main(["--export", "unused", "--ort-spinning", "shared"])
+    assert "time it against the others in fresh processes: python -m export.bench.spin_pairs" in capsys.readouterr().err

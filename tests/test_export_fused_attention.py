@@ -5,6 +5,8 @@ module's own head count, and a fused export decodes as the written-out one does.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -178,12 +180,42 @@ def test_an_unknown_fused_attention_choice_is_refused_before_any_work(checkpoint
 
 
 def test_spinning_names_whose_threads_spin_and_refuses_anything_else(exported) -> None:
-    """`spinning="decoder"` (only the decoder session's idle threads spin) decodes as the default; a setting that is
-    none of False / True / "decoder" is refused naming them."""
+    """`spinning="decoder"` (only the decoder session's idle threads spin) and "shared" (one pool of the process for
+    both sessions) decode as the default; a setting that is none of the four is refused naming them."""
     from export.runtime import ExportRuntimeError
 
     out, _ = exported("transformer")
     sources = json.loads((out / "heldout.json").read_text())["src"][:4]
     assert load(out, spinning="decoder").translate(sources) == load(out).translate(sources)
-    with pytest.raises(ExportRuntimeError, match=r"spinning='both'.*False, True, 'decoder'"):
+    with pytest.raises(ExportRuntimeError, match=r"spinning='both'.*False, True, 'decoder', 'shared'"):
         load(out, spinning="both")
+
+
+def test_a_shared_thread_pool_is_made_once_per_process_and_another_size_is_refused(exported) -> None:
+    """spinning="shared" runs both sessions on the process's one onnxruntime pool, which onnxruntime makes once: a
+    second model of the same size shares it and decodes as the default; another size, or a session with a pool of its
+    own (onnxruntime refuses both once the pool exists), is refused naming the fix. In a child process: this one's
+    sessions keep their own pools."""
+    out, _ = exported("transformer")
+    child = f"""
+import json
+import subprocess
+import sys
+from export.runtime import ExportRuntimeError, load
+sources = json.loads(open({str(out / "heldout.json")!r}).read())["src"][:4]
+shared = load({str(out)!r}, spinning="shared", threads=1)
+again = load({str(out)!r}, spinning="shared", threads=1)
+assert shared.translate(sources) == again.translate(sources)
+print(json.dumps(shared.translate(sources)))
+for setting in [dict(spinning="shared", threads=2), dict(spinning="decoder", threads=1)]:
+    try:
+        load({str(out)!r}, **setting)
+    except ExportRuntimeError as exc:
+        print(exc)
+"""
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
+    translated, *refused = proc.stdout.splitlines()
+    sources = json.loads((out / "heldout.json").read_text())["src"][:4]
+    assert json.loads(translated) == load(out, threads=1).translate(sources)
+    assert 'spinning="shared" with threads=2' in refused[0] and "was made with threads=1" in refused[0]
+    assert "spinning=decoder: this process runs onnxruntime on a shared thread pool" in refused[1]

@@ -415,6 +415,11 @@ def spinning_choice(text: str) -> bool | str:
     """--ort-spinning's value → the runtime's `spinning`: "both" → True, "decoder" → "decoder"; anything else is an
     argparse error naming the two (it was read as False before, silently)."""
     choices: dict[str, bool | str] = {"both": True, "decoder": "decoder"}
+    if text == "shared":  # onnxruntime then refuses every session with a pool of its own: the baseline's, roofline's
+        raise argparse.ArgumentTypeError(
+            "'shared' is one pool for the whole process, and onnxruntime then refuses the sessions this bench also "
+            "makes; time it against the others in fresh processes: python -m export.bench.spin_pairs"
+        )
     if text not in choices:
         raise argparse.ArgumentTypeError(f"{text!r}: give both or decoder (whose idle threads spin)")
     return choices[text]

@@ -44,9 +44,36 @@ CPU_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 # `spinning`: whose idle threads spin-wait between kernels instead of sleeping — False neither session's (the
 # default: the host does real work between steps and the cores may be shared), True both, "decoder" the decoder's
 # only (a step is a chain of short kernels, each waking a sleeping worker; the encoder runs once per batch, and its
-# spinning threads would compete with the decoder's). Measured: results/runtime/fused_attention.md
-SPINNING = (False, True, "decoder")
-SPINNING_TEXT = {"false": False, "true": True, "decoder": "decoder"}  # as a text setting (a served model's parameter)
+# spinning threads would compete with the decoder's), "shared" both sessions on one pool of the process whose threads
+# spin (onnxruntime's global thread pools: the decoder's spinning without a second pool competing with it when the
+# next batch's encoder runs). Measured: results/runtime/fused_attention.md
+SPINNING = (False, True, "decoder", "shared")
+SPINNING_TEXT = {"false": False, "true": True, "decoder": "decoder", "shared": "shared"}  # as a text setting
+# The size of this process's shared pool once made ("shared" spinning): onnxruntime makes it once per process.
+_shared_pool_threads: list[int] = []
+
+
+def shared_thread_pool(threads: int) -> None:
+    """Make this process's one onnxruntime thread pool of `threads` intra-op threads (0: one per core), or check that
+    the one already made has that size: onnxruntime cannot replace it, so another size is refused naming the fix."""
+    import onnxruntime.capi.onnxruntime_pybind11_state as ort_state  # see the module docstring
+
+    if _shared_pool_threads:
+        if _shared_pool_threads[0] != threads:
+            raise ExportRuntimeError(
+                f'spinning="shared" with threads={threads or "all cores"}: this process\'s shared thread pool was made '
+                f"with threads={_shared_pool_threads[0] or 'all cores'}, and onnxruntime makes it once per process; "
+                "load with that many threads, or in another process"
+            )
+        return
+    try:
+        ort_state.set_global_thread_pool_sizes(threads, 1)  # its threads spin: onnxruntime's default for them
+    except Exception as exc:  # made by other code of this process, whose size we cannot read
+        raise ExportRuntimeError(
+            f'spinning="shared": onnxruntime\'s global thread pools of this process were already made elsewhere '
+            f"({exc}); load in a fresh process, or choose another spinning setting"
+        ) from None
+    _shared_pool_threads.append(threads)
 
 
 def spinning_from_text(text: str) -> bool | str:
@@ -140,18 +167,31 @@ def shared_initializers(directory: Path, weights: Sequence[SharedWeight]) -> dic
     return shared
 
 
+def session_threads(manifest: Manifest, threads: int | None) -> int:
+    """Intra-op threads of a session: `threads` if given, else the manifest's default; 0 is onnxruntime's (a core
+    each)."""
+    threads = threads if threads is not None else manifest.get("runtime", {}).get("threads")
+    return int(threads or 0)
+
+
 def session_options(
-    manifest: Manifest, threads: int | None, optimization: str | None, spinning: bool, provider: str
+    manifest: Manifest,
+    threads: int | None,
+    optimization: str | None,
+    spinning: bool,
+    provider: str,
+    shared_pool: bool = False,
 ) -> ort.SessionOptions:
-    """Both sessions' options: the manifest's runtime defaults unless given, sequential execution."""
+    """Both sessions' options: the manifest's runtime defaults unless given, sequential execution; `shared_pool`: the
+    session runs on the process's shared thread pool (`shared_thread_pool`), whose size and spinning are its own."""
     import onnxruntime as ort  # here, not at the top: see the module docstring
 
     defaults = manifest.get("runtime", {})
     options = ort.SessionOptions()
-    threads = threads if threads is not None else defaults.get("threads")
-    if threads:
-        options.intra_op_num_threads = int(threads)
-    options.inter_op_num_threads = 1
+    if shared_pool:  # its sizes are the pool's (onnxruntime warns that a session's would be ignored)
+        options.use_per_session_threads = False
+    else:
+        options.intra_op_num_threads, options.inter_op_num_threads = session_threads(manifest, threads), 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     level = optimization or defaults.get("graph_optimization_level", "all")
     if level not in OPTIMIZATION_LEVELS:
@@ -194,9 +234,18 @@ class OrtBackend:
         if state not in STATES:
             raise ExportRuntimeError(f"state={state!r}: choose one of {list(STATES)} (where a search keeps its caches)")
         spinning = check_spinning(spinning)
+        shared = spinning == "shared"
+        if shared:
+            shared_thread_pool(session_threads(manifest, threads))
+        elif _shared_pool_threads:  # onnxruntime's own message would say only "use_per_session_threads must be false"
+            raise ExportRuntimeError(
+                f"spinning={spinning_text(spinning)}: this process runs onnxruntime on a shared thread pool (a model "
+                'was loaded with spinning="shared"), and onnxruntime then refuses sessions with pools of their own; '
+                f'load with spinning="shared" and threads={_shared_pool_threads[0]}, or in another process'
+            )
         options, decoder_options = (
-            session_options(manifest, threads, optimization, spinning is True, provider),
-            session_options(manifest, threads, optimization, spinning in (True, "decoder"), provider),
+            session_options(manifest, threads, optimization, spinning is True, provider, shared),
+            session_options(manifest, threads, optimization, spinning in (True, "decoder"), provider, shared),
         )
         if profile_prefix is not None:  # onnxruntime's profiler (export/bench/kernels.py reads its traces)
             for o in (options, decoder_options):
