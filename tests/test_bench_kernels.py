@@ -40,21 +40,30 @@ def test_a_real_export_runs_the_same_kernels_every_step(exported, tmp_path, caps
 
 def test_spin_pairs_times_each_setting_in_its_own_processes(exported, tmp_path, capsys) -> None:
     """`python -m export.bench.spin_pairs`: every round runs one fresh process per spinning setting (the order
-    alternating), each timing its calls and its encoder runs; the summary is the median of per-pair ratios."""
+    alternating; "shared" makes its process's one pool), each timing its calls and its encoder runs; the summary is
+    the median of per-pair ratios, and `--table` renders the stored report from those numbers."""
     from export.bench import spin_pairs
 
     out, _ = exported("transformer")
-    args = ["--export", str(out), "--settings", "false,decoder", "--pairs", "2", "--calls", "2", "--fixed-len", "3"]
+    args = ["--export", str(out), "--settings", "false,shared", "--pairs", "2", "--calls", "2", "--fixed-len", "3"]
     spin_pairs.main([*args, "--threads", "1", "--json", str(tmp_path / "s.json")])
     report = json.loads((tmp_path / "s.json").read_text())
-    assert [list(row) for row in report["rounds"]] == [["false", "decoder"], ["decoder", "false"]]  # order alternates
+    assert [list(row) for row in report["rounds"]] == [["false", "shared"], ["shared", "false"]]  # order alternates
     for row in report["rounds"]:
         for setting, child in row.items():
             assert child["spinning"] == setting and 0 < child["encoder_s"] < child["call_s"]
-    ratios = [row["false"]["call_s"] / row["decoder"]["call_s"] for row in report["rounds"]]
-    assert report["decoder"]["speed_vs_false"] == sum(ratios) / 2 and report["false"]["speed_vs_false"] == 1.0
-    assert report["decoder"]["faster_than_false_in"] == sum(r > 1 for r in ratios)
+    ratios = [row["false"]["call_s"] / row["shared"]["call_s"] for row in report["rounds"]]
+    assert report["shared"]["speed_vs_false"] == sum(ratios) / 2 and report["false"]["speed_vs_false"] == 1.0
+    assert report["shared"]["faster_than_false_in"] == sum(r > 1 for r in ratios)
     assert "faster in" in capsys.readouterr().out
+    spin_pairs.main(["--table", str(tmp_path / "s.json")])
+    rendered = capsys.readouterr().out
+    first, shared = report["false"], report["shared"]
+    assert "| point | false | shared |" in rendered and report["machine"]["signature"] in rendered
+    assert (
+        f"| greedy batch 1 (2 pairs × 2 calls) | {first['call_ms']:.1f} ms (encoder {first['encoder_ms']:.1f}) | "
+        f"×{shared['speed_vs_false']:.3f}, faster in {shared['faster_than_false_in']} of 2" in rendered
+    )
 
 
 def test_op_costs_times_each_kind_of_kernel_as_a_chain(tmp_path) -> None:

@@ -10,6 +10,7 @@ batch, right after the previous batch's decoder steps, so whether the decoder's 
 
     python -m export.bench.spin_pairs --export <dir> --settings false,decoder [--pairs 8] [--calls 20] [--beam 1]
         [--batch 1] [--threads 2] [--fixed-len 30] [--json <report>]
+    python -m export.bench.spin_pairs --table <report> [<report> …]     # the reports as one markdown table
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from export.bench import table as bench_table
 from export.runtime import Search, forced_limits, load
 from export.runtime.backend import SPINNING_TEXT, spinning_from_text
 
@@ -84,12 +86,50 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{s}: median {v['call_ms']:.1f} ms a call (encoder {v['encoder_ms']:.1f}); ×{v[f'speed_vs_{first}']:.3f} "
             f"of {first} (median of per-pair ratios), faster in {v[f'faster_than_{first}_in']} of {len(rounds)} pairs"
         )
-    return {"args": {k: v for k, v in vars(args).items() if k not in ("passed", "json")}, "rounds": rounds, **summary}
+    kept = {k: v for k, v in vars(args).items() if k not in ("passed", "json", "table")}
+    return {"args": kept, "machine": bench_table.machine(), "rounds": rounds, **summary}
+
+
+def point_name(args: dict[str, Any]) -> str:
+    """A report's workload as a table row names it: "greedy batch 1 (8 pairs × 20 calls)"."""
+    search = "greedy" if args["beam"] == 1 else f"beam {args['beam']}"
+    return f"{search} batch {args['batch']} ({args['pairs']} pairs × {args['calls']} calls)"
+
+
+def table(reports: list[dict[str, Any]]) -> str:
+    """Stored reports as one markdown table: a row per report, a column per setting — the first setting's median
+    call and encoder times, the others' speed against it (median of per-pair ratios) and in how many pairs faster."""
+    settings = list(dict.fromkeys(s for r in reports for s in r["args"]["settings"]))
+    machines = sorted({bench_table.cpu_name(r.get("machine", {})) for r in reports})
+    lines = [
+        f"Rendered by `python -m export.bench.spin_pairs --table` from {len(reports)} reports; "
+        f"{'; '.join(machines)}; {reports[0]['args']['threads']} threads, every sentence decoded to "
+        f"{reports[0]['args']['fixed_len']} tokens. × = speed against the row's first setting.",
+        "",
+        "| point | " + " | ".join(settings) + " |",
+        "|---|" + "---|" * len(settings),
+    ]
+    for r in reports:
+        first, pairs = r["args"]["settings"][0], len(r["rounds"])
+        cells = []
+        for s in settings:
+            if s not in r:
+                cells.append("—")
+            elif s == first:
+                cells.append(f"{r[s]['call_ms']:.1f} ms (encoder {r[s]['encoder_ms']:.1f})")
+            else:
+                cells.append(
+                    f"×{r[s][f'speed_vs_{first}']:.3f}, faster in {r[s][f'faster_than_{first}_in']} of {pairs} "
+                    f"(encoder {r[s]['encoder_ms']:.1f})"
+                )
+        lines.append(f"| {point_name(r['args'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m export.bench.spin_pairs", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--export", required=True, help="export dir (python -m export …)")
+    ap.add_argument("--export", help="export dir (python -m export …)")
+    ap.add_argument("--table", nargs="+", metavar="REPORT", help="render stored reports as a markdown table")
     ap.add_argument("--settings", default="false,decoder", type=lambda s: s.split(","), help="spinning choices")
     ap.add_argument("--pairs", type=int, default=8, help="rounds of one process per setting")
     ap.add_argument("--calls", type=int, default=20, help="timed generate calls per process")
@@ -100,6 +140,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", help="write the rounds and the summary here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.table:
+        print(table([json.loads(Path(f).read_text()) for f in args.table]))
+        return
+    if not args.export:
+        ap.error("--export is required (or --table to render stored reports)")
     unknown = [s for s in ([args.child] if args.child else args.settings) if s not in SPINNING_TEXT]
     if unknown:
         ap.error(f"--settings {unknown}: choose from {list(SPINNING_TEXT)}")
