@@ -911,8 +911,9 @@ def _start_cli(repo: Path, ports: list[int]) -> tuple[subprocess.Popen, str]:
 
 def test_start_stop_cli(translator_export, local, tmp_path) -> None:
     repo = tmp_path / "one"
-    # spinning="decoder": the served model parses it (translator_model.py) and still translates as in-process
-    write_repository([translator_export], repo, ModelSettings(threads=1, spinning="decoder"))
+    # spinning="shared": the served model parses it (translator_model.py), makes the one thread pool of its instance's
+    # process (Triton's Python backend runs each instance in a process of its own) and translates as in-process
+    write_repository([translator_export], repo, ModelSettings(threads=1, spinning="shared"))
     ports = free_ports(3)  # distinct: three free_port() calls may return one port twice
     proc, _ = _start_cli(repo, ports)
     info = json.loads((tmp_path / "one.serve" / "server.json").read_text())
