@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from export.bench.kernels import kernels_per_step, main
 
@@ -64,6 +67,59 @@ def test_spin_pairs_times_each_setting_in_its_own_processes(exported, tmp_path, 
         f"| greedy batch 1 (2 pairs × 2 calls) | {first['call_ms']:.1f} ms (encoder {first['encoder_ms']:.1f}) | "
         f"×{shared['speed_vs_false']:.3f}, faster in {shared['faster_than_false_in']} of 2" in rendered
     )
+
+
+def test_spin_pairs_times_a_baseline_runtime_in_the_same_rounds(exported, tmp_path, capsys) -> None:
+    """`baseline:<spinning>` settings run another version of the runtime (here this checkout's, imported under
+    another name as an older commit's would be) in the same rounds; one without --baseline-runtime, or a baseline
+    export of another checkpoint, is refused before any process starts."""
+    import shutil
+
+    from export.bench import spin_pairs
+
+    out, _ = exported("transformer")
+    args = ["--export", str(out), "--pairs", "1", "--calls", "1", "--fixed-len", "3", "--threads", "1"]
+    checkout = str(Path(spin_pairs.__file__).parents[2])
+    spin_pairs.main(
+        [
+            *args,
+            "--settings",
+            "false,baseline:false",
+            "--baseline-runtime",
+            checkout,
+            "--json",
+            str(tmp_path / "b.json"),
+        ]
+    )
+    report = json.loads((tmp_path / "b.json").read_text())
+    (row,) = report["rounds"]
+    assert row["baseline:false"]["spinning"] == "baseline:false" and row["baseline:false"]["call_s"] > 0
+    assert (
+        report["args"]["baseline_runtime"].endswith("export/runtime")
+        and len(report["args"]["baseline_runtime_sha256"]) == 64
+    )
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        spin_pairs.main([*args, "--settings", "false,baseline:false"])
+    assert "baseline:<spinning> settings need --baseline-runtime" in capsys.readouterr().err
+    other = tmp_path / "other"
+    shutil.copytree(out, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["checkpoint"]["sha256"] = "0" * 64
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SystemExit):
+        spin_pairs.main(
+            [
+                *args,
+                "--settings",
+                "false,baseline:false",
+                "--baseline-runtime",
+                checkout,
+                "--baseline-export",
+                str(other),
+            ]
+        )
+    assert "exports of different checkpoints" in capsys.readouterr().err
 
 
 def test_op_costs_times_each_kind_of_kernel_as_a_chain(tmp_path) -> None:

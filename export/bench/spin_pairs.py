@@ -1,5 +1,7 @@
 """Spinning settings side by side in fresh processes: which of the runtime's `spinning` choices decodes one batch
-faster, measured as pairs of processes, one per setting, their order alternating.
+faster, measured as pairs of processes, one per setting, their order alternating — and, with `--baseline-runtime`,
+another version of the runtime in the same rounds (settings `baseline:<spinning>`), for settings an in-process A/B
+cannot hold ("shared" is one pool for the whole process).
 
 Why processes: a setting is a property of the thread pools of a process's sessions, and two pools spinning in one
 process compete for its cores, so one process per setting; why pairs: on a shared virtual machine the speed drifts
@@ -10,6 +12,7 @@ batch, right after the previous batch's decoder steps, so whether the decoder's 
 
     python -m export.bench.spin_pairs --export <dir> --settings false,decoder [--pairs 8] [--calls 20] [--beam 1]
         [--batch 1] [--threads 2] [--fixed-len 30] [--json <report>]
+        [--baseline-runtime <checkout> --baseline-export <dir> --settings shared,baseline:false,…]
     python -m export.bench.spin_pairs --table <report> [<report> …]     # the reports as one markdown table
 """
 
@@ -22,20 +25,28 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from export import runtime as runtime_package
+from export.bench import rss_probe
 from export.bench import table as bench_table
-from export.runtime import Search, forced_limits, load
 from export.runtime.backend import SPINNING_TEXT, spinning_from_text
 
+BASELINE = "baseline:"  # a setting's prefix: the baseline runtime, with the spinning choice that follows
 
-def measure(export: str, spinning: str, calls: int, beam: int, batch: int, threads: int, fixed_len: int) -> dict:
-    """One process's timing: `calls` generate calls of `batch` held-out sentences decoded to `fixed_len` tokens,
-    after 3 untimed ones; per call the wall seconds and the encoder's share."""
-    model = load(export, threads=threads, spinning=spinning_from_text(spinning))
+
+def measure(
+    runtime: ModuleType, export: str, spinning: str, calls: int, beam: int, batch: int, threads: int, fixed_len: int
+) -> dict:
+    """One process's timing with `runtime` (export.runtime or another version of it): `calls` generate calls of
+    `batch` held-out sentences decoded to `fixed_len` tokens, after 3 untimed ones; per call the wall seconds and the
+    encoder's share."""
+    model = runtime.load(export, threads=threads, spinning=spinning_from_text(spinning))
     texts = json.loads((Path(export) / "heldout.json").read_text())["src"]
     src = model.pad(model.encode_texts([texts[i % len(texts)] for i in range(batch)]))
-    search, limits = Search(beam_size=beam), forced_limits([fixed_len] * batch, model.max_positions)
+    search = runtime.Search(beam_size=beam)
+    limits = runtime.forced_limits([fixed_len] * batch, model.max_positions)
     encoder_s = [0.0]
     encode = model.backend.encode
 
@@ -55,6 +66,39 @@ def measure(export: str, spinning: str, calls: int, beam: int, batch: int, threa
         model.generate(src, search, limits)
         seconds.append(time.perf_counter() - start)
     return {"spinning": spinning, "call_s": statistics.median(seconds), "encoder_s": encoder_s[0] / calls}
+
+
+def child(args: argparse.Namespace) -> dict:
+    """A child's measurement: this runtime, or the baseline runtime on its export for a `baseline:` setting."""
+    if not args.child.startswith(BASELINE):
+        return measure(runtime_package, args.export, args.child, *_work(args))
+    runtime = rss_probe.load_runtime_file(args.baseline_runtime, "spin_pairs_baseline_runtime")
+    export = args.baseline_export or args.export
+    return {**measure(runtime, export, args.child[len(BASELINE) :], *_work(args)), "spinning": args.child}
+
+
+def _work(args: argparse.Namespace) -> tuple[int, int, int, int, int]:
+    return args.calls, args.beam, args.batch, args.threads, args.fixed_len
+
+
+def check_baseline(args: argparse.Namespace) -> str | None:
+    """Why the baseline settings cannot run as given (None if they can): a `baseline:` setting needs
+    --baseline-runtime, and both exports must encode one checkpoint, else the ratios compare two models. Resolves
+    --baseline-runtime to the runtime itself (a checkout names its export/runtime/)."""
+    if not any(s.startswith(BASELINE) for s in args.settings):
+        return "--baseline-runtime is given but no setting is baseline:<spinning>" if args.baseline_runtime else None
+    if not args.baseline_runtime:
+        return "baseline:<spinning> settings need --baseline-runtime (a checkout of the older commit)"
+    from export.bench.speed import resolve_runtime  # imports torch: the parent only, never a timed child
+
+    args.baseline_runtime = str(resolve_runtime(args.baseline_runtime))
+    sha = [
+        json.loads((Path(e) / "manifest.json").read_text()).get("checkpoint", {}).get("sha256")
+        for e in (args.export, args.baseline_export or args.export)
+    ]
+    if sha[0] != sha[1]:
+        return f"--export and --baseline-export are exports of different checkpoints ({sha[0]} vs {sha[1]})"
+    return None
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -87,6 +131,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"of {first} (median of per-pair ratios), faster in {v[f'faster_than_{first}_in']} of {len(rounds)} pairs"
         )
     kept = {k: v for k, v in vars(args).items() if k not in ("passed", "json", "table")}
+    if args.baseline_runtime:  # which runtime it was, after its checkout is gone
+        from export.bench.speed import runtime_sha256
+
+        kept["baseline_runtime_sha256"] = runtime_sha256(Path(args.baseline_runtime))
     return {"args": kept, "machine": bench_table.machine(), "rounds": rounds, **summary}
 
 
@@ -137,6 +185,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--fixed-len", type=int, default=30, help="output tokens per sentence (eos banned before)")
+    ap.add_argument("--baseline-runtime", help="another version's runtime (a checkout, as export.bench takes it)")
+    ap.add_argument("--baseline-export", help="the export the baseline runtime reads (default: --export)")
     ap.add_argument("--json", help="write the rounds and the summary here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -145,16 +195,21 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not args.export:
         ap.error("--export is required (or --table to render stored reports)")
-    unknown = [s for s in ([args.child] if args.child else args.settings) if s not in SPINNING_TEXT]
+    given = [args.child] if args.child else args.settings
+    unknown = [s for s in given if s.removeprefix(BASELINE) not in SPINNING_TEXT]
     if unknown:
-        ap.error(f"--settings {unknown}: choose from {list(SPINNING_TEXT)}")
+        ap.error(f"--settings {unknown}: choose from {list(SPINNING_TEXT)}, each also as {BASELINE}<choice>")
     if args.child:
-        result = measure(args.export, args.child, args.calls, args.beam, args.batch, args.threads, args.fixed_len)
-        print(json.dumps(result))
+        print(json.dumps(child(args)))
         return
+    problem = check_baseline(args)
+    if problem:
+        ap.error(problem)
     args.passed = [
         *("--export", args.export, "--calls", str(args.calls), "--beam", str(args.beam)),
         *("--batch", str(args.batch), "--threads", str(args.threads), "--fixed-len", str(args.fixed_len)),
+        *(("--baseline-runtime", args.baseline_runtime) if args.baseline_runtime else ()),
+        *(("--baseline-export", args.baseline_export) if args.baseline_export else ()),
     ]
     report = run(args)
     if args.json:
