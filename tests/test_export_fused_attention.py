@@ -219,3 +219,42 @@ for setting in [dict(spinning="shared", threads=2), dict(spinning="decoder", thr
     assert json.loads(translated) == load(out, threads=1).translate(sources)
     assert 'spinning="shared" with threads=2' in refused[0] and "was made with threads=1" in refused[0]
     assert "spinning=decoder: this process runs onnxruntime on a shared thread pool" in refused[1]
+
+
+def test_ablate_takes_each_small_kind_out_of_the_real_decoder_step(fused_all, tmp_path) -> None:
+    """`python -m export.bench.ablate`: the decoder graph timed whole and with each small kind replaced by
+    Identities — every LayerNormalization and Relu of the graph, the attention kernels whose extra outputs nobody
+    reads, the Adds of a 1-D bias and those a LayerNormalization reads — and all of them at once; every variant
+    runs on the captured step's feeds."""
+    from collections import Counter
+
+    from export.bench import ablate
+
+    out, _ = fused_all
+    ablate.main(
+        [
+            "--export",
+            str(out),
+            "--step",
+            "2",
+            "--rounds",
+            "1",
+            "--runs",
+            "2",
+            "--threads",
+            "1",
+            "--json",
+            str(tmp_path / "a.json"),
+        ]
+    )
+    variants = json.loads((tmp_path / "a.json").read_text())["variants"]
+    graph = onnx.load(str(out / "decoder.onnx"))
+    count = Counter(n.op_type for n in graph.graph.node)
+    taken = {name: v["nodes_taken_out"] for name, v in variants.items()}
+    assert taken["LayerNormalization"] == count["LayerNormalization"] > 0 and taken["Relu"] == count["Relu"] > 0
+    assert 0 < taken["MultiHeadAttention"] <= count["MultiHeadAttention"]
+    assert 0 < taken["residual Add"] <= count["LayerNormalization"] and 0 < taken["bias Add"]
+    assert taken["bias Add"] + taken["residual Add"] <= count["Add"]
+    small = ("LayerNormalization", "MultiHeadAttention", "Relu", "bias Add", "residual Add")
+    assert taken["all of these"] == sum(taken[k] for k in small) and taken["whole step"] == 0
+    assert all(v["run_ms"] > 0 for v in variants.values())
