@@ -258,3 +258,6 @@ def test_ablate_takes_each_small_kind_out_of_the_real_decoder_step(fused_all, tm
     small = ("LayerNormalization", "MultiHeadAttention", "Relu", "bias Add", "residual Add")
     assert taken["all of these"] == sum(taken[k] for k in small) and taken["whole step"] == 0
     assert all(v["run_ms"] > 0 for v in variants.values())
+    for v in variants.values():  # a kind's cost: the median over rounds of the whole step's run less the variant's
+        whole = variants["whole step"]["rounds_ms"]
+        assert v["cost_rounds_ms"] == pytest.approx([w - x for w, x in zip(whole, v["rounds_ms"], strict=True)])
