@@ -221,7 +221,7 @@ for setting in [dict(spinning="shared", threads=2), dict(spinning="decoder", thr
     assert "spinning=decoder: this process runs onnxruntime on a shared thread pool" in refused[1]
 
 
-def test_ablate_takes_each_small_kind_out_of_the_real_decoder_step(fused_all, tmp_path) -> None:
+def test_ablate_takes_each_small_kind_out_of_the_real_decoder_step(fused_all, tmp_path, capsys) -> None:
     """`python -m export.bench.ablate`: the decoder graph timed whole and with each small kind replaced by
     Identities — every LayerNormalization and Relu of the graph, the attention kernels whose extra outputs nobody
     reads, the Adds of a 1-D bias and those a LayerNormalization reads — and all of them at once; every variant
@@ -261,3 +261,8 @@ def test_ablate_takes_each_small_kind_out_of_the_real_decoder_step(fused_all, tm
     for v in variants.values():  # a kind's cost: the median over rounds of the whole step's run less the variant's
         whole = variants["whole step"]["rounds_ms"]
         assert v["cost_rounds_ms"] == pytest.approx([w - x for w, x in zip(whole, v["rounds_ms"], strict=True)])
+    ablate.main(["--table", str(tmp_path / "a.json")])
+    rendered = capsys.readouterr().out
+    assert "| kind (nodes taken out) | greedy batch 1, step 2 |" in rendered
+    lr = variants["LayerNormalization"]
+    assert f"| LayerNormalization ({taken['LayerNormalization']}) | {lr['cost_ms']:.3f} ms (" in rendered

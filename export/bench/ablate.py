@@ -9,6 +9,7 @@ variant are wrong by construction.
 
     python -m export.bench.ablate --export <dir> [--step 15] [--beam 1] [--threads 2] [--spinning decoder]
         [--rounds 5] [--runs 100] [--json <report>]
+    python -m export.bench.ablate --table <report> [<report> …]     # the reports side by side, as markdown
 """
 
 from __future__ import annotations
@@ -159,9 +160,39 @@ def lines(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def table(reports: list[dict[str, Any]]) -> str:
+    """Stored reports side by side: a row per variant, a column per report (its search and step) — the whole step's
+    run, and each kind's cost with its range over rounds."""
+    heads = [
+        f"{'greedy' if r['args']['beam'] == 1 else 'beam ' + str(r['args']['beam'])} batch 1, step {r['args']['step']}"
+        for r in reports
+    ]
+    machines = sorted({bench_table.cpu_name(r["machine"]) for r in reports})
+    rows = [
+        f"Rendered by `python -m export.bench.ablate --table` from {len(reports)} reports; {'; '.join(machines)}; "
+        f"spinning {', '.join(sorted({r['args']['spinning'] for r in reports}))}, {reports[0]['args']['threads']} "
+        "threads. A kind's cost: the median over rounds of the whole step less the variant (its range over rounds).",
+        "",
+        "| kind (nodes taken out) | " + " | ".join(heads) + " |",
+        "|---|" + "---|" * len(reports),
+    ]
+    for name, first in reports[0]["variants"].items():
+        cells = []
+        for r in reports:
+            v = r["variants"][name]
+            if name == "whole step":
+                cells.append(f"{v['run_ms']:.2f} ms a run")
+            else:
+                spread = f"{min(v['cost_rounds_ms']):.2f} … {max(v['cost_rounds_ms']):.2f}"
+                cells.append(f"{v['cost_ms']:.3f} ms ({spread})")
+        rows.append(f"| {name} ({first['nodes_taken_out']}) | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m export.bench.ablate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--export", required=True, help="export dir (python -m export …)")
+    ap.add_argument("--export", help="export dir (python -m export …)")
+    ap.add_argument("--table", nargs="+", metavar="REPORT", help="render stored reports side by side as markdown")
     ap.add_argument("--step", type=int, default=15, help="the decoder step whose feeds are timed (0-based)")
     ap.add_argument("--beam", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
@@ -170,6 +201,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runs", type=int, default=100, help="timed runs per variant and round (median kept)")
     ap.add_argument("--json", help="write the report here")
     args = ap.parse_args(argv)
+    if args.table:
+        print(table([json.loads(Path(f).read_text()) for f in args.table]))
+        return
+    if not args.export:
+        ap.error("--export is required (or --table to render stored reports)")
     report = measure(args)
     print("\n".join(lines(report)))
     if args.json:
