@@ -194,8 +194,8 @@ def test_spinning_names_whose_threads_spin_and_refuses_anything_else(exported) -
 def test_a_shared_thread_pool_is_made_once_per_process_and_another_size_is_refused(exported) -> None:
     """spinning="shared" runs both sessions on the process's one onnxruntime pool, which onnxruntime makes once: a
     second model of the same size shares it and decodes as the default; another size, or a session with a pool of its
-    own (onnxruntime refuses both once the pool exists), is refused naming the fix. In a child process: this one's
-    sessions keep their own pools."""
+    own (onnxruntime refuses both once the pool exists), or copies for throughput (they would take turns on it), is
+    refused naming the fix. In a child process: this one's sessions keep their own pools."""
     out, _ = exported("transformer")
     child = f"""
 import json
@@ -207,7 +207,8 @@ shared = load({str(out)!r}, spinning="shared", threads=1)
 again = load({str(out)!r}, spinning="shared", threads=1)
 assert shared.translate(sources) == again.translate(sources)
 print(json.dumps(shared.translate(sources)))
-for setting in [dict(spinning="shared", threads=2), dict(spinning="decoder", threads=1)]:
+for setting in [dict(spinning="shared", threads=2), dict(spinning="decoder", threads=1),
+                dict(spinning="shared", threads=1, inter_threads=2)]:
     try:
         load({str(out)!r}, **setting)
     except ExportRuntimeError as exc:
@@ -219,6 +220,7 @@ for setting in [dict(spinning="shared", threads=2), dict(spinning="decoder", thr
     assert json.loads(translated) == load(out, threads=1).translate(sources)
     assert 'spinning="shared" with threads=2' in refused[0] and "was made with threads=1" in refused[0]
     assert "spinning=decoder: this process runs onnxruntime on a shared thread pool" in refused[1]
+    assert 'inter_threads=2 with spinning="shared"' in refused[2]
 
 
 def test_ablate_takes_each_small_kind_out_of_the_real_decoder_step(fused_all, tmp_path, capsys) -> None:

@@ -577,6 +577,11 @@ def load(
             f"inter_threads={inter_threads!r}: give an integer 1 … 64 (batches decoded at once, each by its own "
             "copy of the sessions; 1 = one search at a time)"
         )
+    if inter_threads > 1 and spinning == "shared":  # the copies would take turns on the one pool of the process
+        raise ExportRuntimeError(
+            f'inter_threads={inter_threads} with spinning="shared": every copy would run on the one thread pool of '
+            "the process, so batches would not decode at once; give inter_threads=1, or another spinning setting"
+        )
     directory = Path(directory)
     manifest = read_manifest(directory, check_files=check_files)
     models = [
