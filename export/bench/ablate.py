@@ -201,11 +201,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runs", type=int, default=100, help="timed runs per variant and round (median kept)")
     ap.add_argument("--json", help="write the report here")
     args = ap.parse_args(argv)
-    if args.table:
-        print(table([json.loads(Path(f).read_text()) for f in args.table]))
+    if bench_table.stored_reports_mode(args, ap, table):
         return
-    if not args.export:
-        ap.error("--export is required (or --table to render stored reports)")
     report = measure(args)
     print("\n".join(lines(report)))
     if args.json:

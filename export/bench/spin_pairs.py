@@ -190,11 +190,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", help="write the rounds and the summary here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.table:
-        print(table([json.loads(Path(f).read_text()) for f in args.table]))
+    if bench_table.stored_reports_mode(args, ap, table):
         return
-    if not args.export:
-        ap.error("--export is required (or --table to render stored reports)")
     given = [args.child] if args.child else args.settings
     unknown = [s for s in given if s.removeprefix(BASELINE) not in SPINNING_TEXT]
     if unknown:

@@ -45,6 +45,19 @@ def cpu_name(machine: dict[str, Any]) -> str:
     return f"{name} ({machine['signature']})" if machine.get("signature") else name
 
 
+def stored_reports_mode(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, render: Callable[[list[dict[str, Any]]], str]
+) -> bool:
+    """A bench command's `--table REPORT …` mode: print `render` of the stored reports and say so (True); without
+    it the command measures, so --export is required — an argparse error naming both."""
+    if args.table:
+        print(render([json.loads(Path(f).read_text()) for f in args.table]))
+        return True
+    if not args.export:
+        parser.error("--export is required (or --table to render stored reports)")
+    return False
+
+
 def interleaved_rounds(
     plan: Sequence[Hashable], measure: Callable[[Any], dict[str, Any]], rounds: int
 ) -> dict[Any, list[dict[str, Any]]]:
