@@ -24,11 +24,12 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import helper
 
 from export.bench import table as bench_table
 from export.runtime import ExportedModel, OrtBackend, Search, forced_limits, read_manifest
-from export.runtime.backend import CPU_DISABLED_OPTIMIZERS, SPINNING_TEXT, session_options, spinning_from_text
+from export.runtime.backend import CPU_DISABLED_OPTIMIZERS, SPINNING_TEXT, graph_session_options, spinning_from_text
 
 Rule = Callable[[onnx.NodeProto], bool]
 
@@ -99,11 +100,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     model = ExportedModel(directory, manifest, backend)
     outputs, feeds = captured_step(model, args.step, args.beam)
     graph = onnx.load(str(directory / manifest["graphs"]["decoder"]["file"]))
-    import onnxruntime as ort
-
-    options = session_options(
-        manifest, args.threads, None, spinning in (True, "decoder"), "cpu", shared_pool=spinning == "shared"
-    )
+    _, options = graph_session_options(manifest, args.threads, None, spinning, "cpu")  # the runtime's decoder's
     for name, (_, value) in backend.shared.items():
         options.add_initializer(name, value)
     variants: dict[str, Any] = {"whole step": (graph, 0)}

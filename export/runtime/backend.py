@@ -212,6 +212,18 @@ def session_options(
     return options
 
 
+def graph_session_options(
+    manifest: Manifest, threads: int | None, optimization: str | None, spinning: bool | str, provider: str
+) -> tuple[ort.SessionOptions, ort.SessionOptions]:
+    """The encoder's and the decoder's options for a `SPINNING` choice: whose threads spin, and whether both run on
+    the process's shared pool (made by the caller: `shared_thread_pool`)."""
+    shared = spinning == "shared"
+    return (
+        session_options(manifest, threads, optimization, spinning is True, provider, shared),
+        session_options(manifest, threads, optimization, spinning in (True, "decoder"), provider, shared),
+    )
+
+
 class OrtBackend:
     """Both graphs in onnxruntime sessions of this process (CPU, or CUDA with provider=cuda)."""
 
@@ -234,8 +246,7 @@ class OrtBackend:
         if state not in STATES:
             raise ExportRuntimeError(f"state={state!r}: choose one of {list(STATES)} (where a search keeps its caches)")
         spinning = check_spinning(spinning)
-        shared = spinning == "shared"
-        if shared:
+        if spinning == "shared":
             shared_thread_pool(session_threads(manifest, threads))
         elif _shared_pool_threads:  # onnxruntime's own message would say only "use_per_session_threads must be false"
             raise ExportRuntimeError(
@@ -243,10 +254,7 @@ class OrtBackend:
                 'was loaded with spinning="shared"), and onnxruntime then refuses sessions with pools of their own; '
                 f'load with spinning="shared" and threads={_shared_pool_threads[0]}, or in another process'
             )
-        options, decoder_options = (
-            session_options(manifest, threads, optimization, spinning is True, provider, shared),
-            session_options(manifest, threads, optimization, spinning in (True, "decoder"), provider, shared),
-        )
+        options, decoder_options = graph_session_options(manifest, threads, optimization, spinning, provider)
         if profile_prefix is not None:  # onnxruntime's profiler (export/bench/kernels.py reads its traces)
             for o in (options, decoder_options):
                 o.enable_profiling = True
