@@ -30,6 +30,7 @@ from zoo.report.claims import (
     compaction_text,
     percent,
 )
+from zoo.report.render_curves import plot_learning_curves
 from zoo.report.render_ght import compaction_table, ght_section, plot_compaction, plot_vote_maps
 from zoo.report.render_outputs import outputs_section
 from zoo.report.render_speed import plot_quality_vs_speed, readme_speed_column, speed_section, widest_file
@@ -466,25 +467,6 @@ def _plot_scatter(data: dict[str, Any], out: Path, x_of: Callable[[dict[str, Any
     _save(fig, out)
 
 
-def _plot_learning_curves(data: dict[str, Any], out: Path) -> None:
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for entry, rec in data["entries"].items():
-        first = next(iter(rec["seeds"].values()))
-        points = [p for p in first["learning_curve"] if p.get("valid_quality") is not None]
-        if points:
-            ax.plot(
-                [p["step"] for p in points],
-                [p["valid_quality"] for p in points],
-                marker=".",
-                label=f"{entry} (seed {next(iter(rec['seeds']))})",
-            )
-    ax.set_xlabel("update")
-    ax.set_ylabel("validation quality (greedy BLEU / ROUGE-L)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    _save(fig, out)
-
-
 def render(out_dir: Path, data: dict[str, Any], command: str) -> Path:
     """Write REPORT.md, report.json and the plots into `out_dir`; returns the REPORT.md path."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -498,7 +480,7 @@ def render(out_dir: Path, data: dict[str, Any], command: str) -> Path:
     if data["speed"]:
         figure = out_dir / "quality_vs_speed.png"
         plot_quality_vs_speed(data, widest_file(data["speed"]), figure, LABELS[data["headline"]])
-    _plot_learning_curves(data, out_dir / "learning_curves.png")
+    plot_learning_curves(data, out_dir / "learning_curves.png")
     plot_vote_maps(data, out_dir)
     plot_compaction(data, out_dir)
     plot_probe(data, out_dir)

@@ -1,0 +1,83 @@
+"""The learning-curve figure of REPORT.md: every entry's validation quality over updates, every seed drawn, and —
+for suites whose runs count distinct validation outputs (summarization) — the share of distinct outputs below it.
+
+Why the second panel: a summarizer's validation ROUGE-L can sit at a constant string's level for thousands of
+updates while its loss falls (issue 64); the share of distinct outputs shows whether the outputs depend on the input
+at all, and when that changed. Why every seed: one seed's curve hides how far apart an entry's seeds are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from zoo.plots import save_report_figure
+from zoo.report.claims import DEGENERATE_DISTINCT
+
+
+class Curve(NamedTuple):
+    """One run's validation points: updates, quality and (None where the run did not count it) distinct share."""
+
+    entry: str
+    seed: str
+    steps: list[int]
+    quality: list[float]
+    distinct: list[float | None]
+
+
+def curves(data: dict[str, Any]) -> list[Curve]:
+    """Every run's validation curve, entries and seeds in the suite's order; points without a quality left out."""
+    out = []
+    for entry, rec in data["entries"].items():
+        for seed, run in rec["seeds"].items():
+            points = [p for p in run.get("learning_curve") or [] if p.get("valid_quality") is not None]
+            if points:
+                out.append(
+                    Curve(
+                        entry,
+                        str(seed),
+                        [int(p["step"]) for p in points],
+                        [float(p["valid_quality"]) for p in points],
+                        [p.get("valid_distinct") for p in points],
+                    )
+                )
+    return out
+
+
+def plot_learning_curves(data: dict[str, Any], out: Path) -> None:
+    """`out`: quality over updates (one colour per entry, one line per seed); a distinct-outputs panel when any run
+    counted them, with the near-constant threshold the claims use (measured on test outputs) dotted."""
+    import matplotlib.pyplot as plt  # here: matplotlib is slow to import and only plotting needs it
+
+    runs = curves(data)
+    with_distinct = any(d is not None for c in runs for d in c.distinct)
+    if with_distinct:
+        fig, (ax, share) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=[3, 2])
+    else:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+    colours: dict[str, str] = {}
+    for c in runs:
+        first = c.entry not in colours
+        colour = colours.setdefault(c.entry, f"C{len(colours) % 10}")
+        seeds = [r.seed for r in runs if r.entry == c.entry]
+        label = f"{c.entry} (seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)})" if first else None
+        style = {"color": colour, "marker": ".", "linewidth": 1.2, "alpha": 0.9}
+        ax.plot(c.steps, c.quality, label=label, **style)
+        if with_distinct:
+            shown = [(s, d) for s, d in zip(c.steps, c.distinct, strict=True) if d is not None]
+            share.plot([s for s, _ in shown], [100 * d for _, d in shown], **style)
+    ax.set_ylabel("validation quality (greedy BLEU / ROUGE-L)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    if with_distinct:
+        share.axhline(100 * DEGENERATE_DISTINCT, color="black", linestyle=":", linewidth=1)
+        share.set_ylabel("distinct validation\noutputs (%)")
+        share.set_ylim(0, 100)
+        share.grid(alpha=0.3)
+        share.set_xlabel("update")
+    else:
+        ax.set_xlabel("update")
+    save_report_figure(fig, out)
+
+
+__all__ = ["Curve", "curves", "plot_learning_curves"]
