@@ -142,3 +142,42 @@ def test_op_costs_times_each_kind_of_kernel_as_a_chain(tmp_path) -> None:
         return op_costs.run_seconds(op_costs._session(nodes, inputs, [bias], 1, False), {"x": x}, 200)
 
     assert chain_run(64) > chain_run(1)
+
+
+BAD_INPUTS = [
+    ("kernels", ["--export", "{missing}"], "--export {missing}: {missing} is not an export directory"),
+    ("ablate", ["--export", "{missing}"], "--export {missing}: {missing} is not an export directory"),
+    ("spin_pairs", ["--export", "{missing}"], "--export {missing}: {missing} is not an export directory"),
+    ("threads", ["--export", "{missing}", "--src", "{text}"], "--export {missing}: {missing} is not an export"),
+    ("threads", ["--export", "{export}", "--src", "{missing}"], "--src {missing}: no such file"),
+    ("shortlist", ["--export", "{export}", "--src", "{text}", "--ref", "{missing}"], "--ref {missing}: no such file"),
+    ("ablate", ["--table", "{missing}"], "{missing}: No such file or directory; give a report the command wrote"),
+    ("spin_pairs", ["--table", "{text}"], "{text}: not JSON (Expecting value"),
+    ("threads", ["--render", "{text}"], "{text}: not JSON"),
+    ("shortlist", ["--render", "{text}"], "{text}: not JSON"),
+    ("ablate", ["--table", "{other}"], "--table {other}: not this command's reports (no 'args')"),
+    ("spin_pairs", ["--table", "{other}"], "--table {other}: not this command's reports"),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "argv", "said"), BAD_INPUTS, ids=[f"{c}-{i}" for i, (c, _, _) in enumerate(BAD_INPUTS)]
+)
+def test_bench_commands_answer_bad_input_with_one_usage_line(command, argv, said, exported, tmp_path, capsys) -> None:
+    """A missing or non-export --export, a missing input file, a stored report that is not JSON or not this command's:
+    the command's usage error (exit 2) naming the flag and the file — before any child process or measurement, and
+    never a traceback."""
+    import importlib
+
+    (tmp_path / "text.txt").write_text("not json\n")
+    (tmp_path / "other.json").write_text('{"a": 1}\n')
+    paths = {"missing": str(tmp_path / "missing"), "text": str(tmp_path / "text.txt")}
+    paths["other"] = str(tmp_path / "other.json")
+    if any("{export}" in a for a in argv):
+        paths["export"] = str(exported("transformer")[0])
+    main_of = importlib.import_module(f"export.bench.{command}").main
+    with pytest.raises(SystemExit) as stop:
+        main_of([a.format(**paths) for a in argv])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"python -m export.bench.{command}: error: ") and said.format(**paths) in err[-1]

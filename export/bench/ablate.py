@@ -28,8 +28,9 @@ import onnxruntime as ort
 from onnx import helper
 
 from export.bench import table as bench_table
-from export.runtime import ExportedModel, OrtBackend, Search, forced_limits, read_manifest
+from export.runtime import ExportedModel, ExportRuntimeError, OrtBackend, Search, forced_limits, read_manifest
 from export.runtime.backend import CPU_DISABLED_OPTIMIZERS, SPINNING_TEXT, graph_session_options, spinning_from_text
+from zoo.errors import one_line_errors
 
 Rule = Callable[[onnx.NodeProto], bool]
 
@@ -200,7 +201,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if bench_table.stored_reports_mode(args, ap, table):
         return
-    report = measure(args)
+    with one_line_errors(ExportRuntimeError):
+        report = measure(args)
     print("\n".join(lines(report)))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")

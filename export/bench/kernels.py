@@ -20,7 +20,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from export.runtime import ExportedModel, OrtBackend, Search, forced_limits, read_manifest
+from export.bench import table as bench_table
+from export.runtime import ExportedModel, ExportRuntimeError, OrtBackend, Search, forced_limits, read_manifest
+from zoo.errors import one_line_errors
 
 
 def kernels_per_step(trace: list[dict[str, Any]]) -> dict[str, Any]:
@@ -68,7 +70,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", help="write the counts here")
     args = ap.parse_args(argv)
-    report = profile(args.export, args.steps, args.beam, args.threads)
+    bench_table.check_export(ap, args.export)
+    with one_line_errors(ExportRuntimeError):
+        report = profile(args.export, args.steps, args.beam, args.threads)
     print(f"{args.export}: {report['kernels_per_run']:.0f} kernels per decoder step (median of {report['runs']} runs)")
     for op, entry in list(report["by_op"].items())[:12]:
         print(f"  {op:28s} {entry['kernels_per_run']:6.1f} per step  {100 * entry['time_share']:5.1f}% of kernel time")

@@ -242,11 +242,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args)), flush=True)
         return 0
     if args.render:
-        reports = [(json.loads(Path(r).read_text(encoding="utf-8")), r) for r in args.render]
+        reports = list(zip(bench_table.read_reports(parser, args.render), args.render, strict=True))
         bench_table.write_block(render(reports), BLOCK, ", ".join(args.render))
         return 0
     if not (args.export and args.src and args.ref):
         parser.error("--export, --src and --ref are needed to measure (or give --render REPORT …)")
+    bench_table.check_export(parser, args.export, src=args.src, ref=args.ref)
     report = run(args)
     print(speed_table(report))
     if args.json:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
+from export.runtime import ExportRuntimeError, read_manifest
 from zoo.machine import cpu_model, cpu_signature
 
 README = Path(__file__).resolve().parents[2] / "results" / "runtime" / "README.md"
@@ -45,16 +46,45 @@ def cpu_name(machine: dict[str, Any]) -> str:
     return f"{name} ({machine['signature']})" if machine.get("signature") else name
 
 
+def read_reports(parser: argparse.ArgumentParser, paths: Sequence[str]) -> list[dict[str, Any]]:
+    """Stored bench reports (JSON files), or the command's usage error naming the file that is missing or not
+    JSON — not a traceback."""
+    reports = []
+    for path in paths:
+        try:
+            reports.append(json.loads(Path(path).read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else f"not JSON ({exc})"
+            parser.error(f"{path}: {reason}; give a report the command wrote with --json")
+    return reports
+
+
+def check_export(parser: argparse.ArgumentParser, directory: str, **files: str | None) -> None:
+    """The usage error with the runtime's reason when `directory` is not a loadable export, or when one of `files`
+    (flag name → path, e.g. src=…) is not a file — before anything is measured or any child process started."""
+    try:
+        read_manifest(directory, check_files=False)  # its files' checksums: when the runtime loads it
+    except ExportRuntimeError as exc:
+        parser.error(f"--export {directory}: {exc}")
+    for flag, path in files.items():
+        if path is not None and not Path(path).is_file():
+            parser.error(f"--{flag} {path}: no such file")
+
+
 def stored_reports_mode(
     args: argparse.Namespace, parser: argparse.ArgumentParser, render: Callable[[list[dict[str, Any]]], str]
 ) -> bool:
     """A bench command's `--table REPORT …` mode: print `render` of the stored reports and say so (True); without
-    it the command measures, so --export is required — an argparse error naming both."""
+    it the command measures, so --export is required and must be an export — argparse errors naming the fix."""
     if args.table:
-        print(render([json.loads(Path(f).read_text()) for f in args.table]))
+        try:
+            print(render(read_reports(parser, args.table)))
+        except (KeyError, TypeError, IndexError) as exc:
+            parser.error(f"--table {' '.join(args.table)}: not this command's reports (no {exc}); give ones it wrote")
         return True
     if not args.export:
         parser.error("--export is required (or --table to render stored reports)")
+    check_export(parser, args.export)
     return False
 
 

@@ -165,11 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args)), flush=True)
         return 0
     if args.render:
-        block = render(json.loads(Path(args.render).read_text(encoding="utf-8")), args.render)
+        block = render(bench_table.read_reports(parser, [args.render])[0], args.render)
         bench_table.write_block(block, BLOCK, args.render)
         return 0
     if not args.export or not args.src:
         parser.error("--export and --src are needed to measure (or give --render REPORT)")
+    bench_table.check_export(parser, args.export, src=args.src)
     report = run(args)
     print(table(report))
     if args.json:
