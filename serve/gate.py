@@ -321,7 +321,7 @@ async def serve(config: GateConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m serve.gate", description=__doc__.splitlines()[0])
     parser.add_argument("config", type=Path)
     config = GateConfig.read(parser.parse_args(argv).config)
     handler = logging.handlers.RotatingFileHandler(config.log, maxBytes=GATE_LOG_BYTES, backupCount=3)

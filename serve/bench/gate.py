@@ -72,7 +72,7 @@ def measure(server: Server, rounds: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m serve.bench.gate", description=__doc__.splitlines()[0])
     parser.add_argument("export", type=Path, help="an export directory (python -m export)")
     parser.add_argument("--rounds", type=int, default=200)
     args = parser.parse_args(argv)
