@@ -55,14 +55,15 @@ def plot_learning_curves(data: dict[str, Any], out: Path) -> None:
         fig, (ax, share) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=[3, 2])
     else:
         fig, ax = plt.subplots(figsize=(8, 4.5))
-    colours: dict[str, str] = {}
+    seeds: dict[str, list[str]] = {}  # entry → its seeds, in the suite's order (the legend and the colours)
     for c in runs:
-        first = c.entry not in colours
-        colour = colours.setdefault(c.entry, f"C{len(colours) % 10}")
-        seeds = [r.seed for r in runs if r.entry == c.entry]
-        label = f"{c.entry} (seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)})" if first else None
-        style = {"color": colour, "marker": ".", "linewidth": 1.2, "alpha": 0.9}
-        ax.plot(c.steps, c.quality, label=label, **style)
+        seeds.setdefault(c.entry, []).append(c.seed)
+    colours = {entry: f"C{i % 10}" for i, entry in enumerate(seeds)}
+    for c in runs:
+        shown_seeds = seeds[c.entry]
+        label = f"{c.entry} (seed{'s' if len(shown_seeds) > 1 else ''} {', '.join(shown_seeds)})"
+        style = {"color": colours[c.entry], "marker": ".", "linewidth": 1.2, "alpha": 0.9}
+        ax.plot(c.steps, c.quality, label=label if c.seed == shown_seeds[0] else None, **style)
         if with_distinct:
             shown = [(s, d) for s, d in zip(c.steps, c.distinct, strict=True) if d is not None]
             share.plot([s for s, _ in shown], [100 * d for _, d in shown], **style)
