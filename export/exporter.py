@@ -12,25 +12,22 @@ directory:
   manifest  the steps' results as one ExportSpec, validated, → manifest.json with checksums, sizes before/after,
             versions (export/manifest.py; its keys and types: export.runtime.Manifest)
   verify    the fp32 graphs against torch (export/verify.py)
-  int8      optionally: INT8-quantise, verify without failing on drift, measure the BLEU cost
+  int8      optionally: INT8-quantise, verify without failing on drift, measure the BLEU cost (export/precision.py)
   fp16      optionally: convert to float16 (export/fp16.py), verify against the fp32 model within fp16.tolerance
-            and fp16.min_agreement, on the CPU or, with fp16.provider=cuda, where it will run
+            and fp16.min_agreement, on the CPU or, with fp16.provider=cuda, where it will run (export/precision.py)
   publish   swap the directory in as `out`, print the summary table
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import onnxruntime
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
@@ -42,13 +39,12 @@ from export.manifest import (
     TOKENIZER_FILE,
     ExportSpec,
     build_manifest,
-    checksums,
     manifest_dict,
-    shared_weights,
     summary_table,
     write_manifest,
 )
-from export.onnx_files import export_graphs, half_graphs, quantize_graphs
+from export.onnx_files import export_graphs
+from export.precision import check_precision, half_precision_export, quantize_export
 from export.pruning import (
     active_heads,
     head_importance,
@@ -60,16 +56,11 @@ from export.pruning import (
 from export.runtime import (
     ALIGNMENT_OUTPUT,
     OPTIMIZATION_LEVELS,
-    PROVIDERS,
     AlignmentInfo,
     ExportedModel,
-    ExportRuntimeError,
     Graphs,
-    Int8Quality,
-    Manifest,
     Search,
     SearchError,
-    execution_providers,
     load,
 )
 from export.runtime.manifest import ShortlistInfo
@@ -77,14 +68,13 @@ from export.runtime.search_loop import never_emitted
 from export.runtime.shortlist import SHORTLIST_FILE
 from export.shortlist import ShortlistSettings, build_shortlist, count_pairs
 from export.staging import staged_directory
-from export.verify import encode_pairs, verify_export
+from export.verify import encode_pairs, ort_errors, verify_export
 from zoo.alignment import check_alignments
 from zoo.api import checkpoint_search
 from zoo.checkpoint import CheckpointError, CheckpointPayload, load_checkpoint, model_from_checkpoint
 from zoo.data import DataError, TextTokenizer, build_splits, load_tokenizer
 from zoo.entries import CONF_DIR, list_entries
 from zoo.flops import size_summary
-from zoo.metrics import corpus_chrf, paired_bootstrap
 from zoo.model import ModelConfig, Transformer
 
 log = logging.getLogger("export")
@@ -114,7 +104,7 @@ def export_checkpoint(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
             f"fused_attention={cfg.fused_attention!r}: use one of {', '.join(FUSED_CHOICES)} (which decoder attentions "
             "run as onnxruntime's fused kernel)"
         )
-    _check_precision(cfg)
+    check_precision(cfg)
     previous_threads = torch.get_num_threads()
     if cfg.runtime.threads:
         torch.set_num_threads(int(cfg.runtime.threads))
@@ -122,37 +112,6 @@ def export_checkpoint(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
         return _export(cfg)
     finally:
         torch.set_num_threads(previous_threads)
-
-
-PRECISIONS = ("fp32", "fp16")
-
-
-def _check_precision(cfg: DictConfig) -> None:
-    """Refuse, before any work, a precision this exporter cannot make or verify here: an unknown one, float16 with
-    INT8, float16 verified on a provider this onnxruntime lacks (fp16.provider=cuda without onnxruntime-gpu)."""
-    precision = cfg.precision
-    if precision not in PRECISIONS:
-        raise ExportError(f"precision={precision!r}: use one of {', '.join(PRECISIONS)}")
-    if precision != "fp16":
-        return
-    if cfg.quantize:
-        raise ExportError("quantize=true and precision=fp16: INT8 quantisation works on fp32 graphs; give one of them")
-    f = cfg.fp16
-    if not 0 < float(f.tolerance) < math.inf or not 0 <= float(f.min_agreement) <= 1:
-        raise ExportError(
-            f"fp16.tolerance={f.tolerance} / fp16.min_agreement={f.min_agreement}: give a tolerance > 0 (max |Δ "
-            "log-prob|) and an agreement share in [0, 1]"
-        )
-    if f.provider not in PROVIDERS:
-        raise ExportError(f"fp16.provider={f.provider!r}: verify the fp16 graphs on one of {', '.join(PROVIDERS)}")
-    try:
-        execution_providers(f.provider)
-    except ExportRuntimeError:
-        raise ExportError(
-            f"precision=fp16 fp16.provider={f.provider}: this onnxruntime ({onnxruntime.__version__}) has no "
-            "CUDAExecutionProvider to verify the fp16 graphs on; install onnxruntime-gpu (the '.[gpu]' extra), or "
-            "verify them on the CPU with fp16.provider=cpu"
-        ) from None
 
 
 def _export(cfg: DictConfig) -> dict[str, Any]:
@@ -185,16 +144,22 @@ def _export(cfg: DictConfig) -> dict[str, Any]:
         if shortlist is not None:
             manifest["shortlist"] = shortlist
         write_manifest(directory, manifest)  # the runtime loads (and checks) the export through it
-        with _ort_errors("fp32"):
+        with ort_errors("fp32"):
             fp32 = load(directory, threads=cfg.runtime.threads)
             manifest["verification"] = _verify(cfg, fp32, exported, source, search)
         laps("verify")
-        if cfg.quantize:
-            _quantize(cfg, directory, manifest, fp32, exported, source, search)
-            laps("quantize_and_check")
-        if cfg.precision == "fp16":
-            _half(cfg, directory, manifest, exported, source, search)
-            laps("fp16_and_check")
+        if cfg.quantize or cfg.precision == "fp16":  # in place of the fp32 graphs (export/precision.py)
+
+            def check(runtime: ExportedModel, tolerance: float | None) -> dict[str, Any]:
+                return _verify(cfg, runtime, exported, source, search, strict=False, tolerance=tolerance)
+
+            if cfg.quantize:
+                heldout = (source.srcs, source.tgts)
+                quantize_export(cfg, directory, manifest, fp32, check, source.payload, heldout, search.beam_size)
+                laps("quantize_and_check")
+            else:
+                half_precision_export(cfg, directory, manifest, check)
+                laps("fp16_and_check")
         del fp32
         manifest["timings_s"] = laps.timings
         write_manifest(directory, manifest)
@@ -524,145 +489,3 @@ def _verify(
         int(cfg.verify.max_target_tokens),
         strict=strict,
     )
-
-
-@contextlib.contextmanager
-def _ort_errors(which: str) -> Iterator[None]:
-    """onnxruntime failing to load or run a graph is a failed verification, not a crash."""
-    try:
-        yield
-    except ExportError:
-        raise
-    except Exception as exc:
-        if type(exc).__module__.split(".")[0] != "onnxruntime":
-            raise
-        reason = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__
-        raise ExportError(f"verification failed: onnxruntime cannot run the exported {which} graphs: {reason}") from exc
-
-
-# ---------------------------------------------------------------------------------------------- int8
-def _quantize(
-    cfg: DictConfig,
-    directory: Path,
-    manifest: Manifest,
-    fp32: ExportedModel,
-    exported: _Exported,
-    source: _Source,
-    search: Search,
-) -> None:
-    """INT8 graphs in place of the fp32 ones: verified without failing on drift (verification_int8), and their
-    BLEU cost measured against the fp32 graphs' translations (int8_quality)."""
-    eval_src, eval_ref, eval_split = _quality_pairs(cfg, source.payload, source.srcs, source.tgts)
-    with _ort_errors("fp32"):
-        fp32_out = fp32.translate(eval_src)
-    quantize_graphs(directory)
-    manifest["files"] = checksums(directory, manifest["graphs"])
-    manifest["shared_weights"] = shared_weights(directory, manifest["graphs"])
-    write_manifest(directory, manifest)
-    with _ort_errors("int8"):
-        int8 = load(directory, threads=cfg.runtime.threads)
-        manifest["verification_int8"] = _verify(cfg, int8, exported, source, search, strict=False)
-        int8_out = int8.translate(eval_src)
-    manifest["int8_quality"] = int8_quality(fp32_out, int8_out, eval_ref, eval_split, search.beam_size)
-
-
-def _quality_pairs(
-    cfg: DictConfig, payload: CheckpointPayload, srcs: list[str], tgts: list[str]
-) -> tuple[list[str], list[str], str]:
-    """(sources, references, split label) the INT8 quality cost is measured on: the checkpoint's test
-    split when its corpus can be rebuilt here (`quantize_eval.split=test`), else the held-out sample."""
-    q = cfg.quantize_eval
-    limit = int(q.sentences) if q.sentences else None
-    if q.split == "test":
-        try:
-            test = build_splits(payload["data_config"]).test[:limit]
-        except (DataError, KeyError, OSError) as exc:
-            print(f"(int8 quality: the test split cannot be rebuilt here ({exc}); using the held-out sample)")
-        else:
-            if test:
-                return [e.src for e in test], [e.tgt for e in test], f"test ({len(test)} sentences)"
-    elif q.split != "heldout":
-        raise ExportError(f"quantize_eval.split={q.split!r}: use test or heldout")
-    return srcs[:limit], tgts[:limit], f"heldout ({len(srcs[:limit])} sentences)"
-
-
-def int8_quality(fp32_out: list[str], int8_out: list[str], refs: list[str], split: str, beam_size: int) -> Int8Quality:
-    """BLEU of the fp32 and INT8 graphs' translations (same runtime, same search) with sacreBLEU's
-    paired bootstrap: the quality cost of quantisation, claimed only if significant (zoo/DESIGN.md §3c)."""
-    test = paired_bootstrap(fp32_out, int8_out, refs)
-    return Int8Quality(
-        split=split,
-        beam_size=beam_size,
-        bleu_fp32=test["baseline"]["bleu"],
-        bleu_int8=test["system"]["bleu"],
-        chrf_fp32=corpus_chrf(fp32_out, refs),
-        chrf_int8=corpus_chrf(int8_out, refs),
-        p_value=test["p_value"],
-        significant=test["significant"],
-        identical_outputs=sum(a == b for a, b in zip(fp32_out, int8_out, strict=True)),
-    )
-
-
-# ---------------------------------------------------------------------------------------------- fp16
-def _half(
-    cfg: DictConfig, directory: Path, manifest: Manifest, exported: _Exported, source: _Source, search: Search
-) -> None:
-    """float16 graphs in place of the fp32 ones (export/fp16.py), their caches float16 in the manifest, verified
-    against the fp32 model on the held-out sample (verification_fp16, `fp16_verdict`): the export fails beyond
-    fp16.tolerance or below fp16.min_agreement.
-
-    Where it is verified: onnxruntime's CPU provider runs float16 graphs (it casts around the nodes it has no float16
-    kernel for, and computes them in float32), so the default check runs anywhere and checks the conversion —
-    weights, caches and the float16 nodes' rounding; fp16.provider=cuda checks it with the CUDA kernels that will run
-    it (onnxruntime-gpu), which compute more in float16 than the CPU's casts do."""
-    half_export(directory, manifest)
-    f = cfg.fp16
-    with _ort_errors("fp16"):
-        fp16 = load(directory, threads=cfg.runtime.threads, provider=f.provider)
-        report = _verify(cfg, fp16, exported, source, search, strict=False, tolerance=float(f.tolerance))
-    verdict = fp16_verdict(report, float(f.min_agreement), f.provider)
-    manifest["verification_fp16"] = verdict
-    if not verdict["passed"]:
-        raise ExportError(
-            f"fp16 verification failed: {'; '.join(verdict['problems'])}; export the model in fp32 (without "
-            "precision=fp16), or accept the difference with a larger fp16.tolerance / smaller fp16.min_agreement"
-        )
-
-
-def half_export(directory: Path, manifest: Manifest) -> None:
-    """The export in `directory` (its fp32 graphs and `manifest`) made float16 in place: graphs converted
-    (onnx_files.half_graphs), the manifest's precision, cache dtypes, checksums and shared weights following them,
-    written."""
-    dtypes = half_graphs(directory)
-    manifest["precision"] = "fp16"
-    manifest["caches"] = [{**c, "dtype": dtypes[c["name"]]} for c in manifest["caches"]]
-    manifest["files"] = checksums(directory, manifest["graphs"])
-    manifest["shared_weights"] = shared_weights(directory, manifest["graphs"])
-    write_manifest(directory, manifest)
-
-
-def fp16_verdict(report: dict[str, Any], min_agreement: float, provider: str) -> dict[str, Any]:
-    """verify_export's report on float16 graphs — against torch's fp32 model, which the fp32 graphs equal within
-    verify.tolerance with identical hypotheses — judged by float16's rule: the max |Δ log-prob| of the teacher-forced
-    held-out steps within the report's tolerance, and beam search's output equal to fp32's for at least
-    `min_agreement` of the held-out sentences. The other differences (logits, encoder states, caches, alignment,
-    greedy and translate() agreement) are reported, not judged: float16 moves them all a little."""
-    beam = report["beam"]
-    agreement = beam["identical"] / max(beam["total"], 1)
-    worst, tolerance = report["max_abs_log_probs_diff"], report["tolerance"]
-    problems = []
-    if not worst <= tolerance:  # NaN (an overflow) fails too
-        problems.append(f"max |Δ log-prob| against fp32 {worst:.3g} > fp16.tolerance {tolerance:g}")
-    if agreement < min_agreement:
-        problems.append(
-            f"beam search: {beam['identical']}/{beam['total']} held-out outputs equal to fp32's ({agreement:.0%} < "
-            f"fp16.min_agreement {min_agreement:.0%})"
-        )
-    return {
-        **report,
-        "provider": provider,
-        "min_agreement": min_agreement,
-        "agreement": agreement,
-        "passed": not problems,
-        "problems": problems,
-    }

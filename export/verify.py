@@ -11,7 +11,7 @@ the numpy/ORT runtime's greedy and beam search produce exactly the hypotheses of
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -26,6 +26,20 @@ from zoo.data import TextTokenizer
 from zoo.evaluation import translate_texts
 from zoo.generate import generate
 from zoo.model import Transformer
+
+
+@contextlib.contextmanager
+def ort_errors(which: str) -> Iterator[None]:
+    """onnxruntime failing to load or run a graph is a failed verification, not a crash."""
+    try:
+        yield
+    except ExportError:
+        raise
+    except Exception as exc:
+        if type(exc).__module__.split(".")[0] != "onnxruntime":
+            raise
+        reason = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__
+        raise ExportError(f"verification failed: onnxruntime cannot run the exported {which} graphs: {reason}") from exc
 
 
 def _pad(rows: Sequence[Sequence[int]], pad: int) -> torch.Tensor:

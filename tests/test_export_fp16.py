@@ -22,9 +22,10 @@ from onnx import TensorProto
 
 import export
 import zoo
-from export.exporter import export_checkpoint, fp16_verdict, half_export
+from export.exporter import export_checkpoint
 from export.fp16 import FP32_OPS
 from export.graph import ExportError
+from export.precision import fp16_verdict, half_export
 from export.runtime.search import Search
 from tests.export_testing import export_config
 
