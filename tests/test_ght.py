@@ -159,7 +159,8 @@ def test_token_sum_is_the_official_scale_summed_over_modules_per_target_token() 
     """`token_sum` = the official criterion: every module's terms in one sum, divided by the batch's target
     tokens (fairseq's sample_size). The old code averaged over modules first: 3× too weak here (3 modules)."""
     from zoo.data.batching import collate
-    from zoo.ght.procedure import GHTOptions, GHTProcedure
+    from zoo.ght.options import GHTOptions
+    from zoo.ght.procedure import GHTProcedure
 
     model = _tiny_ght_model()
     pairs = [([5, 6, 7, 8], [9, 10, 11]), ([12, 13], [14, 15, 16, 17, 18])]
@@ -204,7 +205,8 @@ def _tiny_ght_model():
 def test_constraint_scale_multiplies_the_normalised_weight() -> None:
     """The scan's axis: ×s on `token_sum`'s weight is s × the official term; the logged terms do not change."""
     from zoo.data.batching import collate
-    from zoo.ght.procedure import GHTOptions, GHTProcedure
+    from zoo.ght.options import GHTOptions
+    from zoo.ght.procedure import GHTProcedure
 
     model = _tiny_ght_model()
     batch = collate([([5, 6, 7, 8], [9, 10, 11]), ([12, 13], [14, 15, 16, 17, 18])], 0, 1, 2)
@@ -248,7 +250,8 @@ def test_centres_pass_the_constraint_gradient_to_every_member() -> None:
 def test_fixed_heads_init_clusters_as_the_official_call_whatever_came_before() -> None:
     """kmeans_init=fixed_heads: every update starts Lloyd from the points of the same C heads (numpy's choice under
     seed 0, [6, 2] for 8 heads and 2 groups) — the previous partition plays no part, unlike the warm start."""
-    from zoo.ght.procedure import GHTOptions, GHTProcedure, official_init_heads
+    from zoo.ght.options import GHTOptions
+    from zoo.ght.procedure import GHTProcedure, official_init_heads
 
     assert official_init_heads(8, 2) == [6, 2]
     torch.manual_seed(1)
@@ -274,7 +277,8 @@ def test_probe_measures_the_partition_the_loss_trained(tmp_path) -> None:
     gc_homogeneity / gc_diversity and how often the trained partition changed since the last check."""
     from zoo.data.batching import collate
     from zoo.ght.features import head_points
-    from zoo.ght.procedure import GHTOptions, GHTProcedure
+    from zoo.ght.options import GHTOptions
+    from zoo.ght.procedure import GHTProcedure
 
     model = _tiny_ght_model()
     train_batch = collate([([5, 6, 7, 8], [9, 10, 11]), ([12, 13], [14, 15, 16, 17, 18])], 0, 1, 2)
@@ -331,7 +335,7 @@ def test_probe_measures_the_partition_the_loss_trained(tmp_path) -> None:
     ],
 )
 def test_bad_voting_options_are_refused_with_the_fix(option, message) -> None:
-    from zoo.ght.procedure import GHTOptions
+    from zoo.ght.options import GHTOptions
 
     with pytest.raises(ValueError, match=message):
         GHTOptions.from_config(option)

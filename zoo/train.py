@@ -34,7 +34,8 @@ from zoo.entries import entry_model_config, missing_model_message
 from zoo.errors import ZooError, one_line_errors
 from zoo.evaluation import evaluate_examples
 from zoo.flops import format_size_summary, size_summary
-from zoo.ght.procedure import GHTOptions, GHTProcedure
+from zoo.ght.options import GHTOptions
+from zoo.ght.procedure import GHTProcedure
 from zoo.model import ModelConfig, Transformer, build_model
 from zoo.pretrained import Pretrained, load_pretrained, read_init, write_init
 from zoo.runs import DONE_MARKER, RunBusyError, lock_run_dir, new_run_dir, resolve_resume, write_provenance

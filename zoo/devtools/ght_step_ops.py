@@ -24,7 +24,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from zoo.data.batching import Batch
 from zoo.devtools.train_step import batch, model_for
-from zoo.ght.procedure import GHTOptions, GHTProcedure
+from zoo.ght.options import GHTOptions
+from zoo.ght.procedure import GHTProcedure
 from zoo.model import Transformer
 
 # operators that only describe a tensor differently (no kernel on a GPU)

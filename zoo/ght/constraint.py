@@ -4,7 +4,7 @@ Loss per module = −α · mean_i cos(e_i, c_g(i)) + β · mean_{j1<j2} cos(c_j1
 centres c_j are the means of their members' points *with* gradient (assignments come from
 k-means on detached points): the first term pulls heads towards their group, the second pushes
 groups apart. How modules are combined and scaled against the task loss is the procedure's
-`loss_normalization` (zoo/ght/procedure.py): `token_sum` sums the modules and divides by the batch's
+`loss_normalization` (zoo/ght/options.py): `token_sum` sums the modules and divides by the batch's
 target tokens (the official criterion's scale), `mean` averages them at full per-token strength.
 """
 
