@@ -6,16 +6,18 @@ from __future__ import annotations
 import copy
 import random
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
 from tests.zoo_testing import REPO
-from zoo.metrics import rouge
+from zoo.metrics import reordered_rouge_l, rouge
 from zoo.report.baselines import choose_constant, choose_lead, lead, oracle, score_baselines, sentences
 from zoo.report.budget_probe import plot_probe, probe_choice, probe_section
 from zoo.report.claims import HOLDS
 from zoo.report.collect import collect
+from zoo.report.pairing import dependence_text, derangements, input_dependence
 from zoo.report.records import BASELINES_FILE, RecordError, References, write_json_gz
 from zoo.report.render import markdown, readme_block
 from zoo.report.render_curves import Curve, curves, plot_learning_curves
@@ -116,6 +118,49 @@ def test_a_near_constant_summarizer_renders_degenerate_outputs_not_a_verdict() -
     text = markdown({**data, "speed": [], "speed_claims": [], "speed_enabled": True}, "cmd")
     assert "| `ght_summ` | s1: **1**, s2: **1**, s3: **1** | s1: 100%, s2: 100%, s3: 100% |" in text
     assert "| `transformer` | s1: 100, s2: 100, s3: 100 |" in text  # every degraded reference is distinct
+    # a constant earns nothing from its documents: its own − shuffled control is 0 on every seed
+    constant_cells = ", ".join(
+        f"s{s}: {dependence_text(data['entries']['ght_summ']['seeds'][s]['dependence'])}" for s in (1, 2, 3)
+    )
+    assert constant_cells.startswith("s1: +0.00 ± ") and f"| {constant_cells} |" in text
+    assert all(abs(data["entries"]["ght_summ"]["seeds"][s]["dependence"]["gain"]) < 1e-9 for s in (1, 2, 3))
+    reading = data["entries"]["transformer"]["seeds"][1]["dependence"]
+    assert reading["gain"] - reading["ci95"] > 0  # degraded references still follow their documents
+    assert "on every seed: `transformer`; not on every seed: `ght_summ`." in text
+
+
+def test_input_dependence_is_own_less_shuffled_references_from_the_formula() -> None:
+    """One-word documents, whose ROUGE-L F1 is 1 for the same word and 0 otherwise, so the control's numbers follow
+    from its definition: mean over documents of own − (mean over the derangements of the shuffled pairing), with a
+    normal 95% half-width over documents."""
+    perms = derangements(6, count=4, seed=3)
+    assert perms.shape == (4, 6) and (perms == derangements(6, count=4, seed=3)).all()  # fixed by its seed
+    assert all(sorted(p) == list(range(6)) and all(i != j for i, j in enumerate(p)) for p in perms.tolist())
+    with pytest.raises(ValueError, match="needs ≥ 2"):
+        derangements(1)
+    refs = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"]
+    assert input_dependence(refs, refs) == {"own": 100.0, "shuffled": 0.0, "gain": 100.0, "ci95": 0.0}
+    constant = input_dependence(["alpha"] * 6, refs)  # scores 100 on one document, whichever pairing
+    assert constant["own"] == pytest.approx(100 / 6) and constant["shuffled"] == pytest.approx(100 / 6)
+    assert abs(constant["gain"]) < 1e-9
+    hyps = ["alpha", "bravo", "alpha", "delta", "delta", "kilo"]
+    own = np.array([100.0 * (h == r) for h, r in zip(hyps, refs, strict=True)])
+    shuffled = np.mean(
+        [[100.0 * (h == refs[j]) for h, j in zip(hyps, perm, strict=True)] for perm in derangements(6).tolist()], axis=0
+    )
+    got = input_dependence(hyps, refs)
+    assert got["own"] == pytest.approx(own.mean()) and got["shuffled"] == pytest.approx(shuffled.mean())
+    assert got["gain"] == pytest.approx((own - shuffled).mean())
+    assert got["ci95"] == pytest.approx(1.96 * np.std(own - shuffled, ddof=1) / np.sqrt(6))
+    assert dependence_text({"gain": -1e-15, "ci95": 0.5}) == "+0.00 ± 0.50"
+    # on real text the control's own pairing is the headline's ROUGE-L, tokens and stemming included
+    docs, refs = _documents(30, seed=5), _documents(30, seed=6)
+    assert input_dependence(docs, refs)["own"] == pytest.approx(rouge(docs, refs)["rougeL"], abs=1e-9)
+    orders = np.stack([np.arange(30), np.roll(np.arange(30), 1)])
+    rolled = [refs[(i - 1) % 30] for i in range(30)]  # np.roll by 1: document i meets reference i - 1
+    assert 100 * reordered_rouge_l(docs, refs, orders).mean(axis=1) == pytest.approx(
+        [rouge(docs, refs)["rougeL"], rouge(docs, rolled)["rougeL"]], abs=1e-9
+    )
 
 
 def test_baselines_are_chosen_on_validation_and_scored_from_the_references(tmp_path) -> None:
@@ -154,6 +199,11 @@ def test_baselines_are_chosen_on_validation_and_scored_from_the_references(tmp_p
     assert f"{scored['lead']['test']['rougeL']:.2f} |" in text
     assert "on every seed: no entry; not on every seed: `transformer`." in text
     assert "| oracle sentence (upper bound) | the document's sentence closest to its own reference" in text
+    # the paired-minus-shuffled control, recomputed from the outputs: 0 for the constant, positive for lead-4
+    assert abs(scored["constant"]["dependence"]["gain"]) < 1e-9
+    assert scored["lead"]["dependence"] == pytest.approx(input_dependence([lead(d, 4) for d in docs], refs))
+    assert scored["lead"]["dependence"]["gain"] > scored["lead"]["dependence"]["ci95"] > 0
+    assert f"{scored['constant']['test']['rougeL']:.2f} | +0.00 ± " in text
 
 
 def test_oracle_sentence_is_each_documents_best_sentence_against_its_own_reference() -> None:

@@ -139,6 +139,32 @@ def document_rouge(hyps: Sequence[str], refs: Sequence[str]) -> np.ndarray:
     return np.asarray(rows, dtype=np.float64)
 
 
+def reordered_rouge_l(hyps: Sequence[str], refs: Sequence[str], orders: np.ndarray) -> np.ndarray:
+    """Per-document ROUGE-L F1 (0–1) [K, N] of `hyps` against `refs` taken in each row's order of `orders` [K, N]
+    (row k pairs hyps[i] with refs[orders[k, i]]): `document_rouge`'s ROUGE-L column for every reordering, with each
+    text tokenized and stemmed once (rouge-score's own tokenizer, memoised) — the cost of K pairings is about one."""
+    from rouge_score import rouge_scorer, tokenizers
+
+    _check(hyps, refs)
+    stemming = tokenizers.DefaultTokenizer(use_stemmer=True)
+    memo: dict[str, list[str]] = {}
+
+    class _Memoised(tokenizers.Tokenizer):
+        def tokenize(self, text: str) -> list[str]:
+            if text not in memo:
+                memo[text] = stemming.tokenize(text)
+            return memo[text]
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"], tokenizer=_Memoised())
+    return np.asarray(
+        [
+            [scorer.score(refs[j], hyp)["rougeL"].fmeasure for hyp, j in zip(hyps, order, strict=True)]
+            for order in orders
+        ],
+        dtype=np.float64,
+    )
+
+
 def rouge(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, float]:
     """ROUGE-1/2/L F1 × 100, averaged over documents as the summarization papers report (`document_rouge`)."""
     scores = document_rouge(hyps, refs)

@@ -24,6 +24,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from zoo.metrics import ROUGE_TYPES, document_rouge, output_stats, rouge
+from zoo.report.pairing import input_dependence
 from zoo.report.records import (
     BASELINES_FILE,
     RecordError,
@@ -168,17 +169,28 @@ def score_baselines(results_dir: Path, refs: References) -> dict[str, Any] | Non
         outputs = raw["oracle"]["outputs"]
         if len(outputs) != n:
             raise RecordError(f"{path}: {len(outputs)} oracle outputs for {n} references")
-        scored["oracle"] = {"test": rouge(outputs, refs.texts), "mean_words": output_stats(outputs)["mean_words"]}
+        scored["oracle"] = {
+            "test": rouge(outputs, refs.texts),
+            "mean_words": output_stats(outputs)["mean_words"],
+            **_dependence(outputs, refs),
+        }
+    constant_outputs = [constant["text"]] * n
     return {
         **scored,
-        "constant": {**constant, "test": rouge([constant["text"]] * n, refs.texts)},
+        "constant": {**constant, "test": rouge(constant_outputs, refs.texts), **_dependence(constant_outputs, refs)},
         "lead": {
             "k": lead_["k"],
             "valid_rougeL": lead_["valid_rougeL_by_k"][str(lead_["k"])],
             "test": rouge(lead_["outputs"], refs.texts),
             "distinct": len(set(lead_["outputs"])),
+            **_dependence(lead_["outputs"], refs),
         },
     }
+
+
+def _dependence(outputs: Sequence[str], refs: References) -> dict[str, Any]:
+    """The paired-minus-shuffled control of a baseline's outputs, as every run gets it (zoo/report/pairing.py)."""
+    return {"dependence": input_dependence(outputs, refs.texts)} if len(refs.texts) >= 2 else {}
 
 
 __all__ = [

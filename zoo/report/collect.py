@@ -23,6 +23,7 @@ from zoo.metrics import (
 )
 from zoo.report.budget_probe import probe_choice
 from zoo.report.claims import CLIMBING_GAIN, Stats, climbing, collect_claims
+from zoo.report.pairing import input_dependence
 from zoo.report.records import References, convergence
 from zoo.report.suite import Suite
 
@@ -261,6 +262,11 @@ def collect(
     for entry in ordered_entries(suite, records):
         seeds = sorted(s for e, s in records if e == entry)
         runs = {seed: run_summary(records[(entry, seed)]) for seed in seeds}
+        if suite.task != "translation" and len(refs.texts) >= 2:  # do the outputs depend on their documents?
+            for seed, run in runs.items():
+                per_document = run_stats(entry, seed) if suite.headline == "rougeL" else None
+                own = per_document[:, 0] if per_document is not None else None  # ROUGE-L F1 × 100, computed once
+                run["dependence"] = input_dependence(records[(entry, seed)]["hypotheses"], refs.texts, own)
         first = runs[seeds[0]]
         entries[entry] = {
             "seeds": runs,

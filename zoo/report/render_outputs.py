@@ -1,5 +1,6 @@
 """REPORT.md's "do the outputs depend on the input?" table of a summarization suite (issue 64): per entry and seed,
-distinct test outputs, the share of the most frequent one and the mean length against the references'; then the
+distinct test outputs, the share of the most frequent one, the mean length against the references' and the
+paired-minus-shuffled control (zoo/report/pairing.py: how much of the ROUGE-L its own document earns); then the
 baselines that cost nothing (constant, lead-k: zoo/report/baselines.py), scored at render time, and which entries beat
 both on every seed. Summaries of near-constant text scored above most models here, and the score table alone does
 not show it."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from zoo.report.claims import DEGENERATE_DISTINCT
+from zoo.report.pairing import SHUFFLES, dependence_text
 
 
 def outputs_section(data: dict[str, Any]) -> list[str]:
@@ -21,10 +23,13 @@ def outputs_section(data: dict[str, Any]) -> list[str]:
         f"Per seed: distinct test outputs of {refs['segments']} documents, the share of the most frequent one, and "
         f"the mean output length in words (references: {refs.get('mean_words', 0):.1f}). A run with fewer than "
         f'{DEGENERATE_DISTINCT:.0%} distinct outputs is near-constant (**bold**): its claims read "degenerate '
-        'outputs", not a verdict.',
+        "outputs\", not a verdict. *Own − shuffled*: the run's ROUGE-L against each document's own reference less "
+        f"against other documents' references ({SHUFFLES} fixed derangements, the same for every run), ± its 95% "
+        "interval over documents — what the input earns of the score: 0 for any output that ignores its document "
+        "(exactly 0 for a constant), so a run whose interval holds 0 has not shown that it reads its input.",
         "",
-        "| entry | distinct outputs | most frequent | mean words |",
-        "|---|---|---|---|",
+        "| entry | distinct outputs | most frequent | mean words | own − shuffled ROUGE-L |",
+        "|---|---|---|---|---|",
     ]
     for entry, rec in data["entries"].items():
         runs = [(seed, run["outputs"]) for seed, run in rec["seeds"].items() if run.get("outputs")]
@@ -42,9 +47,34 @@ def outputs_section(data: dict[str, Any]) -> list[str]:
             + ", ".join(f"s{seed}: {o['top_share']:.0%}" for seed, o in runs)
             + " | "
             + ", ".join(f"s{seed}: {o['mean_words']:.1f}" for seed, o in runs)
+            + " | "
+            + ", ".join(f"s{seed}: {_dependence_cell(rec['seeds'][seed])}" for seed, _ in runs)
             + " |"
         )
-    return [*lines, "", *baselines_section(data)]
+    return [*lines, *_reads_input(data), "", *baselines_section(data)]
+
+
+def _reads_input(data: dict[str, Any]) -> list[str]:
+    """The entries whose every seed's own − shuffled interval lies above 0, and the rest (nothing without it)."""
+    measured = {
+        entry: [run["dependence"] for run in rec["seeds"].values()]
+        for entry, rec in data["entries"].items()
+        if rec["seeds"] and all(run.get("dependence") for run in rec["seeds"].values())
+    }
+    if not measured:
+        return []
+    reads = [f"`{e}`" for e, ds in measured.items() if all(d["gain"] - d["ci95"] > 0 for d in ds)]
+    rest = [f"`{e}`" for e in measured if f"`{e}`" not in reads]
+    return [
+        "",
+        "Outputs that depend on their documents (own − shuffled above 0 beyond its 95% interval) on every seed: "
+        f"{', '.join(reads) or 'no entry'}; not on every seed: {', '.join(rest) or 'none'}.",
+    ]
+
+
+def _dependence_cell(scored: dict[str, Any]) -> str:
+    """A run's or baseline's own − shuffled cell; — where the render had nothing to pair (under 2 documents)."""
+    return dependence_text(scored["dependence"]) if scored.get("dependence") else "—"
 
 
 def baselines_section(data: dict[str, Any]) -> list[str]:
@@ -54,13 +84,13 @@ def baselines_section(data: dict[str, Any]) -> list[str]:
         return []
     constant, lead = base["constant"], base["lead"]
     rows = [
-        ("constant", f"“{constant['text']}” (ROUGE-L {constant['valid_rougeL']:.2f})", constant["test"]),
-        (f"lead-{lead['k']}", f"k = {lead['k']} of 1–40 (ROUGE-L {lead['valid_rougeL']:.2f})", lead["test"]),
+        ("constant", f"“{constant['text']}” (ROUGE-L {constant['valid_rougeL']:.2f})", constant),
+        (f"lead-{lead['k']}", f"k = {lead['k']} of 1–40 (ROUGE-L {lead['valid_rougeL']:.2f})", lead),
     ]
     if "oracle" in base:  # an upper bound: shown for scale, not a floor entries must clear
         top = base["oracle"]
         words = f"the document's sentence closest to its own reference (mean {top['mean_words']:.1f} words)"
-        rows.append(("oracle sentence (upper bound)", words, top["test"]))
+        rows.append(("oracle sentence (upper bound)", words, top))
     lines = [
         "### Baselines that cost nothing",
         "",
@@ -75,9 +105,13 @@ def baselines_section(data: dict[str, Any]) -> list[str]:
             else "."
         ),
         "",
-        "| baseline | chosen on validation | ROUGE-1 | ROUGE-2 | ROUGE-L |",
-        "|---|---|---|---|---|",
-        *(f"| {n} | {c} | {t['rouge1']:.2f} | {t['rouge2']:.2f} | {t['rougeL']:.2f} |" for n, c, t in rows),
+        "| baseline | chosen on validation | ROUGE-1 | ROUGE-2 | ROUGE-L | own − shuffled ROUGE-L |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {n} | {c} | {b['test']['rouge1']:.2f} | {b['test']['rouge2']:.2f} | {b['test']['rougeL']:.2f} | "
+            f"{_dependence_cell(b)} |"
+            for n, c, b in rows
+        ),
     ]
     lines.append("")
     floor = max(constant["test"]["rougeL"], lead["test"]["rougeL"])
