@@ -11,7 +11,6 @@ import contextlib
 import csv
 import logging
 import math
-import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -26,7 +25,7 @@ from export.runtime.search import Search
 from zoo import distributed as dist
 from zoo.checkpoint import average_weights, load_checkpoint, save_checkpoint
 from zoo.data import Example, TextTokenizer
-from zoo.data.batching import Batch, TokenBatchSampler, collate
+from zoo.data.batching import TokenBatchSampler, collate
 from zoo.evaluation import evaluate_examples
 from zoo.metrics import output_stats
 from zoo.model import Transformer
@@ -41,51 +40,17 @@ from zoo.optim import (
 )
 from zoo.plots import plot_learning_curve
 from zoo.progress import TrainingBar
+from zoo.stop_request import StopRequest
 from zoo.threads import usable_cores
 from zoo.throughput import ThroughputMonitor, contention_hint
 from zoo.trainer_config import TrainerConfig
+from zoo.training_procedure import Procedure
 
 log = logging.getLogger("zoo.train")
 
 
 # the labelled phases of `Trainer.update`, in order (zoo.step_profile attributes every op to one of them)
 PHASES = ("collate", "forward", "loss", "aux_loss", "backward", "optimizer")
-
-
-class Procedure:
-    """What happens around plain updates: auxiliary losses, stage changes, frozen parameters.
-
-    The default is plain training. GHT/GHT-PS (zoo.ght.procedure) overrides these hooks; its
-    state travels in `last.pt` so a resumed run continues in the right stage. Every hook receives the
-    trainer (its `bare` model, state, config and checkpoint methods), never a part of it.
-    """
-
-    def bind(self, trainer: Trainer) -> None:
-        """Called once by the trainer it belongs to."""
-        self.trainer = trainer
-
-    def on_start(self, trainer: Trainer) -> None:
-        """Called when the update loop starts (also after a resume)."""
-
-    def aux_loss(self, trainer: Trainer, batch: Batch) -> tuple[Tensor | None, dict[str, float]]:
-        """Extra loss for this batch (called right after the forward pass), and scalars to log."""
-        return None, {}
-
-    def after_optimizer_step(self, trainer: Trainer) -> None:
-        """E.g. restore parameters that must stay frozen."""
-
-    def after_update(self, trainer: Trainer) -> None:
-        """Called after every update (before the validation check): stage transitions."""
-
-    def stop_reason(self, trainer: Trainer) -> str:
-        """A non-empty reason ends training (checked with the trainer's own limits)."""
-        return ""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore from `state_dict()` output."""
 
 
 CSV_FIELDS = [
@@ -116,32 +81,6 @@ class TrainState:
     finished: bool = False
     stop_reason: str = ""
     kept_checkpoints: list[str] = field(default_factory=list)
-
-
-class _StopRequest:
-    """Turns SIGINT/SIGTERM into a flag checked between updates (a second signal aborts)."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopRequest:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread
-                pass
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        log.warning("stop requested (signal %d): saving last.pt after this update; signal again to abort", signum)
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 T = TypeVar("T")
@@ -420,7 +359,7 @@ class Trainer:
         window: list[dict[str, float]] = []
         window_start = time.perf_counter()
         last_tick = time.perf_counter()
-        with _StopRequest() as stop:
+        with StopRequest() as stop:
             while not self.state.finished:
                 batches = self.sampler.batches(self.state.epoch, rank=self.rank, world_size=self.world)
                 if not batches:

@@ -23,7 +23,8 @@ from zoo.ght.options import GHTOptions, Stage
 from zoo.ght.voting import fixed_groups, head_votes, plot_votes, select_heads
 from zoo.model import Transformer
 from zoo.optim import budget_reached
-from zoo.trainer import Procedure, Trainer, spread_sample
+from zoo.trainer import Trainer, spread_sample
+from zoo.training_procedure import Procedure
 
 log = logging.getLogger("zoo.ght")
 
