@@ -129,6 +129,43 @@ def test_a_near_constant_summarizer_renders_degenerate_outputs_not_a_verdict() -
     assert "on every seed: `transformer`; not on every seed: `ght_summ`." in text
 
 
+def test_where_validation_ended_shows_each_runs_last_validation_point() -> None:
+    """The validation loss tells a model that learned more from one that did not before their test strings do
+    (summ_8400: Lite1 4.79 against the 3+3's 5.45–5.48): the table shows each seed's last point of its learning
+    curve — a later point, not the best — and skips points without a loss (runs recorded before it was stored)."""
+    suite = suite_from_config(OmegaConf.load(REPO / "conf" / "suite" / "summ.yaml"), REPO / "conf")
+    refs = _documents(20, seed=0)
+    records = {("transformer", s): _record("transformer", s, _degrade(refs, 0.6, seed=s), refs) for s in (1, 2, 3)}
+    curves = {
+        1: [
+            {"step": 600, "valid_loss": 6.0, "valid_quality": 12.0, "valid_distinct": 0.3},
+            {"step": 1200, "valid_loss": 5.456, "valid_quality": 11.5, "valid_distinct": 0.57},
+        ],
+        2: [{"step": 1000, "valid_loss": 4.791, "valid_quality": 25.47, "valid_distinct": None}],
+        3: [{"step": 1200, "valid_quality": 9.0}],  # no loss stored: not shown
+    }
+    for seed, curve in curves.items():
+        records[("transformer", seed)]["learning_curve"] = curve
+    data = collect(suite, References(tuple(refs), ("summ",) * len(refs)), records, bootstrap_samples=20)
+    text = markdown({**data, "speed": [], "speed_claims": [], "speed_enabled": True}, "cmd")
+    assert "### Where validation ended" in text
+    row = "| `transformer` | s1: 1200, s2: 1000 | s1: 5.46, s2: 4.79 | s1: 11.50, s2: 25.47 | s1: 57%, s2: — |"
+    assert row in text
+    for seed in (1, 2):  # records from before distinct validation outputs were counted: no such column
+        for point in records[("transformer", seed)]["learning_curve"]:
+            point["valid_distinct"] = None
+    data = collect(suite, References(tuple(refs), ("summ",) * len(refs)), records, bootstrap_samples=20)
+    text = markdown({**data, "speed": [], "speed_claims": [], "speed_enabled": True}, "cmd")
+    assert "| `transformer` | s1: 1200, s2: 1000 | s1: 5.46, s2: 4.79 | s1: 11.50, s2: 25.47 |\n" in text
+    assert "distinct validation outputs" not in text
+    without = {seed: [{"step": 1200, "valid_quality": 9.0}] for seed in (1, 2, 3)}
+    for seed, curve in without.items():
+        records[("transformer", seed)]["learning_curve"] = curve
+    data = collect(suite, References(tuple(refs), ("summ",) * len(refs)), records, bootstrap_samples=20)
+    text = markdown({**data, "speed": [], "speed_claims": [], "speed_enabled": True}, "cmd")
+    assert "Where validation ended" not in text
+
+
 def test_input_dependence_is_own_less_shuffled_references_from_the_formula() -> None:
     """One-word documents, whose ROUGE-L F1 is 1 for the same word and 0 otherwise, so the control's numbers follow
     from its definition: mean over documents of own − (mean over the derangements of the shuffled pairing), with a

@@ -51,7 +51,47 @@ def outputs_section(data: dict[str, Any]) -> list[str]:
             + ", ".join(f"s{seed}: {_dependence_cell(rec['seeds'][seed])}" for seed, _ in runs)
             + " |"
         )
-    return [*lines, *_reads_input(data), "", *baselines_section(data)]
+    return [*lines, *_reads_input(data), "", *_validation_ended(data), *baselines_section(data)]
+
+
+def _validation_ended(data: dict[str, Any]) -> list[str]:
+    """Each run's last validation point (records' learning curves): the loss tells models apart before their
+    outputs do — a run whose loss trails another's at the same update has learned less, whatever its test string."""
+    rows = []
+    for entry, rec in data["entries"].items():
+        last = {
+            seed: points[-1]
+            for seed, run in rec["seeds"].items()
+            if (points := [p for p in run.get("learning_curve") or [] if p.get("valid_loss") is not None])
+        }
+        if last:
+            rows.append((entry, last))
+    if not rows:
+        return []
+
+    def cells(last: dict[Any, dict[str, Any]], key: str, fmt: str) -> str:
+        return ", ".join(f"s{seed}: {'—' if p.get(key) is None else format(p[key], fmt)}" for seed, p in last.items())
+
+    # runs recorded before the trainer counted distinct validation outputs have none: no column of dashes
+    distinct = any(p.get("valid_distinct") is not None for _, last in rows for p in last.values())
+    return [
+        "### Where validation ended",
+        "",
+        "Each run's last validation: its update, the label-smoothed cross-entropy per target token on the whole "
+        "validation split (nats), ROUGE-L of its greedy outputs on the validation sample the trainer scores"
+        + (", and the share of distinct outputs in that sample." if distinct else "."),
+        "",
+        "| entry | update | validation loss | validation ROUGE-L (greedy) |"
+        + (" distinct validation outputs |" if distinct else ""),
+        "|---|---|---|---|" + ("---|" if distinct else ""),
+        *(
+            f"| `{entry}` | {cells(last, 'step', 'd')} | {cells(last, 'valid_loss', '.2f')} | "
+            f"{cells(last, 'valid_quality', '.2f')} |"
+            + (f" {cells(last, 'valid_distinct', '.0%')} |" if distinct else "")
+            for entry, last in rows
+        ),
+        "",
+    ]
 
 
 def _reads_input(data: dict[str, Any]) -> list[str]:
