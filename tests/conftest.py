@@ -144,11 +144,13 @@ def untrained_run(tmp_path_factory, smoke_corpus) -> Callable[[str], Path]:
         "trainer.average_last=0",
     ]
 
-    def get(entry: str) -> Path:
+    def get(entry: str, *model_overrides: str) -> Path:
+        """`model_overrides`: model.<key>=<value> settings the entry does not have (e.g. model.pre_norm=true)."""
+        name = "-".join((entry, *model_overrides)).replace("=", "_")
         return _run_made_once(
             tmp_path_factory,
-            f"untrained_runs/{entry}",
-            lambda root: smoke_overrides(entry, smoke_corpus, root) + untrained,
+            f"untrained_runs/{name}",
+            lambda root: smoke_overrides(entry, smoke_corpus, root) + untrained + list(model_overrides),
         )
 
     return get

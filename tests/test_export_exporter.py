@@ -28,6 +28,7 @@ from export.exporter import export_checkpoint
 from export.graph import ExportError
 from export.pruning import active_heads, head_importance, plan_from_importance, prune, validate_plan
 from export.verify import encode_pairs
+from tests.conftest import UNTRAINED_VERIFY
 from tests.export_testing import (
     PLAN,
     REPRESENTATIVES,
@@ -149,6 +150,18 @@ def test_export_with_pruning_verifies_for_every_signature(entry: str, exported, 
     assert all(
         isinstance(manifest["graphs"][g][k], int) for g in ("encoder", "decoder") for k in ("opset", "ir_version")
     )
+
+
+def test_a_pre_norm_model_exports_pruned_and_verified(untrained_run, tmp_path) -> None:
+    """The norm before each sublayer (model.pre_norm, with a final norm on each stack; what probe_summ_recipe found
+    summ needs) exports like the default post-norm: pruned, its logits, caches and beam search equal PyTorch's."""
+    run = untrained_run("transformer", "model.pre_norm=true")
+    overrides, plan = pruning_overrides(run, tmp_path)
+    manifest = export_checkpoint(export_config(run, tmp_path / "export", *overrides, UNTRAINED_VERIFY))
+    assert manifest["model_config"]["pre_norm"] is True and manifest["head_plan"] == plan
+    v = manifest["verification"]
+    assert v["passed"] and v["max_abs_logits_diff"] <= 1e-4, v
+    assert v["beam"]["identical"] == v["beam"]["total"] == v["sentences"]
 
 
 def test_removed_heads_are_absent_from_the_onnx_weights(exported, smoke_run) -> None:
