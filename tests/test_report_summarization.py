@@ -295,20 +295,30 @@ def test_budget_probe_applies_its_rule_to_the_baselines_curve(tmp_path) -> None:
 
 def test_learning_curves_draw_every_seed_and_the_distinct_share(report: dict, tmp_path) -> None:
     """The figure's series come from every seed's record (not only the first), each with its distinct-output shares
-    where the run counted them; the figure gets its second panel then, and the same records give the same bytes."""
+    and validation losses where the run recorded them; a summarization figure gets a loss panel and a distinct panel
+    then (a translation one no loss panel), and the same records give the same bytes."""
     report = copy.deepcopy(report)  # the fixture is shared by the module's tests
     report["entries"]["ght_summ"]["seeds"][2]["learning_curve"] = [
-        {"step": 250, "valid_quality": 3.0, "valid_distinct": 0.01},
+        {"step": 250, "valid_quality": 3.0, "valid_distinct": 0.01, "valid_loss": 7.0},
         {"step": 500, "valid_quality": None, "valid_distinct": None},  # a validation without quality is left out
-        {"step": 750, "valid_quality": 9.0, "valid_distinct": 0.4},
+        {"step": 750, "valid_quality": 9.0, "valid_distinct": 0.4, "valid_loss": 6.2},
     ]
     series = curves(report)
     assert [(c.entry, c.seed) for c in series] == [(e, str(s)) for e in report["entries"] for s in (1, 2, 3)]
     drawn = next(c for c in series if c.entry == "ght_summ" and c.seed == "2")
-    assert drawn == Curve("ght_summ", "2", [250, 750], [3.0, 9.0], [0.01, 0.4])
+    assert drawn == Curve("ght_summ", "2", [250, 750], [3.0, 9.0], [0.01, 0.4], [7.0, 6.2])
     plot_learning_curves(report, tmp_path / "a.png")
     plot_learning_curves(report, tmp_path / "b.png")
     assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
-    without = {**report, "entries": {"t": {"seeds": {1: {"learning_curve": [{"step": 1, "valid_quality": 1.0}]}}}}}
-    plot_learning_curves(without, tmp_path / "c.png")  # no distinct counted: one panel, shorter figure
-    assert Image.open(tmp_path / "c.png").size[1] < Image.open(tmp_path / "a.png").size[1]
+    height = {}
+    for name, task, curve in (
+        ("loss-distinct", "summarization", None),  # three panels: quality, loss, distinct
+        ("distinct", "translation", None),  # a translation suite draws no loss panel
+        ("quality", "summarization", [{"step": 1, "valid_quality": 1.0}]),  # nothing else recorded: one panel
+    ):
+        data = {**report, "task": task}
+        if curve is not None:
+            data["entries"] = {"t": {"seeds": {1: {"learning_curve": curve}}}}
+        plot_learning_curves(data, tmp_path / f"{name}.png")
+        height[name] = Image.open(tmp_path / f"{name}.png").size[1]
+    assert height["quality"] < height["distinct"] < height["loss-distinct"]
