@@ -59,14 +59,11 @@ def plot_learning_curves(data: dict[str, Any], out: Path) -> None:
     with_loss = data.get("task") == "summarization" and any(v is not None for c in runs for v in c.loss)
     with_distinct = any(d is not None for c in runs for d in c.distinct)
     lower = [kind for kind, shown in (("loss", with_loss), ("distinct", with_distinct)) if shown]
-    if lower:
-        fig, axes = plt.subplots(
-            1 + len(lower), 1, figsize=(8, 4.5 + 2 * len(lower)), sharex=True, height_ratios=[3] + [2] * len(lower)
-        )
-        ax, panels = axes[0], dict(zip(lower, axes[1:], strict=True))
-    else:
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        panels = {}
+    # one panel: a plain figure (no shared axis, no ratios), as translation suites have always had it
+    stacked = {"sharex": True, "height_ratios": [3] + [2] * len(lower)} if lower else {}
+    fig, grid = plt.subplots(1 + len(lower), 1, figsize=(8, 4.5 + 2 * len(lower)), squeeze=False, **stacked)
+    axes = list(grid[:, 0])
+    ax, panels = axes[0], dict(zip(lower, axes[1:], strict=True))
     seeds: dict[str, list[str]] = {}  # entry → its seeds, in the suite's order (the legend and the colours)
     for c in runs:
         seeds.setdefault(c.entry, []).append(c.seed)
@@ -92,7 +89,7 @@ def plot_learning_curves(data: dict[str, Any], out: Path) -> None:
         share.set_ylabel("distinct validation\noutputs (%)")
         share.set_ylim(0, 100)
         share.grid(alpha=0.3)
-    (list(panels.values())[-1] if panels else ax).set_xlabel("update")
+    axes[-1].set_xlabel("update")
     save_report_figure(fig, out)
 
 
