@@ -230,11 +230,24 @@ def test_baselines_are_chosen_on_validation_and_scored_from_the_references(tmp_p
     other = References(tuple(reversed(refs)), ("summ",) * len(refs))
     with pytest.raises(RecordError, match="made for other test references"):
         score_baselines(tmp_path, other)
-    entries = {"transformer": {"seeds": {1: {"test": {"rougeL": 99.0}}, 2: {"test": {"rougeL": 1.0}}}}}
+    floor_c, floor_l = scored["constant"]["test"]["rougeL"], scored["lead"]["test"]["rougeL"]
+    assert floor_c < floor_l
+    between = (floor_c + floor_l) / 2  # above the constant, below lead-4
+    entries = {
+        "transformer": {"seeds": {1: {"test": {"rougeL": 99.0}}, 2: {"test": {"rougeL": 1.0}}}},
+        "lite": {"seeds": {1: {"test": {"rougeL": between}}, 2: {"test": {"rougeL": between + 0.1}}}},
+    }
     text = "\n".join(baselines_section({"baselines": scored, "entries": entries}))
     assert f"| lead-4 | k = 4 of 1–40 (ROUGE-L {chosen['valid_rougeL_by_k']['4']:.2f}) |" in text
     assert f"{scored['lead']['test']['rougeL']:.2f} |" in text
-    assert "on every seed: no entry; not on every seed: `transformer`." in text
+    assert (
+        f"Above the constant (test ROUGE-L > {floor_c:.2f}) on every seed: `lite`; not on every seed: `transformer`."
+        in text
+    )
+    assert (
+        f"Above lead-4 (test ROUGE-L > {floor_l:.2f}) on every seed: no entry; "
+        "not on every seed: `transformer`, `lite`." in text
+    )
     assert "| oracle sentence (upper bound) | the document's sentence closest to its own reference" in text
     # the paired-minus-shuffled control, recomputed from the outputs: 0 for the constant, positive for lead-4
     assert abs(scored["constant"]["dependence"]["gain"]) < 1e-9
