@@ -1,10 +1,10 @@
 """Train every run of a suite at once on a lent GPU machine, within a deadline, and pack the finished run dirs.
 
 Why: a lent GPU comes for minutes, not hours. This starts all of a suite's runs at once (one CPU thread each),
-sheds the lowest-priority runs when the slowest is projected past the deadline, stops the rest at the deadline, and
-packs the finished run dirs (no checkpoints) and the runs' stderr into $OUT/runs.tar.gz, to be recorded on the CPU
-machine (`python -m zoo.report +suite=<suite> stages=[train]` finds them finished). It ran suite ght_4800_gpu;
-its log is `results/h200/ght_4800_gpu_monitor.log`.
+sheds the lowest-priority run that cannot finish by the deadline even with the GPU to itself, stops the rest at
+the deadline, and packs the finished run dirs (no checkpoints) and the runs' stderr into $OUT/runs.tar.gz, to be
+recorded on the CPU machine (`python -m zoo.report +suite=<suite> stages=[train]` finds them finished).
+Its runs' logs are in `results/h200/` (`*_monitor*.log`).
 
 usage: python -m zoo.devtools.gpu_suite SUITE DEADLINE_S [zoo.report overrides...]
 Priority: the suite's order of entries, then seeds; shedding drops whole entries from the end of the list first.
@@ -66,15 +66,20 @@ def has_voted(run: dict[str, Any]) -> bool:
     return bool(glob.glob(f"{run['root']}/{run['entry']}-*/*/ght/votes.json"))
 
 
-def projected_end(now: float, step: int, ref: tuple[float, int], updates: int, pending_vote: bool) -> float | None:
+def projected_end(
+    now: float, step: int, ref: tuple[float, int], updates: int, pending_vote: bool, share: int = 1
+) -> float | None:
     """When a run is projected to end: its rate since `ref` (time, update) over the updates left, plus its test
     (≈ 40 s) and, before Voting-to-Stay, the vote (≈ 50 s more). None while the rate is unknown (a window under
     15 s, no progress in it, or training done). A GHT-PS run's rate restarts at its vote: counting the vote's pause
-    into the rate and the vote again into the tail shed a run that would have finished (h200/README.md)."""
+    into the rate and the vote again into the tail shed a run that would have finished (h200/README.md).
+    `share`: the factor the rate may grow by as the others end — the monitor passes the number of runs alive, so a
+    run is projected late only if it could not finish even with the whole GPU to itself: on 2026-11-30 the rate
+    under a 12-way share (≈ 6.5 updates/s) shed three GHT-PS runs that trained in ≈ 4 minutes once alone."""
     t_ref, s_ref = ref
     if now - t_ref < 15 or step >= updates or step <= s_ref:
         return None
-    rate = (step - s_ref) / (now - t_ref)
+    rate = share * (step - s_ref) / (now - t_ref)
     return now + (updates - step) / rate + (90 if pending_vote else 40)
 
 
@@ -104,9 +109,10 @@ def start_runs(cmds: list[list[str]]) -> list[dict[str, Any]]:
 
 
 def monitor(runs: list[dict[str, Any]], deadline: float) -> None:
-    """Every 15 s: log each run's update; from 100 s on, shed the lowest-priority run among those projected to miss
-    the deadline (work lost anyway), so the others get its share of the GPU. A run projected to finish is never
-    shed: on 2026-11-26 shedding by priority alone killed lite baselines that would have finished."""
+    """Every 15 s: log each run's update; from 100 s on, shed the lowest-priority run among those that cannot make
+    the deadline even with the GPU to themselves (work lost anyway), so the others get its share. A run that could
+    finish is never shed: on 2026-11-26 shedding by priority alone killed lite baselines that would have finished,
+    and on 2026-11-30 projecting at the shared rate killed GHT-PS runs that would have."""
     ref: dict[int, tuple[float, int]] = {}
     ref_time = None
     last_shed = 0.0
@@ -133,11 +139,11 @@ def monitor(runs: list[dict[str, Any]], deadline: float) -> None:
             # not before half the deadline: the short runs end by then and the long ones speed up
             ends = {}  # projected ends of the runs whose rate is known (a run in its voting pass or test is skipped)
             for r in alive:
-                end = projected_end(now, steps[id(r)], ref[id(r)], r["updates"], r["vote_pending"])
+                end = projected_end(now, steps[id(r)], ref[id(r)], r["updates"], r["vote_pending"], len(alive))
                 if end is not None:
                     ends[id(r)] = end
             worst = max(ends.values(), default=0.0)
-            say(f"projected end of the slowest run: {worst:.0f}s (deadline {deadline:.0f}s)")
+            say(f"projected end of the slowest run with the GPU to itself: {worst:.0f}s (deadline {deadline:.0f}s)")
             late = [r for r in alive if ends.get(id(r), 0.0) > deadline]
             if late:
                 victim = max(late, key=lambda r: r["prio"])
