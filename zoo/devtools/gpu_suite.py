@@ -75,7 +75,7 @@ def projected_end(
     into the rate and the vote again into the tail shed a run that would have finished (h200/README.md).
     `share`: the factor the rate may grow by as the others end — the monitor passes the number of runs alive, so a
     run is projected late only if it could not finish even with the whole GPU to itself: on 2026-11-30 the rate
-    under a 12-way share (≈ 6.5 updates/s) shed three GHT-PS runs that trained in ≈ 4 minutes once alone."""
+    under a 12-way share (≈ 5.5 updates/s) shed three GHT-PS runs that trained in ≈ 4 minutes once alone."""
     t_ref, s_ref = ref
     if now - t_ref < 15 or step >= updates or step <= s_ref:
         return None
