@@ -36,6 +36,7 @@ from .backend import (
     spinning_text,
 )
 from .errors import ExportedModelError, ExportRuntimeError, GraphRunError
+from .loading import load
 from .manifest import (
     ALIGNMENT_OUTPUT,
     MANIFEST,
@@ -60,7 +61,7 @@ from .manifest import (
     sha256_file,
 )
 from .manifest_checks import EXPORT_FILES, MANIFEST_LIMITS, open_regular, read_limited
-from .model import ExportedModel, load
+from .model import ExportedModel
 from .search import (
     SEARCH_LIMITS,
     Hypothesis,
