@@ -34,8 +34,8 @@ def load(
     optimisation level (disabled|basic|extended|all, default: the manifest's), `check_files` verifies sha256
     checksums, `spinning` lets ORT's idle threads spin (lower latency on dedicated cores: True both sessions',
     "decoder" the decoder's only, "shared" one spinning pool of the process for both — backend.py `SPINNING`),
-    `provider` cpu | cuda
-    runs the graphs on ORT's CPU or CUDA execution provider (GPU `device_id`; needs onnxruntime-gpu).
+    `provider` cpu | cuda runs the graphs on ORT's CPU or CUDA execution provider (GPU `device_id`; needs
+    onnxruntime-gpu).
     `inter_threads` > 1 is throughput mode (replicas.py): that many copies decode different batches of one
     `translate` call at once, each with `intra_threads` threads — more sentences/s for many batches, at the memory
     of another set of sessions and a slower single batch. `state`: where a search keeps its decoding state, host |
