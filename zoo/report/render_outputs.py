@@ -2,7 +2,7 @@
 distinct test outputs, the share of the most frequent one, the mean length against the references' and the
 paired-minus-shuffled control (zoo/report/pairing.py: how much of the ROUGE-L its own document earns); then the
 baselines that cost nothing (constant, lead-k: zoo/report/baselines.py), scored at render time, and which entries beat
-both on every seed. Summaries of near-constant text scored above most models here, and the score table alone does
+each on every seed. Summaries of near-constant text scored above most models here, and the score table alone does
 not show it."""
 
 from __future__ import annotations
@@ -153,18 +153,20 @@ def baselines_section(data: dict[str, Any]) -> list[str]:
             for n, c, b in rows
         ),
     ]
-    lines.append("")
-    # one line per floor: an entry can clear the constant (its outputs carry something) and still trail lead-k
+    # each entry's worst seed, against each floor on a line of its own: an entry can clear the constant (its outputs
+    # carry something) and still trail lead-k
+    worst = {
+        f"`{entry}`": min((run["test"]["rougeL"] for run in rec["seeds"].values()), default=None)
+        for entry, rec in data["entries"].items()
+    }
     for name, floor in (("the constant", constant["test"]["rougeL"]), (f"lead-{lead['k']}", lead["test"]["rougeL"])):
-        above, below = [], []
-        for entry, rec in data["entries"].items():
-            scores = [run["test"]["rougeL"] for run in rec["seeds"].values()]
-            (above if scores and min(scores) > floor else below).append(f"`{entry}`")
-        lines.append(
+        above = [e for e, w in worst.items() if w is not None and w > floor]
+        below = [e for e in worst if e not in above]
+        lines += [
+            "",
             f"Above {name} (test ROUGE-L > {floor:.2f}) on every seed: {', '.join(above) or 'no entry'}; "
-            f"not on every seed: {', '.join(below) or 'none'}."
-        )
-        lines.append("")
+            f"not on every seed: {', '.join(below) or 'none'}.",
+        ]
     return [*lines, ""]
 
 
