@@ -21,7 +21,6 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from serve.errors import ServerError
-from serve.request_limits import RequestLimits
 from serve.server_settings import Ports, ServerSettings, grpc_proxied
 
 SHM_PREFIX_ARG = "--backend-config=python,shm-region-prefix-name="
@@ -82,10 +81,16 @@ def server_env() -> dict[str, str]:
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in [libdir, env.get("LD_LIBRARY_PATH", "")] if p)
     env.setdefault("OMP_NUM_THREADS", "1")  # ORT sets its own pools; keep numpy/BLAS in the stubs single-threaded
-    # glibc keeps freed memory in per-thread arenas and raises its mmap threshold after the first large free, so
-    # tritonserver's request buffers (2 MB gRPC messages) stayed resident: 36 MB grew to a ~545 MB plateau (issue
-    # 61). A fixed threshold maps every buffer over 256 kB on its own and unmaps it when freed; fewer arenas
-    # keep less of the rest.
+    return memory_returning_env(env)
+
+
+def memory_returning_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` with glibc told to give large buffers back. glibc keeps freed memory in per-thread arenas and raises its
+    mmap threshold after the first large free, so request buffers stayed resident: tritonserver's 2 MB gRPC
+    messages took it from 36 MB to a ~545 MB plateau (issue 61), the gate's 4 MB ones from 80 to 667 MB (issue 84).
+    A fixed threshold maps every buffer over 256 kB on its own and unmaps it when freed; fewer arenas keep less of
+    the rest. Settings already in `env` win."""
+    env = dict(env)
     env.setdefault("MALLOC_MMAP_THRESHOLD_", str(256 << 10))
     env.setdefault("MALLOC_ARENA_MAX", "2")
     return env
@@ -148,16 +153,6 @@ def log_errors(log: Path, limit: int = 12) -> str:
     picked = [ln for ln in lines if ln.startswith("E") or "error" in ln.lower() or "failed" in ln.lower()]
     fix = [GPU_FIX] if any(GPU_REFUSED.search(ln) for ln in picked) else []
     return "\n".join([*(picked or lines)[-limit:], *fix])
-
-
-def repository_limits(repo: Path) -> RequestLimits:
-    """The gate's limits for this repository: inputs and outputs per request at most what its models declare
-    (at least 4), the other limits at their defaults (serve/request_limits.py says why each fits)."""
-    inputs = outputs = 4
-    for config in repo.glob("*/config.pbtxt"):
-        parsed = text_format.Parse(config.read_text(), model_config_pb2.ModelConfig())
-        inputs, outputs = max(inputs, len(parsed.input)), max(outputs, len(parsed.output))
-    return RequestLimits(max_inputs=inputs, max_outputs=outputs)
 
 
 def triton_command(repo: Path, state: Path, settings: ServerSettings, ports: Ports, shm_prefix: str) -> list[str]:

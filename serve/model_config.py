@@ -26,6 +26,7 @@ from export.runtime.manifest import sha256_read
 from export.runtime.search import DEFAULT_EXPRESS_COST, DEFAULT_MAX_EXECUTE_COST, DEFAULT_MAX_REQUEST_COST
 from export.staging import StagedDirectory, staged_directory
 from serve.errors import ServeError
+from serve.triton.model_prices import PRICES_FILE, PriceRule
 
 HERE = Path(__file__).resolve().parent
 TRITON_MODELS = HERE / "triton"
@@ -37,8 +38,12 @@ METRICS_FILE = "model_metrics.py"  # the zoo_* Prometheus metrics model_common r
 LANES_FILE = "model_lanes.py"  # the express and bulk lanes model_common runs requests in
 REQUESTS_FILE = "model_requests.py"  # reading a request: parameters, texts, target prefix
 OUTPUTS_FILE = "model_outputs.py"  # writing a translation's response: OUTPUT and the optional outputs
+PRICE_RULE_FILE = "model_prices.py"  # what a request costs an instance: the unit the lanes count
+# python -m serve.bench.prices on the test suite's smoke transformer: the price rule a repository gets unless
+# `prices=` names a calibration of the model it serves
+DEFAULT_PRICES = TRITON_MODELS / "default_prices.json"
 # copied next to every model.py, from serve/triton/
-SHARED_MODEL_FILES = (COMMON_FILE, METRICS_FILE, LANES_FILE, REQUESTS_FILE, OUTPUTS_FILE)
+SHARED_MODEL_FILES = (COMMON_FILE, METRICS_FILE, LANES_FILE, REQUESTS_FILE, OUTPUTS_FILE, PRICE_RULE_FILE)
 INPUT, OUTPUT, TRUNCATED = "TEXT", "OUTPUT", "TRUNCATED"
 TARGET, SCORES, TOKEN_SCORES = "TARGET", "SCORES", "TOKEN_SCORES"  # forced decoding in, scores out
 PREFIX = "PREFIX"  # per source the target text a translation starts with
@@ -75,6 +80,7 @@ class ModelSettings:
     max_queued_cost: int | None = None  # work one lane of one instance may hold (None: 4 × max_execute_cost);
     # beyond it a request is answered UNAVAILABLE (retry)
     warmup: bool = True  # model_warmup: each instance translates a held-out sentence before the model is ready
+    prices: str | None = None  # a `python -m serve.bench.prices` report for the served model (None: DEFAULT_PRICES)
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any] | None) -> ModelSettings:
@@ -316,11 +322,21 @@ def copy_export_files(export_dir: Path, manifest: export_runtime.Manifest, targe
             )
 
 
-def copy_model_code(version_dir: Path, model_file: str) -> None:
+def copy_model_code(version_dir: Path, model_file: str, prices: str | None = None) -> None:
     """A text model's code into its version directory: serve/triton/`model_file` as model.py, the files every
-    model.py imports, and the package `export` as `packages/export/` — its `__init__.py` (which imports only the
-    runtime) and the runtime package, whole, under their own import path, so the model imports `export.runtime`
-    as every other caller does (caches of compiled files are left behind)."""
+    model.py imports, its price rule's calibration (`prices`, else DEFAULT_PRICES, checked) as prices.json, and
+    the package `export` as `packages/export/` — its `__init__.py` (which imports only the runtime) and the
+    runtime package, whole, under their own import path, so the model imports `export.runtime` as every other
+    caller does (caches of compiled files are left behind)."""
+    calibration = Path(prices) if prices else DEFAULT_PRICES
+    try:
+        PriceRule.read(calibration)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RepositoryError(
+            f"prices={calibration}: not a price calibration ({exc}); write one with python -m serve.bench.prices "
+            "<export> --out <file>"
+        ) from None
+    shutil.copy2(calibration, version_dir / PRICES_FILE)
     shutil.copy2(TRITON_MODELS / model_file, version_dir / "model.py")
     for shared in SHARED_MODEL_FILES:
         shutil.copy2(TRITON_MODELS / shared, version_dir / shared)

@@ -117,7 +117,7 @@ def write_ngc_model(
             *([manifest["shortlist"]["file"]] if "shortlist" in manifest else []),
         )
         copy_export_files(export_dir, manifest, stage.path / v, {f: f for f in held})
-        copy_model_code(stage.path / v, "bls_model.py")
+        copy_model_code(stage.path / v, "bls_model.py", settings.prices)
         extra = {
             "encoder_model": f"{name}-encoder",
             "decoder_model": f"{name}-decoder",

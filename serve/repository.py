@@ -66,7 +66,7 @@ def write_python_model(
         version_dir.mkdir()
         data = [*manifest["files"], export_runtime.MANIFEST]  # the format's fixed names (read_manifest)
         copy_export_files(export_dir, manifest, version_dir, {name: name for name in data})
-        copy_model_code(version_dir, "translator_model.py")
+        copy_model_code(version_dir, "translator_model.py", settings.prices)
         plan = (
             plan_warmup(export_dir, manifest, settings.max_batch_size, settings.max_request_cost)
             if settings.warmup

@@ -37,11 +37,10 @@ from serve.launch import (
     launch_triton,
     log_errors,
     relaunch_triton,
-    repository_limits,
     triton_command,
 )
 from serve.proxy import PROXY_DIR, ProxySettings, start_proxy, stop_proxy
-from serve.request_limits import RequestLimits
+from serve.served_models import ServedModel, served_models
 from serve.server_settings import Ports, ServerSettings, free_udp_port, grpc_proxied, pick_ports
 from serve.shm import OUR_SHM, clean_stale_shm, kill_stubs, remove_shm, remove_unmapped_shm
 from serve.state_lock import StateLock, StateLocked, acquire, request_stop
@@ -225,7 +224,7 @@ class Server:
             server.save_state()
             (state / "server.pid").write_text(f"{process.pid}\n")
             if settings.proxy is not None and ports.gate_http is not None:  # starts while Triton loads its models
-                server.add_gate(ports, repository_limits(repo), settings.proxy)
+                server.add_gate(ports, served_models(repo), settings.proxy)
             server.wait_ready(settings.timeout, cancelled)
             if settings.proxy is not None:
                 server.add_proxy(settings.proxy, ports, detach=settings.detach)
@@ -238,7 +237,7 @@ class Server:
             raise
         return server
 
-    def add_gate(self, ports: Ports, limits: RequestLimits, proxy: ProxySettings) -> None:
+    def add_gate(self, ports: Ports, models: dict[str, ServedModel], proxy: ProxySettings) -> None:
         """The validating gate (serve/gate.py) on loopback, forwarding to Triton's own listeners."""
         assert ports.gate_http is not None
         self._gate_config = GateConfig(
@@ -247,7 +246,8 @@ class Server:
             grpc_port=ports.gate_grpc,
             triton_grpc_port=ports.triton_grpc if ports.gate_grpc else None,
             max_body_bytes=int(proxy.max_body_mb * 1024 * 1024),
-            limits=limits,
+            upstream_timeout_s=float(proxy.upstream_timeout_s),
+            models=models,
             log=str(Path(self.info.state_dir) / "gate.log"),
             nginx_log_port=free_udp_port(),
             nginx_log=str(Path(self.info.state_dir) / PROXY_DIR / "error.log"),

@@ -39,7 +39,9 @@ Cost limits (one client must not starve the others): a translation's cost is row
 (each row's limit from max_len_a/max_len_b, capped by the model's positions; with sampling, rows × num_hypotheses
 × maximum output tokens; a prefix's tokens are steps within that limit), a scoring request's its target
 tokens + eos per row; both computed before anything runs. Over `max_request_cost` a request is refused
-(INVALID_ARGUMENT, naming the budget). `execute` only parses and prices: a request costing at most `express_cost`
+(INVALID_ARGUMENT, naming the budget). Its price (model_prices.py) weighs those row-steps by what its options cost
+and adds what every row and request costs, as measured for this model (`prices.json`); the lanes count prices.
+`execute` only parses and prices: a request priced at most `express_cost`
 goes to the express lane, any other to the bulk lane (model_lanes.py); each lane runs batches of up to
 `max_execute_cost` in arrival order (the express lane: smaller batches, cheapest first), the two at once, and
 answers through the requests' response senders, so a cheap request never waits behind a heavy one. A lane
@@ -63,6 +65,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from model_lanes import EXPRESS_BATCHES, Lane, Ticket
 from model_metrics import ModelMetrics
+from model_prices import PRICES_FILE, PriceRule, options_of
 
 # First on sys.path, so that this copy is the `export` imported, not a project checkout on PYTHONPATH or an installed
 # one. packages/ holds that package only: files beside model.py stay where the python backend put them, last on
@@ -168,6 +171,7 @@ class TextModel:
         self.logger = pb_utils.Logger
         self.metrics = ModelMetrics(args["model_name"], args["model_version"])
         self.express_cost = int(params.get("express_cost", DEFAULT_EXPRESS_COST))
+        self.prices = PriceRule.read(os.path.join(directory, PRICES_FILE))  # the lanes count prices, not row-steps
         queued = int(params.get("max_queued_cost", QUEUED_BATCHES * self.max_execute_cost))
         express_batch = max(1, min(self.max_execute_cost, EXPRESS_BATCHES * self.express_cost))
         self.lanes = {
@@ -224,8 +228,9 @@ class TextModel:
                 f"(rows × {rows} × maximum output tokens); send fewer rows per request, a smaller "
                 f"{rows.split()[0]} or smaller max_len_a/max_len_b",
             )
+        price = self.prices.price(cost, len(texts), options_of(search, wanted))
         key = batch_key(search, n, wanted)
-        return _Request(index, encoded, truncated, cost, key, search=search, n=n, wanted=wanted, prefixes=prefixes)
+        return _Request(index, encoded, truncated, price, key, search=search, n=n, wanted=wanted, prefixes=prefixes)
 
     def _price_scoring(self, index: int, texts: list[str], targets: list[str], given: dict[str, Any]) -> _Request:
         if len(targets) != len(texts):
@@ -245,7 +250,8 @@ class TextModel:
         cost = self.model.score_cost(target_ids)
         if cost > self.max_request_cost:
             raise self._over_budget(cost, "(target tokens + eos per row); send fewer or shorter targets per request")
-        return _Request(index, encoded, truncated, cost, ("score", float(len_penalty)), target_ids)
+        price = self.prices.price(cost, len(texts), ())
+        return _Request(index, encoded, truncated, price, ("score", float(len_penalty)), target_ids)
 
     # ------------------------------------------------------------------ execution
     def execute(self, requests: list[Any]) -> None:
