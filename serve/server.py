@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from serve.errors import ServerError
-from serve.gate import GateConfig, start_gate
+from serve.gate import start_gate
+from serve.gate_config import GateConfig
 from serve.launch import (
     ADMIN_HEADER,
     ADMIN_KEY_FILE,

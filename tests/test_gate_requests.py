@@ -17,7 +17,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2
 
 from export import runtime as rt
-from serve.gate import Route, canonical_route
+from serve.gate_http import Route, canonical_route
 from serve.grpc_infer import read_grpc_infer, read_model_name
 from serve.http_infer import MAX_DEPTH, read_http_infer
 from serve.infer_request import RequestRefused, encode_grpc, encode_http
@@ -287,3 +287,28 @@ def test_the_price_rule_weighs_row_steps_by_their_options_and_adds_the_fixed_cos
     calibration.write_text(json.dumps({"factors": {"sampling": 0.5}, "per_row": 0, "per_request": 0}))
     with pytest.raises(RepositoryError, match=r"not a price calibration.*serve\.bench\.prices"):
         copy_model_code(tmp_path, "translator_model.py", str(calibration))
+
+
+# ---------------------------------------------------------------------------------------------- crash memory
+def test_a_request_in_flight_at_two_crashes_is_refused_for_a_while() -> None:
+    """serve/crash_memory.py: the requests in flight when Triton is first lost get a strike each; two within the
+    window refuse that request for `refuse_s`; calls while Triton stays down strike nothing."""
+    from serve.crash_memory import MOST_REMEMBERED, CrashMemory
+
+    memory = CrashMemory(strikes=2, window_s=600, refuse_s=600)
+    crasher, bystander, later = (memory.digest(b) for b in (b"crash", b"other", b"later"))
+    for _ in range(2):
+        first, second = memory.begin(crasher), memory.begin(bystander)
+        memory.end(first, reached=False)  # Triton lost: both in flight get a strike
+        memory.end(memory.begin(later), reached=False)  # sent while it is down: nothing
+        memory.end(second, reached=False)
+        memory.end(memory.begin(later), reached=True)  # Triton back
+    assert memory.refused_for(crasher) > 599 and "refused for" in memory.message(memory.refused_for(crasher))
+    assert memory.refused_for(bystander) > 0 and memory.refused_for(later) == 0  # both were there twice
+    memory.crashed_during(later, now=0.0)
+    memory.crashed_during(later, now=700.0)  # a strike older than the window does not count
+    assert memory.refused_for(later, now=701.0) == 0
+    assert memory.refused_for(crasher, now=10**6) == 0  # refusal ends
+    for i in range(MOST_REMEMBERED + 10):
+        memory.crashed_during(memory.digest(str(i).encode()))
+    assert len(memory.seen) == MOST_REMEMBERED

@@ -601,3 +601,47 @@ def test_prices_follow_what_requests_cost(server, exported) -> None:
     for name in ("sampling", "repetition_penalty", f"empty_{ROWS}"):
         priced, measured = price(name) / price("plain"), seconds[name] / seconds["plain"]
         assert 0.5 <= priced / measured <= 2.0, (name, priced, measured, seconds)
+
+
+def test_a_request_in_flight_at_two_crashes_is_refused_and_others_are_served(server) -> None:
+    """Issue 84: a client resending a crashing request whenever the server was ready kept it down. A crash is
+    injected (SIGSEGV) twice while the same slow request is in flight; its third sending is refused by the gate
+    (503, Retry-After) without reaching Triton, while other requests are answered."""
+    slow = _body(
+        {
+            "parameters": {
+                "beam_size": 1,
+                "sampling": 1,
+                "num_hypotheses": 64,
+                "min_len": 120,
+                "max_len_a": 0,
+                "max_len_b": 120,
+            },
+            "inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["Hallo Welt."]}],
+        }
+    )
+    for _ in range(2):
+        _translated_within(server, RESTART_WITHIN_S)
+        answers: list[int] = []
+        sender = threading.Thread(target=lambda got=answers: got.append(_post(server, slow, timeout=60)[0]))
+        sender.start()
+        time.sleep(0.3)  # the request is in Triton: it takes over a second on the smoke model
+        os.kill(server.info.pid, signal.SIGSEGV)
+        sender.join(60)
+        assert answers == [503], answers
+    _translated_within(server, RESTART_WITHIN_S)
+    pid = server.info.pid
+    status, body = _post(server, slow)
+    assert status == 503 and b"crashed" in body and b"refused for" in body, body
+    assert server.info.pid == pid and _translate(server, "http") and _translate(server, "grpc")
+
+
+def _translated_within(server: Server, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            assert _translate(server, "grpc", timeout=5)
+            return
+        except InferenceServerException:
+            assert time.monotonic() < deadline, f"not serving within {seconds} s"
+            time.sleep(0.2)
