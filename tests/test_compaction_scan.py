@@ -81,3 +81,25 @@ def test_no_setting_is_chosen_while_a_weaker_one_has_not_run() -> None:
     assert gct["chosen"] is None and gct["passing"] == "gct_o_x16" and "gct_o_x4" in gct["missing"]
     table = "\n".join(compaction_table(data))
     assert "No choice yet: 3 setting(s) not run. The weakest that passes so far: `gct_o_x16`." in table
+
+
+def test_a_scan_where_settings_compact_but_lose_quality_says_so() -> None:
+    """Issue 86: ght_scan_gpu's report printed "No setting in this scan compacts the trained groups" although ×16
+    and ×64 compacted there (they lost more validation quality than the rule allows): the sentence names them."""
+    data = _data(
+        {
+            "ght_v_x1": _run([0.02, 0.03], 0.49, -0.1, valid=10.0),
+            "ght_v_x4": _run([0.02, 0.1], 0.55, -0.3, valid=10.0),
+            "ght_v_x16": _run([0.02, 0.3], 0.7, -0.6, valid=8.5),
+            "ght_v_x64": _run([0.02, 0.5], 0.8, -0.8, valid=3.0),
+            "ght_v_x220": _run([0.02, 0.98], 0.99, -0.99, valid=1.1),
+        }
+    )
+    table = "\n".join(compaction_table(data))
+    assert "No setting in this scan compacts" not in table
+    assert "No setting passes the rule within the budget: `ght_v_x16`, `ght_v_x64` compact the trained groups" in table
+    data = _data({e: _run([0.02, 0.1], 0.5, -0.2, valid=10.0) for e in ("ght_v_x1", "ght_v_x4", "ght_v_x16")})
+    data["entries"].update(
+        {e: {"seeds": {"1": _run([0.02, 0.98], 0.99, -0.99, valid=1.0)}} for e in ("ght_v_x64", "ght_v_x220")}
+    )
+    assert "No setting in this scan compacts the trained groups within the budget." in "\n".join(compaction_table(data))

@@ -122,7 +122,15 @@ def scan_verdicts(data: dict[str, Any]) -> list[dict[str, Any]]:
                 reasons.append("no validation quality to compare")
             elif quality < ref_quality - rule["max_quality_loss"]:
                 reasons.append(f"validation {quality:.2f} < ×1's {ref_quality:.2f} − {rule['max_quality_loss']}")
-            rows.append({"entry": entry, "outcome": "; ".join(reasons) or "compacts", "passes": not reasons})
+            compacted = last["silhouette"] >= rule["silhouette"] and not collapsed(last, rule)
+            rows.append(
+                {
+                    "entry": entry,
+                    "outcome": "; ".join(reasons) or "compacts",
+                    "passes": not reasons,
+                    "compacted": compacted,
+                }
+            )
         missing = [r["entry"] for r in rows if r["outcome"] == "not run yet"]
         first = next((r for r in rows if r["passes"] or r["outcome"] == "not run yet"), None)
         # the weakest that passes is chosen only once every weaker setting has run (and failed)
@@ -153,6 +161,13 @@ def scan_section(data: dict[str, Any]) -> list[str]:
         elif scan["missing"]:
             so_far = f" The weakest that passes so far: `{scan['passing']}`." if scan["passing"] else ""
             lines.append(f"No choice yet: {len(scan['missing'])} setting(s) not run.{so_far}")
+        elif compacting := [r["entry"] for r in scan["rows"] if r.get("compacted")]:
+            lines.append(
+                "No setting passes the rule within the budget: "
+                + ", ".join(f"`{e}`" for e in compacting)
+                + f" compact{'s' if len(compacting) == 1 else ''} the trained groups (mean silhouette ≥ "
+                f"{rule['silhouette']}, no collapse) but lose more validation quality than the rule allows (above)."
+            )
         else:
             lines.append("No setting in this scan compacts the trained groups within the budget.")
         lines.append("")
