@@ -81,7 +81,7 @@ def test_a_slow_down_does_not_hold_and_says_slower() -> None:
 
 def test_within_the_margin_is_no_speed_up_but_not_slower() -> None:
     j = one(ratios(1.01, [0.004, -0.004, 0.002, -0.002, 0.0]))
-    assert j.verdict == FAILS and j.detail == f"no speed-up beyond the ×{MARGIN:.2f} noise floor"
+    assert j.verdict == FAILS and j.detail == f"no speed-up beyond the ×{MARGIN:.2f} margin"
 
 
 def test_three_rounds_are_too_few_even_when_all_are_faster() -> None:
@@ -92,7 +92,7 @@ def test_three_rounds_are_too_few_even_when_all_are_faster() -> None:
 
 def test_an_inconclusive_claim_says_what_would_decide_it() -> None:
     near = one(ratios(1.05, [0.03, -0.03, 0.01, -0.01, 0.0]))  # the mean on the margin: no number of rounds
-    assert near.verdict == INCONCLUSIVE and near.detail.startswith("within the noise floor")
+    assert near.verdict == INCONCLUSIVE and near.detail.startswith("on the margin")
     noisy = one(ratios(1.10, [0.08, -0.08, 0.04, -0.04, 0.0]))
     assert noisy.verdict == INCONCLUSIVE and noisy.detail.startswith("about ")
     rounds = int(noisy.detail.split()[1])

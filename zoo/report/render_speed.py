@@ -1,6 +1,6 @@
 """The speed part of a suite's report: one table per machine class (sent/s, × baseline, peak memory, speed-up ÷
-FLOP ratio), the negative controls (the measurement's noise floor), the papers' efficiency claims with verdicts
-by the rule of speed_rule.py, the README's speed column, and the figure the product is about — quality against
+FLOP ratio), the negative controls (how wide timing the same work twice reads), the papers' efficiency claims with
+verdicts by the rule of speed_rule.py, the README's speed column, and the figure the product is about — quality against
 sent/s with the Pareto front marked. A file of an old format (speed_results.py) is shown as measured and judged by
 nothing."""
 
@@ -246,8 +246,8 @@ def negative_controls(checks: list[tuple[dict[str, Any], str, RatioTest | None, 
         f"whose weights differ). Expected: the 95 % interval of the ratio within ×{1 / MARGIN:.2f}–×{MARGIN:.2f}, "
         f"the speed rule's margin. A control the rule would call faster or slower (**{CONTROL_FAILED}**) is a "
         "failure of the measurement, not a property of a model: then no speed claim of this file should be "
-        "believed, whatever its verdict says. Wider than the margin without failing: this machine's noise floor "
-        f"is wider than ±{(MARGIN - 1) * 100:.0f} %, and claims near it stay inconclusive.",
+        "believed, whatever its verdict says. Wider than the margin without failing: timing the same work twice "
+        f"reads wider than ±{(MARGIN - 1) * 100:.0f} % on this machine, and claims near the margin stay inconclusive.",
         "",
         "| control | why the work is the same | point | per-round ratios | ratio [95 % interval] | status |",
         "|---|---|---|---|---|---|",
