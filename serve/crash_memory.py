@@ -1,12 +1,14 @@
 """Requests that were being served when tritonserver went away: the gate refuses their repeats for a while.
 
-Why: a request that crashes Triton every time it runs can keep the service down however fast the supervisor
-restarts it — a client resending it whenever `/v2/health/ready` turned 200 kept one server down with 5 requests in
-120 s (issue 84). The gate cannot know which of the requests in flight at a crash caused it, so it counts, per
-request fingerprint (what the gate built for Triton, its id left out), the crashes it was in flight for: one is
-any request's bad luck, `strikes` within `window_s` is a pattern, and that request is refused for `refuse_s` —
-the others are served as before. The requests "in flight at a crash" are those being answered when the gate first
-lost Triton after having reached it (a call that failed for good); calls made while it stays down count nothing.
+Why: a request that crashes Triton every time it runs can keep the service down however fast the supervisor restarts
+it — a client resending it whenever `/v2/health/ready` turned 200 kept one server down with 5 requests in 120 s
+(issue 84). The gate cannot know which of the requests in flight at a crash caused it, so it counts, per request
+fingerprint (what the gate built for Triton, its id left out), the crashes it was in flight for: one is any
+request's bad luck, `strikes` within `window_s` with no answer in between is a pattern, and that request is refused
+for `refuse_s` — the others are served as before. A request Triton answers (any status) is not a crasher: its
+strikes are forgotten, so a monitoring probe that happened to be in flight at two crashes keeps being served. The
+requests "in flight at a crash" are those being answered when the gate first lost Triton after having reached it (a
+call that failed for good); calls made while it stays down count nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class CrashMemory:
         The first call that lost Triton marks every request in flight, its own included, as there at a crash."""
         if reached:
             self.reachable = True
+            self.seen.pop(self.in_flight.get(token, b""), None)  # answered: not the request that crashed Triton
         elif self.reachable:
             self.reachable = False
             for digest in set(self.in_flight.values()):

@@ -7,12 +7,12 @@ answers only an allow-list of (method, canonical path) pairs — a path with `.`
 escapes or a trailing slash is 404 here, never normalised by Triton — and over gRPC only the methods it names
 (anything else: UNIMPLEMENTED). Inference requests are read with budgets that follow the served models
 (serve/http_infer.py, serve/grpc_infer.py: a refused request costs what was read up to its first excess), checked
-against the model (serve/infer_request.py) and re-encoded; metadata and health requests are rebuilt from the
-model name and version. gRPC streams end at the gate: each message becomes a unary call to Triton, and a client
-that cancels cancels nothing inside Triton — every upstream call runs to its end, its answer dropped. A request
-that was in flight at two crashes within 10 minutes is refused for 10 minutes (serve/crash_memory.py), so a client
-repeating a crashing request cannot keep Triton down. The fronts are serve/gate_http.py and serve/gate_grpc.py;
-this file runs them as a process.
+against the model (serve/infer_request.py) and re-encoded; metadata and health requests are rebuilt from the model
+name and version. gRPC streams end at the gate: each message becomes a unary call to Triton, and a client that
+cancels cancels nothing inside Triton — every upstream call runs to its end, its answer dropped. A request that was
+in flight at two crashes within 10 minutes, unanswered in between, is refused for 10 minutes
+(serve/crash_memory.py), so a client repeating a crashing request cannot keep Triton down. The fronts are
+serve/gate_http.py and serve/gate_grpc.py; this file runs them as a process.
 
 nginx keeps what it does well (connection limits, body caps, timeouts, compressed bodies refused). While Triton is
 down (the supervisor restarting it, serve/supervisor.py) the gate answers 503 / UNAVAILABLE "restarting; retry".

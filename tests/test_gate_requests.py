@@ -305,6 +305,8 @@ def test_a_request_in_flight_at_two_crashes_is_refused_for_a_while() -> None:
         memory.end(memory.begin(later), reached=True)  # Triton back
     assert memory.refused_for(crasher) > 599 and "refused for" in memory.message(memory.refused_for(crasher))
     assert memory.refused_for(bystander) > 0 and memory.refused_for(later) == 0  # both were there twice
+    memory.end(memory.begin(bystander), reached=True)  # … but the bystander is answered now: not the culprit
+    assert memory.refused_for(bystander) == 0 and bystander not in memory.seen
     memory.crashed_during(later, now=0.0)
     memory.crashed_during(later, now=700.0)  # a strike older than the window does not count
     assert memory.refused_for(later, now=701.0) == 0

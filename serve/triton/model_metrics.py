@@ -18,6 +18,7 @@ same series (Triton keeps one series per family and label set). Warm-up requests
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
@@ -32,6 +33,10 @@ class ModelMetrics:
 
     def __init__(self, model: str, version: str) -> None:
         labels = {"model": model, "version": version}
+        # the express and bulk lanes answer from threads of their own, and the backend's metric calls are not safe
+        # from two threads at once: a histogram's observe raced a counter's increment ("HISTOGRAM does not support
+        # Increment", the request failed) when both lanes answered together
+        self._lock = threading.Lock()
         self._families: list[Any] = []
         self.sentences = self._counter("zoo_sentences_total", "Rows answered with an output", labels)
         self.source_tokens = self._counter("zoo_source_tokens_total", "Source tokens fed to the encoder", labels)
@@ -56,14 +61,16 @@ class ModelMetrics:
 
     def answered(self, rows: int, source_tokens: int, generated_tokens: int, truncated: int, seconds: float) -> None:
         """One request answered with outputs."""
-        self.sentences.increment(rows)
-        self.source_tokens.increment(source_tokens)
-        self.generated_tokens.increment(generated_tokens)
-        self.truncated.increment(truncated)
-        self.latency.observe(seconds)
+        with self._lock:
+            self.sentences.increment(rows)
+            self.source_tokens.increment(source_tokens)
+            self.generated_tokens.increment(generated_tokens)
+            self.truncated.increment(truncated)
+            self.latency.observe(seconds)
 
     def refused_one(self, reason: str) -> None:
-        self.refused[reason].increment(1)
+        with self._lock:
+            self.refused[reason].increment(1)
 
     def close(self) -> None:
         """Drop the metrics, then their families (the order the backend requires)."""
