@@ -35,6 +35,8 @@ from zoo.data.cache import resolve_cache_dir  # the corpus tools' cache and Debi
 from zoo.data.debian import DebianArchive
 from zoo.data.types import DataError
 
+CLIENT_KEY_HEADER = "zoo-client"  # a client's own share of the per-address limits: letters, digits, . _ -, ≤ 64
+WHOSE = f"address (or {CLIENT_KEY_HEADER} key)"  # what a 429 names as the client whose share is full
 PROXY_DIR = "nginx"  # inside the server's state dir: config, pid, logs (body buffers: see _buffer_dir)
 BUFFERS_PREFIX = "zoo-nginx-"
 # KServe v2 paths a translation client needs; anything else is refused by the proxy itself
@@ -58,7 +60,10 @@ class ProxySettings:
 
     max_body_mb: float = 4.0  # larger request bodies (HTTP) and gRPC messages are refused by nginx
     max_connections: int = 4096  # nginx worker connections: clients + connections to Triton, all ports together
-    per_client_requests: int = 64  # HTTP requests and gRPC calls in progress per client address (more: 429)
+    per_client_requests: int = 64  # HTTP requests and gRPC calls in progress per client (more: 429): an address, or
+    # an address and the `zoo-client` key its requests carry (CLIENT_KEY_HEADER), so clients that share an address
+    # (all on loopback, or behind one NAT) each get their own share by sending a key
+    per_address_requests: int = 1024  # … and per address over all its keys: rotating keys does not multiply a share
     header_timeout_s: int = 10  # a request's header must arrive within this, in total
     body_read_timeout_s: int = 10  # the longest pause between two reads of a request body
     send_timeout_s: int = 30  # the longest pause while the client reads the answer
@@ -67,8 +72,11 @@ class ProxySettings:
     grpc: bool = True  # nginx serves the gRPC port too (Triton 2.51 has no flag bounding its gRPC messages)
 
     def __post_init__(self) -> None:
-        if not 1 <= self.per_client_requests <= 65535:
-            raise ProxyError(f"per_client_requests={self.per_client_requests}: use 1 … 65535 (nginx's limit)")
+        if not 1 <= self.per_client_requests <= self.per_address_requests <= 65535:
+            raise ProxyError(
+                f"per_client_requests={self.per_client_requests}, per_address_requests={self.per_address_requests}: "
+                "use 1 ≤ per_client_requests ≤ per_address_requests ≤ 65535 (nginx's limit)"
+            )
         if self.max_connections < 64 or self.max_body_mb <= 0:
             raise ProxyError("max_connections must be ≥ 64 and max_body_mb > 0")
         timeouts = ("header_timeout_s", "body_read_timeout_s", "send_timeout_s", "keepalive_timeout_s")
@@ -124,12 +132,13 @@ def _grpc_server(host: str, settings: ProxySettings, grpc: tuple[int, int] | Non
     port, upstream = grpc
     encoded = _grpc_status(12, "compressed gRPC messages are not accepted; send them uncompressed (identity)")
     too_large = _grpc_status(8, f"gRPC message over {settings.max_body_mb:g} MB; send fewer or shorter texts")
-    too_many = _grpc_status(8, f"over {settings.per_client_requests} calls in progress from your address; retry")
+    too_many = _grpc_status(8, f"over {settings.per_client_requests} calls in progress from your {WHOSE}; retry")
     return f"""
     upstream triton_grpc {{ server 127.0.0.1:{upstream}; keepalive 16; }}
     server {{
         listen {host}:{port} http2;
         limit_conn zoo_per_client {settings.per_client_requests};
+        limit_conn zoo_per_address {settings.per_address_requests};
         grpc_connect_timeout 5s;
         grpc_read_timeout {settings.upstream_timeout_s}s;
         grpc_send_timeout {settings.upstream_timeout_s}s;
@@ -204,7 +213,9 @@ http {{
     send_timeout {settings.send_timeout_s}s;
     keepalive_timeout {settings.keepalive_timeout_s}s;
     reset_timedout_connection on;
-    limit_conn_zone $binary_remote_addr zone=zoo_per_client:4m;
+    map $http_zoo_client $zoo_client_key {{ "~^[A-Za-z0-9_.-]{{1,64}}$" $http_zoo_client; default ""; }}
+    limit_conn_zone $binary_remote_addr$zoo_client_key zone=zoo_per_client:8m;
+    limit_conn_zone $binary_remote_addr zone=zoo_per_address:4m;
     limit_conn_status 429;
     limit_conn_log_level info;
     proxy_request_buffering on;
@@ -219,6 +230,7 @@ http {{
     server {{
         listen {host}:{port};
         limit_conn zoo_per_client {settings.per_client_requests};
+        limit_conn zoo_per_address {settings.per_address_requests};
         if ($zoo_encoded) {{ return 415; }}
         location ~ "{ALLOWED_PATHS}" {{
             limit_except GET POST {{ deny all; }}
@@ -241,7 +253,7 @@ http {{
         error_page 429 = @too_many;
         location @too_many {{
             default_type application/json;
-            return 429 '{{"error":"over {limit} requests in progress from your address; retry later"}}';
+            return 429 '{{"error":"over {limit} requests in progress from your {WHOSE}; retry later"}}';
         }}
     }}{_grpc_server(host, settings, grpc)}{_metrics_server(host, metrics)}
 }}

@@ -55,6 +55,7 @@ def proxy_settings(cfg: DictConfig) -> ProxySettings:
         grpc=bool(cfg.proxy_grpc),
         max_connections=int(cfg.max_connections),
         per_client_requests=int(cfg.per_client_requests),
+        per_address_requests=int(cfg.per_address_requests),
         header_timeout_s=int(cfg.header_timeout_s),
         body_read_timeout_s=int(cfg.body_read_timeout_s),
     )

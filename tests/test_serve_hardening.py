@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import http.client
 import json
 import os
 import resource
@@ -33,7 +34,7 @@ import export
 from export import runtime as rt
 from serve.launch import rotate_log
 from serve.model_config import ModelSettings, RepositoryError
-from serve.proxy import ProxySettings
+from serve.proxy import CLIENT_KEY_HEADER, ProxySettings
 from serve.repository import write_repository
 from serve.server import Server, ServerError
 from serve.warmup import WarmupError
@@ -447,6 +448,36 @@ def test_a_thousand_slow_connections_from_one_address_do_not_deny_others(server)
     assert states.count("HTTP/1.1 429") == 100 - limits.per_client_requests, sorted(set(states))
     assert limits.header_timeout_s <= cut_after < limits.header_timeout_s + 3, cut_after
     assert server.ready()
+
+
+def test_clients_sharing_an_address_each_get_a_share_with_a_key(server) -> None:
+    """Issue 84: with every client on one address, its 64 requests in progress were everyone's — 64 trickled bodies
+    made every other request 429. A client that sends a `zoo-client` key has its own share of the address: the 64
+    trickling bodies (no key) fill theirs, a request from the same address without a key is 429, one with a key is
+    answered."""
+    limits = ProxySettings()
+    bodies = [
+        _flood_socket(server, HEADER + b"Content-Length: 1000\r\n\r\n{") for _ in range(limits.per_client_requests)
+    ]
+    time.sleep(0.5)  # nginx counts them as requests in progress
+
+    def post(headers: dict[str, str]) -> int:
+        host, port = server.info.http_url.rsplit(":", 1)
+        connection = http.client.HTTPConnection(host, int(port), timeout=30, source_address=(FLOOD_ADDRESS, 0))
+        body = json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["Hallo."]}]})
+        try:
+            connection.request("POST", "/v2/models/transformer-smoke/infer", body=body, headers=headers)
+            return connection.getresponse().status
+        finally:
+            connection.close()
+
+    try:
+        assert post({}) == 429
+        assert post({CLIENT_KEY_HEADER: "probe-1"}) == 200
+        assert post({CLIENT_KEY_HEADER: "x" * 65}) == 429  # not a key: the address's keyless share
+    finally:
+        for sock in bodies:
+            sock.close()
 
 
 # ---------------------------------------------------------------------------------------------- fairness

@@ -3,7 +3,8 @@ against a real server, with a one-word probe beside it.
 
 One server as `serve.start` runs it (nginx → gate → tritonserver, 2 instances × 1 ORT thread, the repository's
 defaults). Per flood: its senders run in processes of their own for `--seconds` while this process sends a
-one-word HTTP request through nginx every 0.25 s (10 s timeout) and samples the resident memory of the gate,
+one-word HTTP request through nginx every 0.25 s (10 s timeout; from the flood's address, 127.0.0.1, with a
+`zoo-client` key of its own, as a second client behind one address would) and samples the resident memory of the gate,
 tritonserver, its Python stubs and nginx every 0.5 s; then, 30 s after the flood, the same memory again. The
 report (`floods.json`, `floods.md` in `--out`) has per flood: probes answered, median and max latency, crashes
 (tritonserver's pid changed), peak and after-flood memory against idle. Pause other work on the machine first:
@@ -27,6 +28,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from serve.proxy import CLIENT_KEY_HEADER  # the probe is a client of its own (serve/proxy.py)
 
 SERVICE = "/inference.GRPCInferenceService/"
 PROBE_EVERY_S = 0.25
@@ -265,7 +268,12 @@ def _probe(http_url: str, model: str) -> float | None:
     host, port = http_url.rsplit(":", 1)
     connection = http.client.HTTPConnection(host, int(port), timeout=PROBE_TIMEOUT_S)
     try:
-        connection.request("POST", f"/v2/models/{model}/infer", body=_infer_body(["Hallo."], {"beam_size": 1}))
+        connection.request(
+            "POST",
+            f"/v2/models/{model}/infer",
+            body=_infer_body(["Hallo."], {"beam_size": 1}),
+            headers={CLIENT_KEY_HEADER: "probe"},  # a client of its own beside the flood's, on the same address
+        )
         answer = connection.getresponse()
         answer.read()
         return time.perf_counter() - begin if answer.status == 200 else None
