@@ -9,7 +9,6 @@ repository refuses naming the running server. The limit checks themselves run wi
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import shutil
@@ -35,7 +34,7 @@ from tritonclient.utils import InferenceServerException
 
 import export
 from export import runtime as rt
-from serve.bench.floods import render, run_flood
+from serve.bench.floods import post_raw, render, run_flood
 from serve.bench.prices import ROWS, measure, request_kinds
 from serve.http_infer import MAX_DEPTH
 from serve.log_collapse import CollapsingLog
@@ -213,19 +212,6 @@ NON_CANONICAL = (
 )
 
 
-def _raw_post(server: Server, path: str, body: bytes) -> int:
-    """POST with the path exactly as written (http.client sends it unnormalised, as an attacker would)."""
-    host, port = server.info.http_url.rsplit(":", 1)
-    connection = http.client.HTTPConnection(host, int(port), timeout=60)
-    try:
-        connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
-        answer = connection.getresponse()
-        answer.read()
-        return answer.status
-    finally:
-        connection.close()
-
-
 def test_non_canonical_paths_never_reach_triton(server) -> None:
     """Issue 84: `/./infer` and its kin were forwarded unchecked and normalised by Triton, so the classification
     body (SIGFPE) and 60k-deep nesting (SIGSEGV) crashed it again. Now each is refused at the front door."""
@@ -233,7 +219,7 @@ def test_non_canonical_paths_never_reach_triton(server) -> None:
     classify = _body({"inputs": [], "outputs": [{"name": "OUTPUT", "parameters": {"classification": 1}}]})
     for path in NON_CANONICAL:
         for body in (classify, _nested(60_000)):
-            assert _raw_post(server, path, body) in (400, 403, 404), path
+            assert post_raw(server.info.http_url, path, body) in (400, 403, 404), path
     assert server.info.pid == pid and server.alive() and _translate(server, "http") and _translate(server, "grpc")
 
 

@@ -58,21 +58,30 @@ def _grpc_request(model: str, texts: list[bytes], parameters: dict[str, Any]) ->
     return request.SerializeToString()
 
 
-def _post(http_url: str, path: str, body: bytes) -> int:
+def post_raw(http_url: str, path: str, body: bytes) -> int:
     host, port = http_url.rsplit(":", 1)
     connection = http.client.HTTPConnection(host, int(port), timeout=60)
-    try:
+    try:  # the path exactly as written: http.client sends it unnormalised, as an attacker would
         connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
         answer = connection.getresponse()
         answer.read()
         return answer.status
-    except OSError:
+    except OSError:  # refused or reset: no answer
         return 0
     finally:
         connection.close()
 
 
 # ---------------------------------------------------------------------------------------------- the floods
+def _in_threads(target: Callable[[], None], count: int) -> None:
+    """`count` threads running `target`, joined: one sender process keeping that many requests in flight."""
+    threads = [threading.Thread(target=target) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def _add(sent: Any) -> None:
     with sent.get_lock():
         sent.value += 1
@@ -89,7 +98,7 @@ def _non_canonical(urls: dict[str, str], model: str, until: float, sent: Any) ->
     while time.monotonic() < until:
         for tail in NON_CANONICAL:
             for body in (classify.encode(), nested):
-                _post(urls["http"], f"/v2/models/{model}{tail}", body)
+                post_raw(urls["http"], f"/v2/models/{model}{tail}", body)
                 _add(sent)
 
 
@@ -122,18 +131,14 @@ def _empty_inputs_4mb(urls: dict[str, str], model: str, until: float, sent: Any)
                     call(message, timeout=60)
                 _add(sent)
 
-    threads = [threading.Thread(target=send) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _in_threads(send, 4)
 
 
 def _nested_json_4mb(urls: dict[str, str], model: str, until: float, sent: Any) -> None:
     """A 4 MB JSON body of small nested arrays, sent back to back (≈ 2.6 CPU-seconds each in Python's JSON)."""
     body = b'{"inputs":[{"name":"TEXT","datatype":"BYTES","shape":[1,1],"data":[%s]}]}' % b",".join([b"[[]]"] * 790_000)
     while time.monotonic() < until:
-        _post(urls["http"], f"/v2/models/{model}/infer", body)
+        post_raw(urls["http"], f"/v2/models/{model}/infer", body)
         _add(sent)
 
 
@@ -141,7 +146,7 @@ def _many_parameters(urls: dict[str, str], model: str, until: float, sent: Any) 
     """100k request parameters (47 s of one core in Triton 2.51, quadratic)."""
     body = json.dumps({"parameters": {f"p{i}": 1 for i in range(100_000)}, "inputs": []}).encode()
     while time.monotonic() < until:
-        _post(urls["http"], f"/v2/models/{model}/infer", body)
+        post_raw(urls["http"], f"/v2/models/{model}/infer", body)
         _add(sent)
 
 
@@ -149,7 +154,7 @@ def _sampling(urls: dict[str, str], model: str, until: float, sent: Any) -> None
     """Sampled requests priced just under the express lane's limit (1 row × 8 samples × ≤ 125 tokens)."""
     body = _infer_body(["Hallo Welt."], {"beam_size": 1, "sampling": 1, "top_p": 0.9, "num_hypotheses": 8})
     while time.monotonic() < until:
-        _post(urls["http"], f"/v2/models/{model}/infer", body)
+        post_raw(urls["http"], f"/v2/models/{model}/infer", body)
         _add(sent)
 
 
@@ -177,14 +182,10 @@ def _maximum_cost(urls: dict[str, str], model: str, until: float, sent: Any) -> 
 
     def keep() -> None:
         while time.monotonic() < until:
-            _post(urls["http"], f"/v2/models/{model}/infer", body)
+            post_raw(urls["http"], f"/v2/models/{model}/infer", body)
             _add(sent)
 
-    threads = [threading.Thread(target=keep) for _ in range(40)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _in_threads(keep, 40)
 
 
 def _trickled_bodies(urls: dict[str, str], model: str, until: float, sent: Any) -> None:
