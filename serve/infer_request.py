@@ -52,8 +52,10 @@ class InferRequest:
     outputs: dict[str, Output] = field(default_factory=dict)
 
     def fingerprint(self) -> bytes:
-        """What identifies the request's work (not its id): the gate remembers the ones in flight at a crash."""
-        return encode_grpc(InferRequest(self.model, self.version, "", self.parameters, self.inputs, self.outputs))
+        """What identifies the request's work (not its id), the same over HTTP and gRPC: the gate remembers the
+        ones in flight at a crash. Its fields as they are, not a second encoding of the request."""
+        outputs = sorted((o.name, o.binary) for o in self.outputs.values())
+        return repr((self.model.name, self.version, sorted(self.parameters.items()), self.inputs, outputs)).encode()
 
 
 class RequestBuilder:
