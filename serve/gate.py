@@ -11,11 +11,14 @@ against the model (serve/infer_request.py) and re-encoded; metadata and health r
 name and version. gRPC streams end at the gate: each message becomes a unary call to Triton, and a client that
 cancels cancels nothing inside Triton — every upstream call runs to its end, its answer dropped. A request that was
 in flight at two crashes within 10 minutes, unanswered in between, is refused for 10 minutes
-(serve/crash_memory.py), so a client repeating a crashing request cannot keep Triton down. The fronts are
-serve/gate_http.py and serve/gate_grpc.py; this file runs them as a process.
+(serve/crash_memory.py), so a client repeating a crashing request cannot keep Triton down. Behind the gate run one or
+more tritonserver replicas: each call goes to the least busy one that is up and, when it broke off or could not be
+reached, once more to another (serve/upstreams.py). The fronts are serve/gate_http.py and serve/gate_grpc.py; this
+file runs them as a process.
 
 nginx keeps what it does well (connection limits, body caps, timeouts, compressed bodies refused). While Triton is
-down (the supervisor restarting it, serve/supervisor.py) the gate answers 503 / UNAVAILABLE "restarting; retry".
+down — every replica at once (the supervisor restarting them, serve/supervisor.py) — the gate answers 503 /
+UNAVAILABLE "restarting; retry".
 """
 
 from __future__ import annotations
@@ -35,11 +38,13 @@ import time
 from pathlib import Path
 
 from serve.errors import ServeError
-from serve.gate_config import GateConfig, UpstreamCalls
+from serve.gate_config import GateConfig
 from serve.gate_grpc import grpc_server
 from serve.gate_http import http_app
+from serve.gate_metrics import metrics_app
 from serve.launch import memory_returning_env
 from serve.log_collapse import receive_syslog
+from serve.upstreams import Upstreams
 
 GATE_CONFIG = "gate.json"  # in the server's state dir
 GATE_LOG = "gate.log"
@@ -63,12 +68,19 @@ async def serve(config: GateConfig) -> None:
     """Run both fronts until SIGTERM / SIGINT."""
     from aiohttp import web
 
-    calls = UpstreamCalls()
-    runner = web.AppRunner(http_app(config, calls), access_log=None)
+    upstreams = Upstreams.on_ports(
+        list(config.triton_http_ports), config.triton_grpc_ports and list(config.triton_grpc_ports)
+    )
+    runner = web.AppRunner(http_app(config, upstreams), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", config.http_port, reuse_address=True)
     await site.start()
-    grpc = grpc_server(config, calls) if config.grpc_port else None
+    metrics = None
+    if config.metrics_port:
+        metrics = web.AppRunner(metrics_app(config), access_log=None)
+        await metrics.setup()
+        await web.TCPSite(metrics, "127.0.0.1", config.metrics_port, reuse_address=True).start()
+    grpc = grpc_server(config, upstreams) if config.grpc_port else None
     if grpc is not None:
         await grpc.start()
     nginx_log = None
@@ -91,6 +103,8 @@ async def serve(config: GateConfig) -> None:
     if grpc is not None:
         await grpc.stop(2)
     await runner.cleanup()
+    if metrics is not None:
+        await metrics.cleanup()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -128,7 +142,8 @@ def start_gate(state: Path, config: GateConfig, detach: bool = False, timeout: f
         if process.poll() is not None:
             tail = (state / "gate.stdout.log").read_text(errors="replace").strip()[-500:]
             raise GateError(f"the request gate exited with code {process.returncode} while starting: {tail}")
-        if _listening(config.http_port) and (config.grpc_port is None or _listening(config.grpc_port)):
+        ports = [p for p in (config.http_port, config.grpc_port, config.metrics_port) if p]
+        if all(_listening(port) for port in ports):
             return process
         time.sleep(0.1)
     process.kill()

@@ -3,15 +3,15 @@ rebuilt, streams ended here — each message one unary call to Triton that runs 
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from serve.gate_config import ADMIN_KEY, RESTARTING, UNREACHABLE, GateConfig, UpstreamCalls
+from serve.gate_config import ADMIN_KEY, RESTARTING, UNREACHABLE, GateConfig
 from serve.grpc_infer import read_grpc_infer, read_model_name
 from serve.infer_request import RequestRefused, encode_grpc
 from serve.launch import GRPC_ADMIN_HEADER
 from serve.served_models import served_extensions
+from serve.upstreams import Replica, UpstreamLost, Upstreams
 from serve.wire import encode_len_field
 
 MAX_SMALL_MESSAGE = 4096  # a health, metadata, index or settings request is a few bytes: more is not one of them
@@ -20,48 +20,48 @@ SERVICE = "/inference.GRPCInferenceService/"
 PUBLIC_METHODS = ("ServerLive", "ServerReady", "ServerMetadata", "ModelReady", "ModelMetadata", "ModelConfig")
 ADMIN_METHODS = ("RepositoryIndex", "ModelStatistics", "LogSettings", "TraceSetting")
 
-GRPC_RETRY = json.dumps(
-    {
-        "methodConfig": [
-            {
-                "name": [{}],
-                "retryPolicy": {
-                    "maxAttempts": 3,
-                    "initialBackoff": "0.2s",
-                    "maxBackoff": "0.5s",
-                    "backoffMultiplier": 2.5,
-                    "retryableStatusCodes": ["UNAVAILABLE"],
-                },
-            }
-        ]
-    }
-)
 
-
-def grpc_server(config: GateConfig, calls: UpstreamCalls | None = None) -> Any:
+def grpc_server(config: GateConfig, upstreams: Upstreams) -> Any:
     """A grpc.aio server answering the methods the gate names (PUBLIC_METHODS, ModelInfer, ModelStreamInfer, and
     ADMIN_METHODS with the admin key); each request Triton receives is one the gate built."""
     import grpc
     from tritonclient.grpc import service_pb2
 
-    calls = calls or UpstreamCalls()
-    channel = grpc.aio.insecure_channel(
-        f"127.0.0.1:{config.triton_grpc_port}",
-        options=[
-            ("grpc.max_receive_message_length", -1),
-            ("grpc.max_send_message_length", -1),
-            # reconnect within a second of a restarted tritonserver (gRPC's default back-off grows to 120 s)
-            ("grpc.initial_reconnect_backoff_ms", 200),
-            ("grpc.min_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", 1000),
-            # a call that never reached Triton (connection reset, Triton restarting) is tried again, up to 3 times
-            # within ~0.7 s: every request the gate builds is side-effect free
-            ("grpc.enable_retries", 1),
-            ("grpc.service_config", GRPC_RETRY),
-        ],
-    )
+    def channel(port: int | None) -> Any:
+        return grpc.aio.insecure_channel(
+            f"127.0.0.1:{port}",
+            options=[
+                ("grpc.max_receive_message_length", -1),
+                ("grpc.max_send_message_length", -1),
+                # reconnect within a second of a restarted tritonserver (gRPC's default back-off grows to 120 s)
+                ("grpc.initial_reconnect_backoff_ms", 200),
+                ("grpc.min_reconnect_backoff_ms", 200),
+                ("grpc.max_reconnect_backoff_ms", 1000),
+                # no retries by the channel: a call that did not reach Triton is the gate's to retry, on another
+                # replica (serve/upstreams.py)
+                ("grpc.enable_retries", 0),
+            ],
+        )
+
+    methods = (*PUBLIC_METHODS, *ADMIN_METHODS, "ModelInfer")
+    stubs = {r.index: {m: channel(r.grpc_port).unary_unary(SERVICE + m) for m in methods} for r in upstreams.replicas}
     invalid = grpc.StatusCode.INVALID_ARGUMENT
-    upstream = {m: channel.unary_unary(SERVICE + m) for m in (*PUBLIC_METHODS, *ADMIN_METHODS, "ModelInfer")}
+
+    def lost(exc: grpc.aio.AioRpcError) -> UpstreamLost | None:
+        """The UpstreamLost a failed call stands for (None: it is an answer of Triton's)."""
+        details = (exc.details() or "").lower()
+        if exc.code() != grpc.StatusCode.UNAVAILABLE or not any(s in details for s in UNREACHABLE):
+            return None
+        return UpstreamLost(broke_off="failed to connect" not in details and "refused" not in details, detail=details)
+
+    def call(method: str, built: bytes, metadata: tuple[tuple[str, str], ...] = ()) -> Any:
+        async def send(replica: Replica) -> bytes:
+            try:
+                return await stubs[replica.index][method](built, metadata=metadata, timeout=config.upstream_timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                raise (lost(exc) or exc) from None
+
+        return send
 
     def admin_metadata(context: Any) -> tuple[tuple[str, str], ...]:
         for item in context.invocation_metadata() or ():
@@ -82,22 +82,13 @@ def grpc_server(config: GateConfig, calls: UpstreamCalls | None = None) -> Any:
         message.DiscardUnknownFields()
         return message.SerializeToString()
 
-    def lost_triton(exc: grpc.aio.AioRpcError) -> bool:
-        """Whether a call failed because Triton could not be reached or broke off (not an answer of Triton's)."""
-        return exc.code() == grpc.StatusCode.UNAVAILABLE and any(
-            s in (exc.details() or "").lower() for s in UNREACHABLE
-        )
-
-    async def relay_error(exc: grpc.aio.AioRpcError, context: Any) -> None:
-        await context.abort(exc.code(), RESTARTING if lost_triton(exc) else exc.details() or "")
-
     def unary(method: str) -> Callable[..., Any]:
         async def handle(request: bytes, context: Any) -> bytes:
             refusal, digest = "", b""
             try:
                 if method == "ModelInfer":
                     infer = read_grpc_infer(request, config.models)
-                    built, digest = encode_grpc(infer), calls.memory.digest(infer.fingerprint())
+                    built, digest = encode_grpc(infer), upstreams.memory.digest(infer.fingerprint())
                 else:
                     built = rebuilt(method, request)
             except RequestRefused as exc:
@@ -107,19 +98,16 @@ def grpc_server(config: GateConfig, calls: UpstreamCalls | None = None) -> Any:
             del request  # a refused message is not kept alive by the abort's traceback
             if refusal:
                 await context.abort(invalid, refusal)
-            wait = calls.memory.refused_for(digest) if digest else 0.0
+            wait = upstreams.memory.refused_for(digest) if digest else 0.0
             if wait:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, calls.memory.message(wait))
+                await context.abort(grpc.StatusCode.UNAVAILABLE, upstreams.memory.message(wait))
             metadata = admin_metadata(context) if method in ADMIN_METHODS else ()
-            token = calls.memory.begin(digest) if digest else 0
             try:
-                answer = await calls.run(upstream[method](built, metadata=metadata, timeout=config.upstream_timeout_s))
-            except grpc.aio.AioRpcError as exc:
-                if token:
-                    calls.memory.end(token, reached=not lost_triton(exc))
-                await relay_error(exc, context)
-            if token:
-                calls.memory.end(token, reached=True)
+                answer = await upstreams.call(digest, call(method, built, metadata))
+            except UpstreamLost:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, RESTARTING)
+            except grpc.aio.AioRpcError as exc:  # Triton's own answer
+                await context.abort(exc.code(), exc.details() or "")
             if method == "ServerMetadata":
                 meta = service_pb2.ServerMetadataResponse.FromString(answer)
                 kept = served_extensions(list(meta.extensions))
@@ -144,23 +132,22 @@ def grpc_server(config: GateConfig, calls: UpstreamCalls | None = None) -> Any:
             if refusal:
                 yield encode_len_field(1, refusal.encode())
                 continue
-            built, digest = encode_grpc(infer), calls.memory.digest(infer.fingerprint())
-            wait = calls.memory.refused_for(digest)
+            built, digest = encode_grpc(infer), upstreams.memory.digest(infer.fingerprint())
+            wait = upstreams.memory.refused_for(digest)
             if wait:
-                yield encode_len_field(1, calls.memory.message(wait).encode())
+                yield encode_len_field(1, upstreams.memory.message(wait).encode())
                 continue
-            token = calls.memory.begin(digest)
             try:
-                answer = await calls.run(upstream["ModelInfer"](built, timeout=config.upstream_timeout_s))
-            except grpc.aio.AioRpcError as exc:
-                calls.memory.end(token, reached=not lost_triton(exc))
-                details = RESTARTING if lost_triton(exc) else exc.details() or str(exc.code())
-                yield encode_len_field(1, details.encode())
+                answer = await upstreams.call(digest, call("ModelInfer", built))
+            except UpstreamLost:
+                yield encode_len_field(1, RESTARTING.encode())
                 continue
-            calls.memory.end(token, reached=True)
+            except grpc.aio.AioRpcError as exc:
+                yield encode_len_field(1, (exc.details() or str(exc.code())).encode())
+                continue
             yield encode_len_field(2, answer)
 
-    handlers = {SERVICE + m: grpc.unary_unary_rpc_method_handler(unary(m)) for m in upstream}
+    handlers = {SERVICE + m: grpc.unary_unary_rpc_method_handler(unary(m)) for m in methods}
     handlers[SERVICE + "ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(stream)
 
     class Served(grpc.GenericRpcHandler):

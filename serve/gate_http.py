@@ -11,11 +11,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from serve.gate_config import ADMIN_KEY, RESTARTING, GateConfig, UpstreamCalls
+from serve.gate_config import ADMIN_KEY, RESTARTING, GateConfig
 from serve.http_infer import read_http_infer
 from serve.infer_request import RequestRefused, encode_http, infer_path, shown
 from serve.launch import ADMIN_HEADER
 from serve.served_models import served_extensions
+from serve.upstreams import Replica, UpstreamLost, Upstreams
 
 # the characters of a canonical path; anything else (a percent escape, a backslash, a semicolon) is not served
 PATH_CHARACTERS = re.compile(r"^[A-Za-z0-9_.\-/]+$")
@@ -57,13 +58,11 @@ def canonical_route(method: str, raw_path: str) -> Route | str:
     return Route(kind, path, match.group(1), match.group(2) or "", what)
 
 
-def http_app(config: GateConfig, calls: UpstreamCalls | None = None) -> Any:
+def http_app(config: GateConfig, upstreams: Upstreams) -> Any:
     """An aiohttp application answering the allow-list of routes; Triton receives requests the gate built."""
-    from aiohttp import ClientConnectionError, ClientError, ClientSession, ClientTimeout, TCPConnector, web
+    from aiohttp import ClientConnectorError, ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
-    upstream = f"http://127.0.0.1:{config.triton_http_port}"
     sessions: list[ClientSession] = []
-    calls = calls or UpstreamCalls()
 
     async def open_session(app: web.Application) -> None:
         sessions.append(
@@ -82,9 +81,18 @@ def http_app(config: GateConfig, calls: UpstreamCalls | None = None) -> Any:
     def refuse(status: int, message: str) -> web.Response:
         return web.json_response({"error": message}, status=status)
 
-    async def fetch(method: str, path: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, bytes, Any]:
-        async with sessions[0].request(method, upstream + path, data=body, headers=headers) as answer:
-            return answer.status, await answer.read(), answer.headers
+    def fetch(method: str, path: str, body: bytes | None, headers: dict[str, str]) -> Any:
+        async def send(replica: Replica) -> tuple[int, bytes, Any]:
+            url = f"http://127.0.0.1:{replica.http_port}{path}"
+            try:
+                async with sessions[0].request(method, url, data=body, headers=headers) as answer:
+                    return answer.status, await answer.read(), answer.headers
+            except ClientConnectorError as exc:  # not reached: restarting, or down
+                raise UpstreamLost(broke_off=False, detail=str(exc)) from None
+            except (ClientError, asyncio.TimeoutError) as exc:  # reached, and the answer broke off
+                raise UpstreamLost(broke_off=True, detail=str(exc)) from None
+
+        return send
 
     async def handle(request: web.Request) -> web.StreamResponse:
         route = canonical_route(request.method, request.raw_path)
@@ -104,11 +112,13 @@ def http_app(config: GateConfig, calls: UpstreamCalls | None = None) -> Any:
                     built = read_http_infer(await request.read(), header_length, model, route.version)
                 except RequestRefused as exc:
                     return refuse(400, str(exc))
-                digest = calls.memory.digest(built.fingerprint())
-                wait = calls.memory.refused_for(digest)
+                digest = upstreams.memory.digest(built.fingerprint())
+                wait = upstreams.memory.refused_for(digest)
                 if wait:
                     return web.json_response(
-                        {"error": calls.memory.message(wait)}, status=503, headers={"Retry-After": str(math.ceil(wait))}
+                        {"error": upstreams.memory.message(wait)},
+                        status=503,
+                        headers={"Retry-After": str(math.ceil(wait))},
                     )
                 body, head = encode_http(built)
                 path = infer_path(built)
@@ -121,23 +131,10 @@ def http_app(config: GateConfig, calls: UpstreamCalls | None = None) -> Any:
             except (ValueError, AttributeError):
                 return refuse(400, 'the repository index request must be a JSON object such as {"ready": true}')
             body = json.dumps({"ready": bool(ready)}).encode()
-        token = calls.memory.begin(digest) if digest else 0
-        status = 0
         try:
-            for attempt in range(2):
-                try:
-                    status, data, answer_headers = await calls.run(fetch(request.method, path, body, headers))
-                    break
-                except ClientConnectionError:
-                    # a pooled keep-alive connection Triton had closed, or Triton restarting: once more on a fresh
-                    # connection (every request the gate builds is side-effect free: inference, metadata, health)
-                    if attempt:
-                        return refuse(503, RESTARTING)
-                except (ClientError, asyncio.TimeoutError):  # an answer that broke off
-                    return refuse(503, RESTARTING)
-        finally:
-            if token:
-                calls.memory.end(token, reached=status != 0)
+            status, data, answer_headers = await upstreams.call(digest, fetch(request.method, path, body, headers))
+        except UpstreamLost:
+            return refuse(503, RESTARTING)
         if path == "/v2" and status == 200:
             data = _served_metadata(data)
         kept = {k: answer_headers[k] for k in ANSWER_HEADERS if k in answer_headers}

@@ -21,7 +21,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from serve.errors import ServerError
-from serve.server_settings import Ports, ServerSettings, grpc_proxied
+from serve.server_settings import ServerSettings, TritonPorts, grpc_proxied
 
 SHM_PREFIX_ARG = "--backend-config=python,shm-region-prefix-name="
 LOGS_KEPT = 5  # server.log of this start, server.log.1 of the one before, … server.log.5
@@ -155,29 +155,42 @@ def log_errors(log: Path, limit: int = 12) -> str:
     return "\n".join([*(picked or lines)[-limit:], *fix])
 
 
-def triton_command(repo: Path, state: Path, settings: ServerSettings, ports: Ports, shm_prefix: str) -> list[str]:
-    """tritonserver's command line: the wheel's backend links, the listeners, no pinned memory (CPU-only
-    machines), this server's shm prefix, strict readiness, and the admin key when `settings.restrict`."""
+def triton_command(
+    repo: Path, state: Path, settings: ServerSettings, ports: TritonPorts, shm_prefix: str, admin_key: str | None
+) -> list[str]:
+    """One tritonserver's command line: the wheel's backend links, its listeners, no pinned memory (CPU-only
+    machines), its shm prefix, strict readiness, and with `admin_key` (write_admin_key) RESTRICTED_APIS behind it.
+    The key is on tritonserver's command line, so local users can read it with `ps`: this guards against network
+    clients, not against other accounts on the same machine."""
     listen = "127.0.0.1" if settings.proxy is not None else settings.host  # HTTP and metrics: behind nginx
     listen_grpc = "127.0.0.1" if grpc_proxied(settings) else settings.host
+    apis = ",".join(RESTRICTED_APIS)
+    restriction = (
+        [
+            f"--http-restricted-api={apis}:{ADMIN_HEADER}={admin_key}",
+            f"--grpc-restricted-protocol={apis}:{ADMIN_HEADER}={admin_key}",
+        ]
+        if admin_key is not None
+        else []
+    )
     return [
         str(wheel_dir() / "bin" / "tritonserver"),
         f"--model-repository={repo}",
         f"--backend-directory={backend_dir(state)}",
         f"--http-address={listen}",
-        f"--http-port={ports.triton_http}",
+        f"--http-port={ports.http}",
         f"--grpc-address={listen_grpc}",
-        f"--grpc-port={ports.triton_grpc}",
+        f"--grpc-port={ports.grpc}",
         f"--allow-metrics={str(settings.metrics).lower()}",
         f"--metrics-address={listen}",
-        f"--metrics-port={ports.triton_metrics}",
+        f"--metrics-port={ports.metrics}",
         "--allow-gpu-metrics=false",
         "--pinned-memory-pool-byte-size=0",
         f"{SHM_PREFIX_ARG}{shm_prefix}",
         "--strict-readiness=true",
         "--exit-on-error=true",
         f"--log-verbose={int(settings.log_verbose)}",
-        *(_restriction_args(state) if settings.restrict else ()),
+        *restriction,
         *settings.extra_args,
     ]
 
@@ -216,18 +229,13 @@ def relaunch_triton(cmd: list[str], log: Path, detach: bool) -> subprocess.Popen
         )
 
 
-def _restriction_args(state: Path) -> list[str]:
-    """A fresh admin key (written 0600 before the server sees it) and the flags restricting RESTRICTED_APIS on
-    HTTP and gRPC. The key is on tritonserver's command line, so local users can read it with `ps`: this guards
-    against network clients, not against other accounts on the same machine."""
+def write_admin_key(state: Path) -> str:
+    """A fresh admin key for RESTRICTED_APIS, written 0600 to `<state>/admin_key` before any server sees it; every
+    replica of the server takes the same one."""
     key = secrets.token_urlsafe(24)
     path = state / ADMIN_KEY_FILE
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(key + "\n")
-    apis = ",".join(RESTRICTED_APIS)
-    return [
-        f"--http-restricted-api={apis}:{ADMIN_HEADER}={key}",
-        f"--grpc-restricted-protocol={apis}:{ADMIN_HEADER}={key}",
-    ]
+    return key

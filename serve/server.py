@@ -1,12 +1,16 @@
-"""Run the pytriton wheel's `tritonserver` on a model repository and keep it serving: start it (serve/launch.py
-builds the command and environment the wheel's binary needs), wait until every model is ready, put the request
-gate and nginx in front, let the supervisor restart what crashes, and stop it all with its shared-memory regions
-(serve/shm.py: every server started here gets its own region prefix, so exactly its regions are removed).
-ServerSettings and the ports are serve/server_settings.py.
+"""Run the pytriton wheel's `tritonserver` on a model repository and keep it serving: start its replicas
+(serve/triton_replica.py; serve/launch.py builds the command and environment the wheel's binary needs), wait until
+every model is ready, put the request gate and nginx in front, let the supervisor restart what crashes, and stop it
+all with its shared-memory regions (serve/shm.py: every tritonserver started here gets its own region prefix, so
+exactly its regions are removed). ServerSettings and the ports are serve/server_settings.py.
+
+Why replicas: tritonserver 2.51 can be crashed, and a restart takes seconds. With two (the default) behind the gate,
+the other serves meanwhile and the gate retries the dead one's requests there (serve/upstreams.py).
 
 State of a started server lives in `<repo>.serve/` (beside the repository — Triton would try to load any
-directory inside it): `server.json` (pid, ports, shm prefix), `server.pid`, `server.log` (the logs of earlier
-starts rotated to `server.log.1` … `.5`), `backends/`; it is also tritonserver's working directory.
+directory inside it): `server.json` (pids, ports, shm prefixes), `server.pid`, `server.log` (the supervisor's
+account: crashes and restarts), `triton.<i>.log` (each replica's own; those of earlier starts rotated to
+`triton.<i>.log.1` … `.5`), `backends/`; it is also tritonserver's working directory.
 """
 
 from __future__ import annotations
@@ -14,12 +18,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import signal
 import subprocess
+import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -33,19 +35,25 @@ from serve.launch import (
     ADMIN_KEY_FILE,
     GRPC_ADMIN_HEADER,
     LOGS_KEPT,
-    SHM_PREFIX_ARG,
     check_repository,
-    launch_triton,
-    log_errors,
-    relaunch_triton,
     triton_command,
+    write_admin_key,
 )
 from serve.proxy import PROXY_DIR, ProxySettings, start_proxy, stop_proxy
 from serve.served_models import ServedModel, served_models
-from serve.server_settings import Ports, ServerSettings, free_udp_port, grpc_proxied, pick_ports
-from serve.shm import OUR_SHM, clean_stale_shm, kill_stubs, remove_shm, remove_unmapped_shm
+from serve.server_settings import Ports, ServerSettings, free_udp_port, pick_ports
+from serve.shm import clean_stale_shm, kill_stubs, remove_shm
 from serve.state_lock import StateLock, StateLocked, acquire, request_stop
 from serve.supervisor import PROXY_LOG_BYTES, SERVER_LOG_BYTES, Supervisor
+from serve.triton_replica import (
+    TritonInfo,
+    TritonReplica,
+    fresh_shm_prefix,
+    http_get,
+    is_tritonserver,
+    pid_alive,
+    stop_pid,
+)
 
 STATE_FILE = "server.json"
 
@@ -54,25 +62,45 @@ STATE_FILE = "server.json"
 class ServerInfo:
     """What `serve.stop`, clients and tests need to know about a running server (saved as server.json)."""
 
-    pid: int
     repo: str
     host: str
     http_port: int
     grpc_port: int
     metrics_port: int
-    shm_prefix: str
-    log: str
+    log: str  # the supervisor's account (crashes, restarts); each replica logs to its own (TritonInfo.log)
     state_dir: str
+    tritons: list[TritonInfo] = field(default_factory=list)  # the replicas, in order
     models: list[str] = field(default_factory=list)
     admin_key_file: str | None = None  # None: the non-inference APIs were left open (restrict=false)
-    triton_http_port: int | None = None  # Triton's own HTTP listener (loopback) when nginx serves http_port
+    proxied: bool = True  # nginx serves the public ports; the replicas listen on loopback ports
     proxy_pid: int | None = None
     metrics: bool = True  # Triton's Prometheus endpoint (GET /metrics on metrics_port) is on
-    triton_metrics_port: int | None = None  # Triton's own metrics listener (loopback) when nginx serves metrics_port
-    triton_grpc_port: int | None = None  # Triton's own gRPC listener (loopback) when nginx serves grpc_port
     gate_pid: int | None = None  # the validating gate between nginx and Triton (serve/gate.py)
-    state: str = "starting"  # starting | ready | restarting (the supervisor restarts a crashed tritonserver)
+    state: str = "starting"  # starting | ready | degraded (a replica restarting, the others serve) | restarting
     launcher_pid: int | None = None  # the process supervising it (serve.start, or whoever called Server.start)
+
+    @classmethod
+    def from_json(cls, raw: dict) -> ServerInfo:
+        if "pid" in raw:  # written before replicas (one tritonserver, its fields at the top): read as one replica
+            old = {k: raw.pop(k, None) for k in ("pid", "shm_prefix", "triton_http_port", "triton_grpc_port")}
+            metrics = raw.pop("triton_metrics_port", None)
+            raw["proxied"] = old["triton_http_port"] is not None
+            raw["tritons"] = [
+                {
+                    "pid": old["pid"],
+                    "http_port": old["triton_http_port"] or raw["http_port"],
+                    "grpc_port": old["triton_grpc_port"] or raw["grpc_port"],
+                    "metrics_port": metrics or raw["metrics_port"],
+                    "shm_prefix": old["shm_prefix"],
+                    "log": raw["log"],
+                }
+            ]
+        return cls(**{**raw, "tritons": [TritonInfo(**t) for t in raw.get("tritons", [])]})
+
+    @property
+    def pids(self) -> list[int]:
+        """Each replica's tritonserver pid, in order."""
+        return [t.pid for t in self.tritons]
 
     @property
     def http_url(self) -> str:
@@ -81,9 +109,9 @@ class ServerInfo:
 
     @property
     def triton_http_url(self) -> str:
-        """Triton's own HTTP listener: behind the proxy a loopback port for this machine's admin tools (the
-        proxy passes only inference, metadata and health)."""
-        return f"127.0.0.1:{self.triton_http_port}" if self.triton_http_port else self.http_url
+        """The first replica's own HTTP listener: behind the proxy a loopback port for this machine's admin tools
+        (the proxy passes only inference, metadata and health); its statistics are that replica's."""
+        return f"127.0.0.1:{self.tritons[0].http_port}" if self.proxied else self.http_url
 
     @property
     def grpc_url(self) -> str:
@@ -92,8 +120,8 @@ class ServerInfo:
 
     @property
     def triton_grpc_url(self) -> str:
-        """Triton's own gRPC listener (a loopback port behind the proxy)."""
-        return f"127.0.0.1:{self.triton_grpc_port}" if self.triton_grpc_port else self.grpc_url
+        """The first replica's own gRPC listener (a loopback port behind the proxy)."""
+        return f"127.0.0.1:{self.tritons[0].grpc_port}" if self.proxied else self.grpc_url
 
     @property
     def metrics_url(self) -> str:
@@ -109,35 +137,6 @@ def state_dir_for(repo: Path) -> Path:
     return repo.parent / f"{repo.name}.serve"
 
 
-def _http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via an http_proxy
-    try:
-        with opener.open(url, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):  # a zombie (exited, not yet reaped) is not alive
-        if Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z"):
-            return False
-    return True
-
-
-def _is_tritonserver(pid: int) -> bool:
-    try:
-        return "tritonserver" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
-
-
 def claim_state_dir(repo: Path, state_dir: str | Path | None) -> tuple[Path, StateLock]:
     """The server's state dir, created, and its lock (serve/state_lock.py) held; a ServerError naming the running
     server's pids and ports while another start holds it, or while a server started from it still runs (its
@@ -149,29 +148,31 @@ def claim_state_dir(repo: Path, state_dir: str | Path | None) -> tuple[Path, Sta
     except StateLocked as exc:
         raise ServerError(str(exc)) from None
     previous = read_info(state)
-    if previous and _alive(previous.pid) and _is_tritonserver(previous.pid):
+    running = [pid for pid in previous.pids if pid_alive(pid) and is_tritonserver(pid)] if previous else []
+    if previous and running:
         lock.release()
         raise ServerError(
-            f"a server already runs from {state} (tritonserver pid {previous.pid}, HTTP {previous.http_url}, "
+            f"a server already runs from {state} (tritonserver pid {', '.join(map(str, running))}, "
+            f"HTTP {previous.http_url}, "
             f"gRPC {previous.grpc_url}); stop it with `python -m serve.stop repo={repo}`"
         )
     return state, lock
 
 
 class Server:
-    """A tritonserver process started on a repository; `stop()` ends it and removes its shm regions."""
+    """tritonserver replicas started on a repository (with the gate and nginx in front); `stop()` ends them all and
+    removes their shm regions."""
 
-    def __init__(self, info: ServerInfo, process: subprocess.Popen | None = None) -> None:
+    def __init__(self, info: ServerInfo, replicas: list[TritonReplica] | None = None) -> None:
         self.info = info
-        self.process = process
+        self.replicas = replicas or []
         self.proxy_process: subprocess.Popen | None = None
         self.gate_process: subprocess.Popen | None = None
         self.supervisor: Supervisor | None = None
         self._lock: StateLock | None = None
-        self._command: list[str] = []
         self._settings = ServerSettings()
         self._gate_config: GateConfig | None = None
-        self._old_prefixes: list[str] = []
+        self._saving = threading.Lock()
 
     @classmethod
     def start(
@@ -182,10 +183,11 @@ class Server:
         cancelled: Callable[[], bool] | None = None,
         **overrides: Any,
     ) -> Server:
-        """Launch tritonserver on `repo`, wait until every model is ready, then put nginx in front of it.
-        `overrides` are ServerSettings fields that replace those of `settings` (`Server.start(repo,
-        http_port=0)`). `cancelled()` true while waiting (e.g. a signal arrived) stops the server and raises
-        ServerError; any other failure once the process runs also stops it before the error propagates."""
+        """Launch `settings.replicas` tritonservers on `repo`, wait until each has every model ready, then put the
+        gate and nginx in front. `overrides` are ServerSettings fields that replace those of `settings`
+        (`Server.start(repo, http_port=0)`). `cancelled()` true while waiting (e.g. a signal arrived) stops the
+        server and raises ServerError; any other failure once a process runs also stops it before the error
+        propagates."""
         settings = replace(settings or ServerSettings(), **overrides)
         repo = Path(repo).resolve()
         models = check_repository(repo)
@@ -193,45 +195,49 @@ class Server:
         try:
             ports = pick_ports(settings)
             clean_stale_shm()
-            prefix = f"{OUR_SHM}{secrets.token_hex(4)}_"
-            log = state / "server.log"
-            command = triton_command(repo, state, settings, ports, prefix)
-            process = launch_triton(command, log, settings.detach)
+            key = write_admin_key(state) if settings.restrict else None
+            replicas = [
+                TritonReplica(
+                    i,
+                    triton_command(repo, state, settings, triton_ports, fresh_shm_prefix(), key),
+                    triton_ports,
+                    state / f"triton.{i}.log",
+                    settings.detach,
+                )
+                for i, triton_ports in enumerate(ports.tritons)
+            ]
         except BaseException:
             lock.release()
             raise
-        proxied = settings.proxy is not None
         info = ServerInfo(
-            pid=process.pid,
             repo=str(repo),
             host=settings.host,
             http_port=ports.http,
             grpc_port=ports.grpc,
             metrics_port=ports.metrics,
-            shm_prefix=prefix,
-            log=str(log),
+            log=str(state / "server.log"),
             state_dir=str(state),
             models=models,
             admin_key_file=str(state / ADMIN_KEY_FILE) if settings.restrict else None,
-            triton_http_port=ports.triton_http if proxied else None,
+            proxied=settings.proxy is not None,
             metrics=settings.metrics,
-            triton_metrics_port=ports.triton_metrics if proxied and settings.metrics else None,
-            triton_grpc_port=ports.triton_grpc if grpc_proxied(settings) else None,
             launcher_pid=os.getpid(),
         )
-        server = cls(info, process)
-        server._lock, server._command, server._settings = lock, command, settings
+        server = cls(info, replicas)
+        server._lock, server._settings = lock, settings
         try:  # from here on, any failure or interrupt stops what was started
+            for replica in replicas:
+                replica.launch()
             server.save_state()
-            (state / "server.pid").write_text(f"{process.pid}\n")
             if settings.proxy is not None and ports.gate_http is not None:  # starts while Triton loads its models
                 server.add_gate(ports, served_models(repo), settings.proxy)
-            server.wait_ready(settings.timeout, cancelled)
+            for replica in replicas:
+                replica.wait_ready(settings.timeout, cancelled)
             if settings.proxy is not None:
                 server.add_proxy(settings.proxy, ports, detach=settings.detach)
             server.set_state("ready")
             if settings.supervise:
-                server.supervisor = Supervisor(server, state, log, settings.restart)
+                server.supervisor = Supervisor(server, state, Path(info.log), settings.restart)
                 server.supervisor.start()
         except BaseException:
             server.stop()
@@ -239,19 +245,21 @@ class Server:
         return server
 
     def add_gate(self, ports: Ports, models: dict[str, ServedModel], proxy: ProxySettings) -> None:
-        """The validating gate (serve/gate.py) on loopback, forwarding to Triton's own listeners."""
+        """The validating gate (serve/gate.py) on loopback, routing to every replica's own listeners."""
         assert ports.gate_http is not None
         self._gate_config = GateConfig(
             http_port=ports.gate_http,
-            triton_http_port=ports.triton_http,
+            triton_http_ports=tuple(t.http for t in ports.tritons),
             grpc_port=ports.gate_grpc,
-            triton_grpc_port=ports.triton_grpc if ports.gate_grpc else None,
+            triton_grpc_ports=tuple(t.grpc for t in ports.tritons) if ports.gate_grpc else None,
             max_body_bytes=int(proxy.max_body_mb * 1024 * 1024),
             upstream_timeout_s=float(proxy.upstream_timeout_s),
             models=models,
             log=str(Path(self.info.state_dir) / "gate.log"),
             nginx_log_port=free_udp_port(),
             nginx_log=str(Path(self.info.state_dir) / PROXY_DIR / "error.log"),
+            metrics_port=ports.gate_metrics,
+            triton_metrics_ports=tuple(t.metrics for t in ports.tritons) if ports.gate_metrics else (),
         )
         self.gate_process = start_gate(Path(self.info.state_dir), self._gate_config, detach=self._settings.detach)
         self.info.gate_pid = self.gate_process.pid
@@ -259,16 +267,19 @@ class Server:
 
     # ------------------------------------------------------------------ what the supervisor needs (Supervised)
     def children(self) -> dict[str, Callable[[], int | None]]:
-        watched: dict[str, Callable[[], int | None]] = {}
-        if self.process is not None:
-            watched["tritonserver"] = self.process.poll
+        watched: dict[str, Callable[[], int | None]] = {r.name: r.poll for r in self.replicas if r.process}
         if self.gate_process is not None:
             watched["gate"] = self.gate_process.poll
         return watched
 
+    def others_serving(self, name: str) -> bool:
+        """Whether a replica other than `name` is up: the supervisor's back-off may then wait; else it restarts
+        at once (never zero replicas serving for a back-off's sake)."""
+        return name != "gate" and any(r.alive() for r in self.replicas if r.name != name)
+
     def restart_child(self, name: str, cancelled: Callable[[], bool]) -> None:
-        """Start the gate, or tritonserver (a fresh shm prefix: the dead server's stubs may still map the old
-        regions), again with the same command, ports and admin key; wait until it serves."""
+        """Start the gate, or a replica (a fresh shm prefix), again with the same command, ports and admin key;
+        wait until it serves."""
         state = Path(self.info.state_dir)
         if name == "gate":
             assert self._gate_config is not None
@@ -276,24 +287,22 @@ class Server:
             self.info.gate_pid = self.gate_process.pid
             self.save_state()
             return
-        old = self.info.shm_prefix
-        prefix = f"{OUR_SHM}{secrets.token_hex(4)}_"
-        self._command = [a.replace(old, prefix) if a.startswith(SHM_PREFIX_ARG) else a for a in self._command]
-        self._old_prefixes.append(old)
-        kill_stubs(old)  # the dead server's stubs: they would keep its regions mapped
-        remove_unmapped_shm(old)
-        self.process = relaunch_triton(self._command, Path(self.info.log), self._settings.detach)
-        self.info.pid, self.info.shm_prefix = self.process.pid, prefix
+        replica = next(r for r in self.replicas if r.name == name)
+        replica.relaunch()
         self.save_state()
-        (state / "server.pid").write_text(f"{self.process.pid}\n")
         try:
-            self.wait_ready(self._settings.timeout, cancelled)
+            replica.wait_ready(self._settings.timeout, cancelled)
         except BaseException:
-            stop_pid(self.process.pid, 10, self.process)
+            replica.stop(10)
             raise
 
     def set_state(self, state: str) -> None:
-        """Record the serving state in server.json (starting, ready, restarting) for clients and operators."""
+        """Record the serving state in server.json for clients and operators: `state` (starting, ready, restarting)
+        as the supervisor says it; with replicas "ready" reads "degraded" while one of them is down and
+        "restarting" while all are."""
+        if state in ("ready", "restarting") and len(self.replicas) > 1:
+            up = sum(r.alive() for r in self.replicas)
+            state = "ready" if up == len(self.replicas) else "degraded" if up else "restarting"
         self.info.state = state
         if (Path(self.info.state_dir) / STATE_FILE).exists():
             self.save_state()
@@ -301,30 +310,46 @@ class Server:
     def log_paths(self) -> dict[Path, tuple[int, int]]:
         state = Path(self.info.state_dir)
         proxy_logs = (state / PROXY_DIR / "error.log", state / PROXY_DIR / "stdout.log", state / "gate.stdout.log")
-        return {Path(self.info.log): (SERVER_LOG_BYTES, LOGS_KEPT), **{p: (PROXY_LOG_BYTES, 3) for p in proxy_logs}}
+        logs = (Path(self.info.log), *(r.log for r in self.replicas))
+        return {**{p: (SERVER_LOG_BYTES, LOGS_KEPT) for p in logs}, **{p: (PROXY_LOG_BYTES, 3) for p in proxy_logs}}
+
+    def crash_log(self, name: str) -> Path | None:
+        """The log whose tail the supervisor keeps when child `name` crashes (a replica's own)."""
+        return next((r.log for r in self.replicas if r.name == name), None)
 
     def finished(self) -> bool:
-        """Whether serving has ended for good: the supervisor gave up watching (stopped), or, unsupervised,
+        """Whether serving has ended for good: the supervisor gave up watching (stopped), or, unsupervised, every
         tritonserver exited."""
         if self.supervisor is not None:
             return not self.supervisor.is_alive()
         return not self.alive()
 
     def save_state(self) -> None:
-        """Write server.json: what `serve.stop`, clients and the next start read."""
-        (Path(self.info.state_dir) / STATE_FILE).write_text(json.dumps(asdict(self.info), indent=1))
+        """Write server.json (what `serve.stop`, clients and the next start read) and server.pid (the replicas')."""
+        state = Path(self.info.state_dir)
+        with self._saving:  # restart threads of two replicas may save at once; readers see whole files
+            self.info.tritons = [r.info() for r in self.replicas if r.process is not None]
+            for name, text in ((STATE_FILE, json.dumps(asdict(self.info), indent=1)), ("server.pid", self._pids())):
+                partial = state / f".{name}.partial"
+                partial.write_text(text)
+                partial.replace(state / name)
+
+    def _pids(self) -> str:
+        return "".join(f"{pid}\n" for pid in self.info.pids)
 
     def add_proxy(self, proxy: ProxySettings, ports: Ports, detach: bool = False) -> None:
-        """nginx on the public HTTP (and metrics) port, passing to Triton's loopback listeners; its pid is
-        saved with the server's, so stopping the server stops it."""
-        metrics = (ports.metrics, ports.triton_metrics) if self.info.metrics else None
-        grpc = (ports.grpc, ports.triton_grpc) if proxy.grpc else None
+        """nginx on the public HTTP (and metrics) port, passing to the gate (or, without it, to Triton's loopback
+        listeners); its pid is saved with the server's, so stopping the server stops it. Metrics: the gate's merged
+        page of every replica's (serve/gate_metrics.py), or without it Triton's own."""
+        first = ports.tritons[0]
+        metrics = (ports.metrics, ports.gate_metrics or first.metrics) if self.info.metrics else None
+        grpc = (ports.grpc, first.grpc) if proxy.grpc else None
         state, host = Path(self.info.state_dir), self.info.host
         if ports.gate_http is not None:  # nginx → gate → Triton
             grpc = (ports.grpc, ports.gate_grpc) if proxy.grpc and ports.gate_grpc else grpc
             upstream = ports.gate_http
         else:
-            upstream = ports.triton_http
+            upstream = first.http
         log_port = self._gate_config.nginx_log_port if self._gate_config is not None else None
         nginx = start_proxy(
             state, host, ports.http, upstream, proxy, detach=detach, metrics=metrics, grpc=grpc, log_port=log_port
@@ -332,45 +357,26 @@ class Server:
         self.proxy_process, self.info.proxy_pid = nginx, nginx.pid
         self.save_state()
 
-    def wait_ready(self, timeout: float, cancelled: Callable[[], bool] | None = None) -> None:
-        """Poll readiness; if the process dies, raise with Triton's own reason from the log."""
-        deadline = time.monotonic() + timeout
-        url = f"http://{self.info.triton_http_url}/v2/health/ready"
-        while time.monotonic() < deadline:
-            if cancelled is not None and cancelled():
-                raise ServerError("interrupted while waiting for tritonserver to become ready; stopped it")
-            if self.process is not None and self.process.poll() is not None:
-                raise ServerError(
-                    f"tritonserver exited with code {self.process.returncode} while starting "
-                    f"(log: {self.info.log}):\n{log_errors(Path(self.info.log))}"
-                )
-            with contextlib.suppress(OSError):
-                if _http_get(url)[0] == 200:
-                    return
-            time.sleep(0.25)
-        raise ServerError(
-            f"tritonserver was not ready after {timeout:.0f} s (log: {self.info.log}):\n"
-            f"{log_errors(Path(self.info.log))}"
-        )
-
     def admin_headers(self, protocol: str = "http") -> dict[str, str]:
         """The header (HTTP) or metadata (gRPC) that unlocks the restricted APIs ({} when unrestricted)."""
         return admin_headers(self.info, protocol)
 
     def ready(self) -> bool:
         with contextlib.suppress(OSError):
-            return _http_get(f"http://{self.info.http_url}/v2/health/ready")[0] == 200
+            return http_get(f"http://{self.info.http_url}/v2/health/ready")[0] == 200
         return False
 
     def alive(self) -> bool:
-        if self.process is not None:
-            return self.process.poll() is None
-        return _alive(self.info.pid)
+        """Whether any of its tritonservers runs."""
+        if self.replicas:
+            return any(r.alive() for r in self.replicas)
+        return any(pid_alive(pid) for pid in self.info.pids)
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """The supervisor first (nothing is restarted; from another process: the stop marker), the proxy (no new
-        requests), the gate, then SIGTERM to Triton (it unloads models and exits), SIGKILL after `timeout`; then
-        remove its shm regions and release the state's lock."""
+        requests), the gate, then each tritonserver (SIGTERM: it unloads models and exits; SIGKILL after
+        `timeout`) with its stubs and shm regions; then release the state's lock. Returns the first replica's exit
+        code."""
         state = Path(self.info.state_dir)
         with contextlib.suppress(OSError):
             request_stop(state)
@@ -382,17 +388,20 @@ class Server:
                 self.proxy_process.wait(timeout)
         if self.info.gate_pid:
             stop_gate(self.info.gate_pid, self.gate_process)
-        code = stop_pid(self.info.pid, timeout, self.process)
-        for prefix in (*self._old_prefixes, self.info.shm_prefix):
-            kill_stubs(prefix)  # none outlives its server
-            remove_shm(prefix)
+        if self.replicas:
+            codes = [r.stop(timeout) for r in self.replicas]
+        else:  # stopped from another process (serve.stop): what server.json records
+            codes = [stop_pid(t.pid, timeout) for t in self.info.tritons]
+            for t in self.info.tritons:
+                kill_stubs(t.shm_prefix)
+                remove_shm(t.shm_prefix)
         if self._lock is not None:
             self._lock.release()
         with contextlib.suppress(FileNotFoundError):
-            (Path(self.info.state_dir) / STATE_FILE).unlink()
+            (state / STATE_FILE).unlink()
         with contextlib.suppress(FileNotFoundError):
-            (Path(self.info.state_dir) / "server.pid").unlink()
-        return code
+            (state / "server.pid").unlink()
+        return codes[0] if codes else None
 
     def __enter__(self) -> Server:
         return self
@@ -427,7 +436,7 @@ def stop_gate(pid: int, process: subprocess.Popen | None = None, timeout: float 
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (process.poll() is not None) if process is not None else not _alive(pid):
+        if (process.poll() is not None) if process is not None else not pid_alive(pid):
             return
         time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError):
@@ -436,28 +445,8 @@ def stop_gate(pid: int, process: subprocess.Popen | None = None, timeout: float 
         process.wait(5)
 
 
-def stop_pid(pid: int, timeout: float, process: subprocess.Popen | None = None) -> int | None:
-    if process is None and not (_alive(pid) and _is_tritonserver(pid)):
-        return None  # gone already (or the pid was reused by something else: never signal that)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None:
-            if process.poll() is not None:
-                return process.returncode
-        elif not _alive(pid):
-            return 0
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    if process is not None:
-        return process.wait(10)
-    return -9
-
-
 def read_info(state_dir: Path) -> ServerInfo | None:
     path = Path(state_dir) / STATE_FILE
     if not path.is_file():
         return None
-    return ServerInfo(**json.loads(path.read_text()))
+    return ServerInfo.from_json(json.loads(path.read_text()))

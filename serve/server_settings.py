@@ -85,27 +85,53 @@ class ServerSettings:
     metrics: bool = True  # Triton's Prometheus endpoint on metrics_port
     gate: bool = True  # behind the proxy, requests pass the validating gate (serve/gate.py) before Triton
     supervise: bool = True  # restart a crashed tritonserver / gate, rotate logs by size (serve/supervisor.py)
+    # tritonservers, each with the repository's instances: while one restarts after a crash the others serve, and
+    # its requests in flight are retried on them (serve/upstreams.py). None: DEFAULT_REPLICAS behind the gate, else 1
+    replicas: int | None = None
     restart: RestartPolicy = field(default_factory=RestartPolicy)
 
 
 @dataclass(frozen=True)
-class Ports:
-    """The ports a server listens on: the public ones, and Triton's own HTTP, metrics and gRPC listeners
-    (loopback ports behind the proxy, else the public ones)."""
+class TritonPorts:
+    """One tritonserver's own HTTP, gRPC and metrics listeners (loopback behind the proxy, else the public ports)."""
 
     http: int
     grpc: int
     metrics: int
-    triton_http: int
-    triton_metrics: int
-    triton_grpc: int
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The ports a server listens on: the public ones, each tritonserver replica's own listeners, and the gate's."""
+
+    http: int
+    grpc: int
+    metrics: int
+    tritons: tuple[TritonPorts, ...]
     gate_http: int | None = None  # the gate's loopback listeners (None: no gate)
     gate_grpc: int | None = None
+    gate_metrics: int | None = None
+
+
+DEFAULT_REPLICAS = 2  # behind the gate: one crashed tritonserver is not an outage
+
+
+def replica_count(settings: ServerSettings) -> int:
+    """How many tritonservers the settings run (a ServerError naming the fix when they cannot)."""
+    routed = settings.proxy is not None and settings.gate and settings.proxy.grpc
+    if settings.replicas is None:
+        return DEFAULT_REPLICAS if routed else 1
+    if settings.replicas < 1 or (settings.replicas > 1 and not routed):
+        raise ServerError(
+            f"replicas={settings.replicas}: at least 1, and more than one only behind the gate that routes between "
+            "them (proxy=true and proxy_grpc=true, the defaults); or set replicas=1"
+        )
+    return settings.replicas
 
 
 def pick_ports(settings: ServerSettings) -> Ports:
     """The requested ports, checked free now (a busy one is a ServerError naming the fix), a free port for each
-    0, and behind the proxy loopback ports for Triton's own HTTP, metrics and gRPC listeners."""
+    0, and behind the proxy loopback ports for each replica's HTTP, metrics and gRPC listeners and the gate's."""
     host = settings.host
     ports = {"http_port": settings.http_port, "grpc_port": settings.grpc_port, "metrics_port": settings.metrics_port}
     for key, port in ports.items():
@@ -116,21 +142,24 @@ def pick_ports(settings: ServerSettings) -> Ports:
             )
     unset = [key for key, port in ports.items() if not port]
     ports.update(zip(unset, free_ports(len(unset), host, avoid=set(ports.values())), strict=True))
-    proxied, metrics, grpc = settings.proxy is not None, settings.metrics, grpc_proxied(settings)
-    gated = proxied and settings.gate
-    count = int(proxied) + int(proxied and metrics) + int(grpc)
-    inner = free_ports(count + int(gated) + int(gated and grpc), "127.0.0.1", avoid=set(ports.values()))
-    gate_ports = inner[count:]
-    return Ports(
-        http=ports["http_port"],
-        grpc=ports["grpc_port"],
-        metrics=ports["metrics_port"],
-        triton_http=inner[0] if proxied else ports["http_port"],
-        triton_metrics=inner[1] if proxied and metrics else ports["metrics_port"],
-        triton_grpc=inner[count - 1] if grpc else ports["grpc_port"],
-        gate_http=gate_ports[0] if gated else None,
-        gate_grpc=gate_ports[1] if gated and grpc else None,
+    http, grpc_port, metrics_port = ports["http_port"], ports["grpc_port"], ports["metrics_port"]
+    replicas = replica_count(settings)
+    if settings.proxy is None:  # Triton listens on the public ports itself
+        return Ports(http, grpc_port, metrics_port, (TritonPorts(http, grpc_port, metrics_port),))
+    metrics, grpc, gated = settings.metrics, grpc_proxied(settings), settings.gate
+    per_replica = 1 + int(metrics) + int(grpc)
+    inner = iter(free_ports(replicas * per_replica + 3 * int(gated), "127.0.0.1", avoid=set(ports.values())))
+    tritons = tuple(
+        TritonPorts(
+            http=next(inner),
+            metrics=next(inner) if metrics else metrics_port,  # a listener that is off takes no port
+            grpc=next(inner) if grpc else grpc_port,
+        )
+        for _ in range(replicas)
     )
+    gate_http, gate_grpc, gate_metrics = (next(inner), next(inner), next(inner)) if gated else (None, None, None)
+    gate_grpc, gate_metrics = gate_grpc if grpc else None, gate_metrics if metrics else None
+    return Ports(http, grpc_port, metrics_port, tritons, gate_http, gate_grpc, gate_metrics)
 
 
 def grpc_proxied(settings: ServerSettings) -> bool:

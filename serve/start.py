@@ -45,6 +45,7 @@ def settings_from(cfg: DictConfig) -> ServerSettings:
         restrict=bool(cfg.restrict_apis),
         proxy=proxy_settings(cfg) if cfg.proxy else None,
         metrics=bool(cfg.metrics),
+        replicas=None if cfg.replicas is None else int(cfg.replicas),
     )
 
 
@@ -118,7 +119,8 @@ def main(cfg: DictConfig) -> None:
         else "  admin APIs are NOT restricted (restrict_apis=false)"
     )
     print(
-        f"{READY} (pid {info.pid}, supervised by pid {os.getpid()}): models {', '.join(info.models)}\n"
+        f"{READY} (tritonserver pid {', '.join(map(str, info.pids))}, supervised by pid {os.getpid()}): "
+        f"models {', '.join(info.models)}\n"
         f"  HTTP http://{info.http_url}   gRPC {info.grpc_url}   log {info.log}\n"
         + (f"  metrics http://{info.metrics_url}/metrics\n" if info.metrics else "")
         + f"{admin}\n"

@@ -47,8 +47,9 @@ def _running(state: Path) -> str:
             parts.append(f"started by pid {holder}")
     with contextlib.suppress(OSError, ValueError, KeyError):
         info = json.loads((state / "server.json").read_text())
+        pids = ", ".join(str(t["pid"]) for t in info["tritons"])
         parts.append(
-            f"tritonserver pid {info['pid']}, HTTP {info['host']}:{info['http_port']}, "
+            f"tritonserver pid {pids}, HTTP {info['host']}:{info['http_port']}, "
             f"gRPC {info['host']}:{info['grpc_port']}"
         )
     return "; ".join(parts) or "still starting"

@@ -28,7 +28,8 @@ def main(cfg: DictConfig) -> None:
             print(f"error: no server recorded in {state} (already stopped?)", file=sys.stderr)
             sys.exit(1)
         code = Server(info).stop(float(cfg.timeout_s))  # writes the stop marker first: nothing is restarted
-        print(f"stopped tritonserver pid {info.pid}" + ("" if code is None else f" (exit code {code})"))
+        pids = ", ".join(map(str, info.pids))
+        print(f"stopped tritonserver pid {pids}" + ("" if code is None else f" (exit code {code})"))
         deadline = time.monotonic() + 10  # the launcher supervising it (serve.start) sees the marker and exits
         while held(state) and time.monotonic() < deadline:
             time.sleep(0.1)

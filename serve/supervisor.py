@@ -1,11 +1,14 @@
-"""Keeps a started server serving: restarts a crashed tritonserver (or gate) with back-off, and bounds the logs.
+"""Keeps a started server serving: restarts a crashed tritonserver replica (or the gate) with back-off, and bounds the
+logs.
 
 Why: one request that crashed tritonserver used to take serving down until an operator came — nginx answered 502
 to everyone and server.log said nothing. Now the process that started the server (`serve.start`, or whoever
 called `Server.start`) watches its children: when one exits without being asked to, a line with its exit signal
-goes into server.log, the server's state becomes "restarting" (server.json; the gate answers 503 / UNAVAILABLE
-"retry" meanwhile), and it is started again after a back-off (0.5 s, doubling to 30 s; reset after 60 s up), so
-an unforeseen crash costs seconds. The last 1 MB of the log before each crash is kept as `crash.<n>.log`.
+goes into server.log, the server's state becomes "degraded" (another replica serves, and the gate retries there)
+or "restarting" (none does: the gate answers 503 / UNAVAILABLE "retry"), and it is started again after a back-off
+(0.5 s, doubling to 30 s; reset after 60 s up), so an unforeseen crash costs seconds. Each child restarts in a thread
+of its own, and a back-off is cut short once no other replica serves: waiting never leaves zero replicas up. The
+last 1 MB of the crashed replica's log is kept as `crash.<n>.log`.
 
 Logs are bounded while running: every `LOG_CHECK_S` each log over its size is copied to `<log>.1` (older ones
 shifted, the oldest dropped) and truncated in place ("copytruncate": tritonserver, nginx and the gate write with
@@ -56,6 +59,14 @@ class Supervised(Protocol):
 
     def restart_child(self, name: str, cancelled: Callable[[], bool]) -> None:
         """Start child `name` again and wait until it serves (raises when it cannot)."""
+        ...
+
+    def others_serving(self, name: str) -> bool:
+        """Whether a tritonserver other than child `name` is up (the back-off may wait only then)."""
+        ...
+
+    def crash_log(self, name: str) -> Path | None:
+        """The log whose tail is kept when child `name` crashes (None: none kept)."""
         ...
 
     def set_state(self, state: str) -> None: ...
@@ -118,7 +129,8 @@ def log_line(log: Path, text: str) -> None:
 
 
 class Supervisor(threading.Thread):
-    """The watching thread (daemon: it dies with its process, and the server is then unsupervised)."""
+    """The watching thread (daemon: it dies with its process, and the server is then unsupervised); each restart
+    runs in a thread of its own, so one child's back-off never holds up another's restart."""
 
     def __init__(self, server: Supervised, state_dir: Path, log: Path, policy: RestartPolicy | None = None) -> None:
         super().__init__(name="zoo-supervisor", daemon=True)
@@ -126,6 +138,8 @@ class Supervisor(threading.Thread):
         self.policy = policy or RestartPolicy()
         self.stopping = threading.Event()
         self.restarts = 0
+        self.restarting: dict[str, threading.Thread] = {}
+        self.state_lock = threading.Lock()  # restart threads and the log share server.log and server.json
 
     def cancelled(self) -> bool:
         return self.stopping.is_set() or stop_requested(self.state_dir)
@@ -151,6 +165,9 @@ class Supervisor(threading.Thread):
     def _check(self, crashes: dict[str, int], up_since: dict[str, float]) -> None:
         now = time.monotonic()
         for name, poll in self.server.children().items():
+            if name in self.restarting and self.restarting[name].is_alive():
+                up_since.pop(name, None)
+                continue
             code = poll()
             if code is None:
                 if now - up_since.setdefault(name, now) > self.policy.stable_after_s:
@@ -159,31 +176,51 @@ class Supervisor(threading.Thread):
             if self.cancelled():  # serve.stop ended it
                 return
             crashes[name] = crashes.get(name, 0) + 1
-            self._restart(name, code, crashes[name])
-            up_since[name] = time.monotonic()
+            self.restarts += 1
+            thread = threading.Thread(
+                target=self._restart, args=(name, code, crashes[name], self.restarts), name=f"zoo-restart-{name}"
+            )
+            self.restarting[name] = thread
+            thread.start()
 
-    def _restart(self, name: str, code: int | None, crashes: int) -> None:
+    def _restart(self, name: str, code: int | None, crashes: int, number: int) -> None:
         delay = self.policy.delay(crashes)
-        reason = f"{name} exited with {describe_exit(code)} without being stopped; restart {self.restarts + 1}"
-        log_line(self.log, f"{reason} in {delay:.1f} s")
-        if name == "tritonserver":
-            keep_crash_log(self.log, reason)
-        self.server.set_state("restarting")
-        if self.stopping.wait(delay) or self.cancelled():
+        reason = f"{name} exited with {describe_exit(code)} without being stopped; restart {number}"
+        crash_log = self.server.crash_log(name)
+        with self.state_lock:
+            log_line(self.log, f"{reason} in {delay:.1f} s (sooner once no other replica serves)")
+            if crash_log is not None:
+                keep_crash_log(crash_log, reason)
+            self.server.set_state("restarting")
+        if self._backoff(name, delay):
             return
-        self.restarts += 1
         try:
             self.server.restart_child(name, self.cancelled)
         except Exception as exc:  # logged; the next poll sees it down and tries again, later
-            log_line(self.log, f"restarting {name} failed: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+            with self.state_lock:
+                log_line(self.log, f"restarting {name} failed: {str(exc).splitlines()[0] if str(exc) else exc!r}")
             return
-        log_line(self.log, f"{name} restarted and ready")
-        self.server.set_state("ready")
+        with self.state_lock:
+            log_line(self.log, f"{name} restarted and ready")
+            self.server.set_state("ready")
+
+    def _backoff(self, name: str, delay: float) -> bool:
+        """Wait `delay` — or `first_delay_s` only, once no other replica serves; True when stopped meanwhile."""
+        begin = time.monotonic()
+        while True:
+            waited = time.monotonic() - begin
+            if waited >= delay or (waited >= self.policy.first_delay_s and not self.server.others_serving(name)):
+                return self.cancelled()
+            if self.stopping.wait(min(self.policy.poll_s, delay - waited)) or self.cancelled():
+                return True
 
     def stop(self, timeout: float = 30.0) -> None:
         self.stopping.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
+        for thread in list(self.restarting.values()):
+            if thread.is_alive() and threading.current_thread() is not thread:
+                thread.join(timeout)
 
 
 __all__ = [

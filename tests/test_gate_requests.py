@@ -8,8 +8,10 @@ sends them to a real server through nginx and the gate).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tracemalloc
+from typing import Any
 
 import numpy as np
 import pytest
@@ -291,22 +293,28 @@ def test_the_price_rule_weighs_row_steps_by_their_options_and_adds_the_fixed_cos
 
 # ---------------------------------------------------------------------------------------------- crash memory
 def test_a_request_in_flight_at_two_crashes_is_refused_for_a_while() -> None:
-    """serve/crash_memory.py: the requests in flight when Triton is first lost get a strike each; two within the
-    window refuse that request for `refuse_s`; calls while Triton stays down strike nothing."""
-    from serve.crash_memory import MOST_REMEMBERED, CrashMemory
+    """serve/crash_memory.py: the requests in flight on a replica when it first breaks off get a strike each; two
+    within the window refuse that request for `refuse_s`; calls while it stays down, calls it refused to connect
+    and calls on another replica strike nothing."""
+    from serve.crash_memory import ANSWERED, BROKE_OFF, MOST_REMEMBERED, UNREACHABLE, CrashMemory
 
     memory = CrashMemory(strikes=2, window_s=600, refuse_s=600)
-    crasher, bystander, later = (memory.digest(b) for b in (b"crash", b"other", b"later"))
+    crasher, bystander, later, elsewhere = (memory.digest(b) for b in (b"crash", b"other", b"later", b"there"))
     for _ in range(2):
-        first, second = memory.begin(crasher), memory.begin(bystander)
-        memory.end(first, reached=False)  # Triton lost: both in flight get a strike
-        memory.end(memory.begin(later), reached=False)  # sent while it is down: nothing
-        memory.end(second, reached=False)
-        memory.end(memory.begin(later), reached=True)  # Triton back
+        first, second = memory.begin(crasher, 0), memory.begin(bystander, 0)
+        on_other = memory.begin(elsewhere, 1)
+        memory.end(first, BROKE_OFF)  # replica 0 lost: both in flight on it get a strike
+        memory.end(memory.begin(later, 0), BROKE_OFF)  # sent while it is down: nothing
+        memory.end(second, BROKE_OFF)
+        memory.end(on_other, ANSWERED)
+        memory.end(memory.begin(later, 0), ANSWERED)  # replica 0 back
     assert memory.refused_for(crasher) > 599 and "refused for" in memory.message(memory.refused_for(crasher))
     assert memory.refused_for(bystander) > 0 and memory.refused_for(later) == 0  # both were there twice
-    memory.end(memory.begin(bystander), reached=True)  # … but the bystander is answered now: not the culprit
+    assert memory.refused_for(elsewhere) == 0 and not memory.suspect(elsewhere)
+    memory.end(memory.begin(bystander, 1), ANSWERED)  # … but the bystander is answered now: not the culprit
     assert memory.refused_for(bystander) == 0 and bystander not in memory.seen
+    memory.end(memory.begin(later, 1), UNREACHABLE)  # never reached replica 1: no crash seen there
+    assert not memory.suspect(later) and 1 in memory.lost
     memory.crashed_during(later, now=0.0)
     memory.crashed_during(later, now=700.0)  # a strike older than the window does not count
     assert memory.refused_for(later, now=701.0) == 0
@@ -314,3 +322,119 @@ def test_a_request_in_flight_at_two_crashes_is_refused_for_a_while() -> None:
     for i in range(MOST_REMEMBERED + 10):
         memory.crashed_during(memory.digest(str(i).encode()))
     assert len(memory.seen) == MOST_REMEMBERED
+
+
+# ---------------------------------------------------------------------------------------------- replicas
+def _replay(upstreams: Any, digest: bytes, outcomes: list[str], log: list[tuple[int, str]]) -> Any:
+    """Upstreams.call with a `send` that plays the next of `outcomes` on whichever replica it is given: "ok"
+    answers, "crash" breaks off, "refused" is not reached; every call is logged as (replica, outcome)."""
+    from serve.upstreams import UpstreamLost
+
+    async def send(replica: Any) -> str:
+        outcome = outcomes.pop(0)
+        log.append((replica.index, outcome))
+        await asyncio.sleep(0.01)
+        if outcome != "ok":
+            raise UpstreamLost(broke_off=outcome == "crash")
+        return f"answered by {replica.index}"
+
+    return upstreams.call(digest, send)
+
+
+def test_a_call_lost_on_one_replica_is_answered_by_the_other() -> None:
+    """serve/upstreams.py: the least busy replica that is up takes a call; one that broke off (a crash) or refused
+    is passed over, and the call is retried once on the other — the crashed replica's requests get a strike,
+    which a retry that is answered clears."""
+    from serve.upstreams import UpstreamLost, Upstreams
+
+    async def scenario() -> None:
+        upstreams = Upstreams.on_ports([1, 2], [3, 4])
+        digest, log = upstreams.memory.digest(b"request"), []
+        answer = await _replay(upstreams, digest, ["crash", "ok"], log)
+        (crashed, _), (other, _) = log
+        assert crashed != other and answer == f"answered by {other}"
+        assert not upstreams.memory.suspect(digest)  # answered on the retry: not a crasher
+        log.clear()
+        await _replay(upstreams, b"", ["ok"], log)
+        assert log == [(other, "ok")]  # the crashed one is passed over for DOWN_S
+        log.clear()
+        with pytest.raises(UpstreamLost):  # both unreachable: tried once each, then 503 "restarting" from the front
+            await _replay(upstreams, digest, ["refused", "refused"], log)
+        assert sorted(r for r, _ in log) == [0, 1] and not upstreams.memory.suspect(digest)
+        for replica in upstreams.replicas:
+            replica.down_until = 0.0
+        log.clear()
+        await asyncio.gather(*(_replay(upstreams, b"", ["ok"] * 4, log) for _ in range(4)))
+        assert sorted(r for r, _ in log) == [0, 0, 1, 1]  # spread by what each has in flight
+
+    asyncio.run(scenario())
+
+
+def test_suspects_run_one_at_a_time_so_a_crasher_alone_is_there_twice() -> None:
+    """A request in flight at a crash is retried on the other replica; were it the crasher, it takes that one down
+    too. Suspects run one at a time, so the innocent requests of the first crash are answered (strikes cleared)
+    and only the crasher was in flight at both crashes: only its repeats are refused."""
+    from serve.upstreams import Upstreams
+
+    async def scenario() -> None:
+        upstreams = Upstreams.on_ports([1, 2], None)
+        memory = upstreams.memory
+        crasher, innocent = memory.digest(b"crasher"), memory.digest(b"innocent")
+        for digest in (crasher, innocent):
+            memory.crashed_during(digest)  # both were in flight when replica 0 crashed
+        for replica in upstreams.replicas:
+            replica.down_until = 0.0
+        running: list[int] = []
+        most = 0
+
+        def sender(digest: bytes) -> Any:
+            async def send(replica: Any) -> str:
+                nonlocal most
+                running.append(1)
+                most = max(most, len(running))
+                await asyncio.sleep(0.02)
+                running.pop()
+                if digest == crasher:
+                    from serve.upstreams import UpstreamLost
+
+                    raise UpstreamLost(broke_off=True)
+                return "ok"
+
+            return send
+
+        results = await asyncio.gather(
+            upstreams.call(crasher, sender(crasher)), upstreams.call(innocent, sender(innocent)), return_exceptions=True
+        )
+        assert results[1] == "ok" and isinstance(results[0], Exception)
+        assert most == 1  # never two suspects in flight at once
+        assert memory.refused_for(crasher) > 0 and memory.refused_for(innocent) == 0
+
+    asyncio.run(scenario())
+
+
+def test_the_replicas_metrics_are_one_page_each_sample_labelled() -> None:
+    """serve/gate_metrics.py: each family's HELP and TYPE once, then its samples from every replica with a `replica`
+    label (histogram parts stay in their family); a replica that could not be read is left out."""
+    from serve.gate_metrics import merge_metrics
+
+    def page(count: int) -> str:
+        return (
+            "# HELP nv_inference_count Number of inferences\n# TYPE nv_inference_count counter\n"
+            f'nv_inference_count{{model="m",version="1"}} {count}\n'
+            "# HELP zoo_latency_seconds Latency\n# TYPE zoo_latency_seconds histogram\n"
+            f'zoo_latency_seconds_bucket{{model="m",le="0.1"}} {count}\nzoo_latency_seconds_count {count}\n'
+        )
+
+    merged = merge_metrics([page(3), None, page(5)])
+    assert merged.splitlines() == [
+        "# HELP nv_inference_count Number of inferences",
+        "# TYPE nv_inference_count counter",
+        'nv_inference_count{replica="0",model="m",version="1"} 3',
+        'nv_inference_count{replica="2",model="m",version="1"} 5',
+        "# HELP zoo_latency_seconds Latency",
+        "# TYPE zoo_latency_seconds histogram",
+        'zoo_latency_seconds_bucket{replica="0",model="m",le="0.1"} 3',
+        'zoo_latency_seconds_count{replica="0"} 3',
+        'zoo_latency_seconds_bucket{replica="2",model="m",le="0.1"} 5',
+        'zoo_latency_seconds_count{replica="2"} 5',
+    ]

@@ -50,7 +50,8 @@ def smoke_export(exported) -> Path:
 def server(smoke_export, tmp_path_factory) -> Iterator[Server]:
     repo = tmp_path_factory.mktemp("pa_repo") / "repo"
     write_python_model(smoke_export, repo, ModelSettings.from_mapping({"instance_count": 1, "threads": 1}))
-    with Server.start(repo, http_port=0, grpc_port=0, metrics_port=0) as srv:
+    # one tritonserver, as serve.bench runs it: perf_analyzer reads one server's statistics
+    with Server.start(repo, http_port=0, grpc_port=0, metrics_port=0, replicas=1) as srv:
         yield srv
 
 

@@ -179,14 +179,16 @@ METRICS_AT_START: list[tuple[str, dict[str, str], float]] = []  # scraped before
 def server(repo) -> Iterator[Server]:
     srv = Server.start(repo, http_port=0, grpc_port=0, metrics_port=0)
     try:
-        assert _shm(srv.info.shm_prefix), "the Python backend should have created its shm regions"
-        assert _processes(srv.info.shm_prefix, wait=0), "the Python backend stubs should be running"
+        for triton in srv.info.tritons:  # each replica's Python backend: its regions and its stubs
+            assert _shm(triton.shm_prefix), "the Python backend should have created its shm regions"
+            assert _processes(triton.shm_prefix, wait=0), "the Python backend stubs should be running"
         METRICS_AT_START[:] = scrape(srv.info.metrics_url)
         yield srv
     finally:
         srv.stop()
     assert not srv.alive(), "tritonserver still running after stop()"
-    _assert_gone(srv.info.pid, srv.info.shm_prefix)
+    for triton in srv.info.tritons:
+        _assert_gone(triton.pid, triton.shm_prefix)
 
 
 @pytest.fixture(scope="module")
@@ -251,8 +253,9 @@ def test_repository_is_self_contained_and_configs_parse(repo, translator_export)
 
 
 def test_models_are_warm_before_they_are_ready(server, repo, translator_export) -> None:
-    """model_warmup: every instance translated the held-out sample (one row, then a batch) before the server
-    reported the model ready — Triton's and our own counters show exactly those rows, before any request."""
+    """model_warmup: every instance of every replica translated the held-out sample (one row, then a batch) before
+    the server reported the model ready — Triton's and our own counters, merged over the replicas by the gate, show
+    exactly those rows, before any request."""
     model = repo / "transformer-smoke"
     config = text_format.Parse((model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     plan = plan_warmup(translator_export, read_manifest(translator_export), 16, 10_000)
@@ -264,16 +267,20 @@ def test_models_are_warm_before_they_are_ready(server, repo, translator_export) 
     assert (model / WARMUP_DIR / SAMPLE_FILE).read_bytes() == serialize_strings([plan.sentence])
     assert plan.sentence in json.loads((translator_export / "heldout.json").read_text())["src"]
     rows = sum(plan.batch_sizes) * config.instance_group[0].count
+    for replica in range(len(server.info.tritons)):
+        assert metric(METRICS_AT_START, "zoo_sentences_total", model="transformer-smoke", replica=str(replica)) == rows
+    rows *= len(server.info.tritons)
     assert metric(METRICS_AT_START, "nv_inference_count", model="transformer-smoke") == rows
     assert metric(METRICS_AT_START, "zoo_sentences_total", model="transformer-smoke") == rows
     assert metric(METRICS_AT_START, "zoo_source_tokens_total", model="transformer-smoke") > rows
 
 
 def test_the_metrics_port_serves_only_metrics(server) -> None:
-    """Prometheus' endpoint is on by default, behind the proxy like HTTP: GET /metrics only; Triton's own
-    metrics listener is on loopback."""
+    """Prometheus' endpoint is on by default, behind the proxy like HTTP: GET /metrics only, the replicas' pages
+    merged by the gate; Triton's own metrics listeners are on loopback."""
     url = server.info.metrics_url
-    assert url.startswith("127.0.0.1:") and server.info.triton_metrics_port not in (None, server.info.metrics_port)
+    assert url.startswith("127.0.0.1:")
+    assert server.info.metrics_port not in {t.metrics_port for t in server.info.tritons}
     assert _http("GET", url + "/metrics") == 200
     assert _http("POST", url + "/metrics", b"x") == 403
     assert _http("GET", url + "/v2/health/ready") == 403
@@ -692,7 +699,7 @@ def test_admin_apis_need_the_key_and_the_shm_hijack_is_refused(server, local) ->
     without the admin key: registering the Python backend's own /dev/shm region — the published 2.51 crash —
     never reaches Triton's shared-memory code, and the server keeps serving."""
     url = server.info.http_url
-    region = _shm(server.info.shm_prefix)[0]
+    region = _shm(server.info.tritons[0].shm_prefix)[0]
     register = json.dumps({"key": f"/{region}", "offset": 0, "byte_size": 64}).encode()
     attempts = [
         ("POST", "/v2/systemsharedmemory/region/hijack/register", register),
@@ -725,7 +732,7 @@ def test_admin_apis_need_the_key_and_the_shm_hijack_is_refused(server, local) ->
         assert client.get_log_settings(headers=server.admin_headers("grpc")) is not None
     finally:
         client.close()
-    assert server.ready() and _shm(server.info.shm_prefix)
+    assert server.ready() and _shm(server.info.tritons[0].shm_prefix)
     model = local["transformer-smoke"]
     assert translate("Hallo.", url=server.info.grpc_url, protocol="grpc", model="transformer-smoke") == model.translate(
         ["Hallo."]
@@ -789,6 +796,19 @@ def test_bad_requests_in_a_dynamic_batch_fail_alone(server, local, translator_ex
     assert server.ready()
 
 
+def _replicas_statistics(server: Server) -> dict[str, int]:
+    """Triton's inference and execution counts of the model, summed over the replicas (each from its own
+    listener: statistics are an admin API, per process)."""
+    counts = {"inference_count": 0, "execution_count": 0}
+    for triton in server.info.tritons:
+        url = f"127.0.0.1:{triton.http_port}"
+        with Client(url, "http", "transformer-smoke", headers=server.admin_headers()) as client:
+            stats = client.statistics()
+        for key in counts:
+            counts[key] += int(stats[key])
+    return counts
+
+
 def test_bounded_concurrent_load(server, local, translator_export) -> None:
     """2 000 single-sentence requests, 32 in flight (16 HTTP + 16 gRPC clients): every one answered."""
     texts = _sources(translator_export, 32)
@@ -797,9 +817,7 @@ def test_bounded_concurrent_load(server, local, translator_export) -> None:
     failures: list[str] = []
     lock = threading.Lock()
     counter = iter(range(total))
-    before = Client(
-        server.info.triton_http_url, "http", "transformer-smoke", headers=server.admin_headers()
-    ).statistics()
+    before = _replicas_statistics(server)
 
     def worker(protocol: str) -> None:
         with Client(server.info.url(protocol), protocol, "transformer-smoke", timeout=300) as c:
@@ -824,9 +842,7 @@ def test_bounded_concurrent_load(server, local, translator_export) -> None:
     for w in workers:
         w.join(600)
     elapsed = time.perf_counter() - t0
-    after = Client(
-        server.info.triton_http_url, "http", "transformer-smoke", headers=server.admin_headers()
-    ).statistics()
+    after = _replicas_statistics(server)
     assert failures == [] and len(answers) == total, failures[:3]
     served = int(after["inference_count"]) - int(before["inference_count"])
     executions = int(after["execution_count"]) - int(before["execution_count"])
@@ -919,7 +935,8 @@ def test_start_stop_cli(translator_export, local, tmp_path) -> None:
     proc, _ = _start_cli(repo, ports)
     info = json.loads((tmp_path / "one.serve" / "server.json").read_text())
     try:
-        assert int((tmp_path / "one.serve" / "server.pid").read_text()) == info["pid"]
+        pids = [t["pid"] for t in info["tritons"]]
+        assert len(pids) == 2 and [int(p) for p in (tmp_path / "one.serve" / "server.pid").read_text().split()] == pids
         # one model: the client finds it without --model (listing models is an admin API: the key file)
         assert info["admin_key_file"] == str(tmp_path / "one.serve" / "admin_key")
         out = _cli(
@@ -939,14 +956,15 @@ def test_start_stop_cli(translator_export, local, tmp_path) -> None:
         busy = _cli("serve.start", f"repo={tmp_path / 'other'}", f"http_port={ports[0]}")
         assert busy.returncode == 2 and f"port {ports[0]}" in busy.stderr and "busy" in busy.stderr
         stop = _cli("serve.stop", f"repo={repo}")
-        assert stop.returncode == 0 and f"pid {info['pid']}" in stop.stdout, stop.stderr
+        assert stop.returncode == 0 and f"pid {pids[0]}, {pids[1]}" in stop.stdout, stop.stderr
         assert proc.wait(30) == 0  # the foreground launcher notices and exits
     finally:
         if proc.poll() is None:
             proc.kill()
         if (tmp_path / "one.serve" / "server.json").exists():
             _cli("serve.stop", f"repo={repo}")
-    _assert_gone(info["pid"], info["shm_prefix"])
+    for triton in info["tritons"]:
+        _assert_gone(triton["pid"], triton["shm_prefix"])
     # foreground server stopped by SIGTERM (as a service manager would)
     proc, _ = _start_cli(repo, ports)
     info = json.loads((tmp_path / "one.serve" / "server.json").read_text())
@@ -956,7 +974,8 @@ def test_start_stop_cli(translator_export, local, tmp_path) -> None:
     finally:
         if (tmp_path / "one.serve" / "server.json").exists():
             _cli("serve.stop", f"repo={repo}")
-    _assert_gone(info["pid"], info["shm_prefix"])
+    for triton in info["tritons"]:
+        _assert_gone(triton["pid"], triton["shm_prefix"])
     assert not (tmp_path / "one.serve" / "server.json").exists()
 
 

@@ -215,7 +215,7 @@ def repo(export_dir, tmp_path_factory) -> Path:
 def server(repo) -> Iterator[Server]:
     state = repo.parent / "repo.serve"
     state.mkdir()
-    (state / "server.log").write_text("the previous server's log\n")
+    (state / "triton.0.log").write_text("the previous server's log\n")
     srv = Server.start(repo, http_port=0, grpc_port=0, metrics_port=0)
     try:
         yield srv
@@ -244,10 +244,11 @@ def test_files_beside_model_py_are_never_imported(server, repo, export_dir) -> N
         out = client.infer("transformer-smoke", [inp]).as_numpy("OUTPUT")
     assert [o[0].decode() for o in out] == export.load(export_dir, threads=1).translate(texts)
     assert not (repo / "transformer-smoke" / "1" / MARKER).exists()
-    stubs = _stub_pids(server.info.shm_prefix)
-    assert len(stubs) == 2 and {os.readlink(f"/proc/{pid}/cwd") for pid in stubs} == {server.info.state_dir}
-    assert (Path(server.info.state_dir) / "server.log.1").read_text() == "the previous server's log\n"
-    assert "successfully loaded" in Path(server.info.log).read_text()
+    for triton in server.info.tritons:  # each replica's 2 instances, in the state dir
+        stubs = _stub_pids(triton.shm_prefix)
+        assert len(stubs) == 2 and {os.readlink(f"/proc/{pid}/cwd") for pid in stubs} == {server.info.state_dir}
+        assert "successfully loaded" in Path(triton.log).read_text()
+    assert (Path(server.info.state_dir) / "triton.0.log.1").read_text() == "the previous server's log\n"
 
 
 def _infer(server: Server, protocol: str, parameters: dict) -> None:
@@ -328,7 +329,7 @@ def test_compressed_bodies_are_refused_before_triton_inflates_them(server) -> No
     Content-Encoding (415) and any compressed gRPC message (UNIMPLEMENTED), so Triton never sees them."""
     bomb = _gzip_bomb()
     assert len(bomb) < 1_100_000 and len(zlib.decompressobj(31).decompress(bomb[: len(bomb) // 10])) == 100 << 20
-    before = _rss_mb(server.info.pid)
+    before = sum(_rss_mb(pid) for pid in server.info.pids)
     head = (
         b"POST /v2/models/transformer-smoke/infer HTTP/1.1\r\nHost: zoo\r\nContent-Type: application/json\r\n"
         b"Content-Encoding: gzip\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(bomb)
@@ -347,7 +348,7 @@ def test_compressed_bodies_are_refused_before_triton_inflates_them(server) -> No
         assert str(err.value.status()) == "StatusCode.UNIMPLEMENTED"
     finally:
         client.close()
-    assert _rss_mb(server.info.pid) - before < RSS_BOUND_MB
+    assert sum(_rss_mb(pid) for pid in server.info.pids) - before < RSS_BOUND_MB
     assert server.ready()
 
 
@@ -370,7 +371,9 @@ def test_messages_are_capped_and_the_shared_memory_stays_bounded(server, protoco
             assert result.as_numpy("TRUNCATED").tolist() == [[True]]
     finally:
         client.close()
-    regions = {p.name: p.stat().st_size >> 20 for p in Path("/dev/shm").glob(f"{server.info.shm_prefix}*")}
+    regions = {
+        p.name: p.stat().st_size >> 20 for t in server.info.tritons for p in Path("/dev/shm").glob(f"{t.shm_prefix}*")
+    }
     assert regions and max(regions.values()) <= SHM_BOUND_MB, regions
     assert server.ready()
 

@@ -1,14 +1,14 @@
 """`python -m serve.bench.floods <export> [--out DIR] [--seconds 20] [--only NAME …]`: each flood of issue 84
 against a real server, with a one-word probe beside it.
 
-One server as `serve.start` runs it (nginx → gate → tritonserver, 2 instances × 1 ORT thread, the repository's
-defaults). Per flood: its senders run in processes of their own for `--seconds` while this process sends a
-one-word HTTP request through nginx every 0.25 s (10 s timeout; from the flood's address, 127.0.0.1, with a
-`zoo-client` key of its own, as a second client behind one address would) and samples the resident memory of the gate,
-tritonserver, its Python stubs and nginx every 0.5 s; then, 30 s after the flood, the same memory again. The
-report (`floods.json`, `floods.md` in `--out`) has per flood: probes answered, median and max latency, crashes
-(tritonserver's pid changed), peak and after-flood memory against idle. Pause other work on the machine first:
-the probe's latency is what is measured.
+One server as `serve.start` runs it (nginx → gate → two tritonserver replicas, each 2 instances × 1 ORT thread, the
+repository's and the server's defaults). Per flood: its senders run in processes of their own for `--seconds` while
+this process sends a one-word HTTP request through nginx every 0.25 s (10 s timeout; from the flood's address,
+127.0.0.1, with a `zoo-client` key of its own, as a second client behind one address would) and samples the resident
+memory of the gate, the tritonservers, their Python stubs and nginx every 0.5 s (each role summed); then, 30 s after
+the flood, the same memory again. The report (`floods.json`, `floods.md` in `--out`) has per flood: probes answered,
+median and max latency, crashes (replicas whose tritonserver pid changed), peak and after-flood memory against idle.
+Pause other work on the machine first: the probe's latency is what is measured.
 """
 
 from __future__ import annotations
@@ -207,14 +207,14 @@ def _trickled_bodies(urls: dict[str, str], model: str, until: float, sent: Any) 
 
 
 def _crash_injection(urls: dict[str, str], model: str, until: float, sent: Any) -> None:
-    """One crash injected into tritonserver (SIGSEGV) a second in, as an unforeseen crash would be; the probe goes
-    on for the rest of the flood (the issue asks ≥ 95 % of one-word requests answered over 60 s)."""
+    """One crash injected into the first tritonserver replica (SIGSEGV) a second in, as an unforeseen crash would
+    be; the probe goes on for the rest of the flood (the issue asks ≥ 95 % of one-word requests answered over 60 s)."""
     from serve.server import read_info
 
     time.sleep(1.0)
     info = read_info(Path(urls["state"]))
     if info is not None:
-        os.kill(info.pid, signal.SIGSEGV)
+        os.kill(info.pids[0], signal.SIGSEGV)
         _add(sent)
 
 
@@ -251,11 +251,12 @@ def _children(pid: int) -> list[int]:
 
 
 def processes(info: Any) -> dict[str, list[int]]:
-    """The server's processes by role (stubs: tritonserver's Python-backend children; nginx: master and worker)."""
+    """The server's processes by role (stubs: the tritonservers' Python-backend children; nginx: master and
+    worker)."""
     return {
         "gate": [info.gate_pid],
-        "tritonserver": [info.pid],
-        "stubs": _children(info.pid),
+        "tritonserver": info.pids,
+        "stubs": [stub for pid in info.pids for stub in _children(pid)],
         "nginx": [info.proxy_pid, *_children(info.proxy_pid)],
     }
 
@@ -290,7 +291,7 @@ def run_flood(server: Any, name: str, seconds: float, settle_s: float = SETTLE_S
 
     state = Path(server.info.state_dir)
     info = read_info(state)
-    idle, pid = memory(info), info.pid
+    idle, pids = memory(info), info.pids
     sender, count = FLOODS[name]
     urls = {"http": info.http_url, "grpc": info.grpc_url, "state": str(state)}
     model = info.models[0]
@@ -334,7 +335,7 @@ def run_flood(server: Any, name: str, seconds: float, settle_s: float = SETTLE_S
         "answered": len(answered),
         "probe_median_s": round(statistics.median(answered), 3) if answered else None,
         "probe_max_s": round(max(answered), 3) if answered else None,
-        "crashes": int(after_info.pid != pid),
+        "crashes": sum(after != before for after, before in zip(after_info.pids, pids, strict=True)),
         "idle_mb": idle,
         "peak_mb": peak,
         "after_mb": memory(after_info),

@@ -36,7 +36,7 @@ def measure(server: Server, rounds: int) -> dict:
         "http triton": (httpclient, server.info.triton_http_url),
         "grpc nginx>gate>triton": (grpcclient, server.info.grpc_url),
         "grpc gate>triton": (grpcclient, f"127.0.0.1:{gate['grpc_port']}"),
-        "grpc triton": (grpcclient, f"127.0.0.1:{server.info.triton_grpc_port}"),
+        "grpc triton": (grpcclient, server.info.triton_grpc_url),
     }
     clients = {name: lib.InferenceServerClient(url) for name, (lib, url) in paths.items()}
 

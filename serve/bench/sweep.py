@@ -70,7 +70,10 @@ def bench(cfg: Any) -> dict[str, Any]:
     # the bench is one client address: let it keep its highest concurrency in flight (ProxySettings' per-address cap)
     most = max([int(c) for c in (*cfg.concurrency, *(cfg.no_batching_concurrency or []))], default=0)
     proxy = ProxySettings(per_client_requests=max(ProxySettings().per_client_requests, most + 8))
-    server = Server.start(run.repo, http_port=0, grpc_port=0, metrics_port=0, timeout=run.timeout, proxy=proxy)
+    # one tritonserver: the sweep measures what one does (its statistics split the time), replicas are for crashes
+    server = Server.start(
+        run.repo, http_port=0, grpc_port=0, metrics_port=0, timeout=run.timeout, proxy=proxy, replicas=1
+    )
     try:
         points = _sweep(cfg, run, tools, server)
     finally:
