@@ -8,8 +8,9 @@ from typing import Any
 
 from serve.gate_config import ADMIN_KEY, RESTARTING, UNREACHABLE, GateConfig
 from serve.grpc_infer import read_grpc_infer, read_model_name
-from serve.infer_request import RequestRefused, encode_grpc
+from serve.infer_request import RequestRefused, client_name, encode_grpc
 from serve.launch import GRPC_ADMIN_HEADER
+from serve.proxy import CLIENT_ID_HEADER
 from serve.served_models import served_extensions
 from serve.upstreams import Replica, UpstreamLost, Upstreams
 from serve.wire import encode_len_field
@@ -63,6 +64,13 @@ def grpc_server(config: GateConfig, upstreams: Upstreams) -> Any:
 
         return send
 
+    def client(context: Any) -> str:
+        """The client nginx names in the call's metadata (CLIENT_ID_HEADER), as the lanes share by it."""
+        for item in context.invocation_metadata() or ():
+            if item.key == CLIENT_ID_HEADER and isinstance(item.value, str):
+                return client_name(item.value)
+        return ""
+
     def admin_metadata(context: Any) -> tuple[tuple[str, str], ...]:
         for item in context.invocation_metadata() or ():
             if item.key == GRPC_ADMIN_HEADER and isinstance(item.value, str) and ADMIN_KEY.match(item.value):
@@ -88,6 +96,7 @@ def grpc_server(config: GateConfig, upstreams: Upstreams) -> Any:
             try:
                 if method == "ModelInfer":
                     infer = read_grpc_infer(request, config.models)
+                    infer.client = client(context)
                     built, digest = encode_grpc(infer), upstreams.memory.digest(infer.fingerprint())
                 else:
                     built = rebuilt(method, request)
@@ -121,6 +130,7 @@ def grpc_server(config: GateConfig, upstreams: Upstreams) -> Any:
     async def stream(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
         """ModelStreamInfer ends here: each message is one unary ModelInfer call to Triton, answered in order; a
         message the gate does not serve (or Triton refuses) gets its error in the stream, which goes on."""
+        who = client(context)
         async for request in requests:
             try:
                 infer = read_grpc_infer(request, config.models)
@@ -132,6 +142,7 @@ def grpc_server(config: GateConfig, upstreams: Upstreams) -> Any:
             if refusal:
                 yield encode_len_field(1, refusal.encode())
                 continue
+            infer.client = who
             built, digest = encode_grpc(infer), upstreams.memory.digest(infer.fingerprint())
             wait = upstreams.memory.refused_for(digest)
             if wait:

@@ -13,8 +13,9 @@ from typing import Any
 
 from serve.gate_config import ADMIN_KEY, RESTARTING, GateConfig
 from serve.http_infer import read_http_infer
-from serve.infer_request import RequestRefused, encode_http, infer_path, shown
+from serve.infer_request import RequestRefused, client_name, encode_http, infer_path, shown
 from serve.launch import ADMIN_HEADER
+from serve.proxy import CLIENT_ID_HEADER
 from serve.served_models import served_extensions
 from serve.upstreams import Replica, UpstreamLost, Upstreams
 
@@ -120,6 +121,7 @@ def http_app(config: GateConfig, upstreams: Upstreams) -> Any:
                         status=503,
                         headers={"Retry-After": str(math.ceil(wait))},
                     )
+                built.client = client_name(request.headers.get(CLIENT_ID_HEADER, ""))
                 body, head = encode_http(built)
                 path = infer_path(built)
                 headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(head)}

@@ -10,13 +10,20 @@ per protocol, the parameters it knows, the tensors the model declares.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from dataclasses import dataclass, field
 
 from tritonclient.grpc import service_pb2
 
-from serve.served_models import DROPPED_PARAMETERS, HTTP_PARAMETERS, MODEL_PARAMETERS, ServedModel
+from serve.served_models import (
+    CLIENT_PARAMETER,
+    DROPPED_PARAMETERS,
+    HTTP_PARAMETERS,
+    MODEL_PARAMETERS,
+    ServedModel,
+)
 
 Scalar = bool | int | float | str
 NAME_SHOWN = 40  # characters of a client-chosen name quoted in an error (a 1 MB name is not echoed)
@@ -50,6 +57,7 @@ class InferRequest:
     parameters: dict[str, Scalar] = field(default_factory=dict)
     inputs: dict[str, list[bytes]] = field(default_factory=dict)  # name -> one element per row ([rows, 1])
     outputs: dict[str, Output] = field(default_factory=dict)
+    client: str = ""  # who sent it, as the gate names clients (client_name); sent to the model as CLIENT_PARAMETER
 
     def fingerprint(self) -> bytes:
         """What identifies the request's work (not its id), the same over HTTP and gRPC: the gate remembers the
@@ -181,8 +189,9 @@ def encode_http(request: InferRequest) -> tuple[bytes, int]:
     }
     if request.id:
         header["id"] = request.id
-    if request.parameters:
-        header["parameters"] = request.parameters
+    parameters = _with_client(request)
+    if parameters:
+        header["parameters"] = parameters
     if request.outputs:
         header["outputs"] = [
             {"name": o.name, **({"parameters": {"binary_data": True}} if o.binary else {})}
@@ -197,7 +206,7 @@ def encode_grpc(request: InferRequest) -> bytes:
     message = service_pb2.ModelInferRequest(model_name=request.model.name, model_version=request.version)
     if request.id:
         message.id = request.id
-    for name, value in request.parameters.items():
+    for name, value in _with_client(request).items():
         param = message.parameters[name]
         if isinstance(value, bool):
             param.bool_param = value
@@ -213,3 +222,13 @@ def encode_grpc(request: InferRequest) -> bytes:
     for output in request.outputs.values():
         message.outputs.add(name=output.name)
     return message.SerializeToString()
+
+
+def client_name(identity: str) -> str:
+    """The name the lanes share by (serve/triton/model_lanes.py) for what nginx says of a client — its address and
+    `zoo-client` key (serve/proxy.py CLIENT_ID_HEADER) — a digest, so the models never see addresses."""
+    return hashlib.sha256(identity.encode(errors="replace")).hexdigest()[:16] if identity else ""
+
+
+def _with_client(request: InferRequest) -> dict[str, Scalar]:
+    return {**request.parameters, CLIENT_PARAMETER: request.client} if request.client else request.parameters

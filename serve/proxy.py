@@ -36,6 +36,7 @@ from zoo.data.debian import DebianArchive
 from zoo.data.types import DataError
 
 CLIENT_KEY_HEADER = "zoo-client"  # a client's own share of the per-address limits: letters, digits, . _ -, ≤ 64
+CLIENT_ID_HEADER = "zoo-client-id"  # set by nginx for the gate (whatever a client sent): "<address> <key>"
 WHOSE = f"address (or {CLIENT_KEY_HEADER} key)"  # what a 429 names as the client whose share is full
 PROXY_DIR = "nginx"  # inside the server's state dir: config, pid, logs (body buffers: see _buffer_dir)
 BUFFERS_PREFIX = "zoo-nginx-"
@@ -144,6 +145,7 @@ def _grpc_server(host: str, settings: ProxySettings, grpc: tuple[int, int] | Non
         grpc_send_timeout {settings.upstream_timeout_s}s;
         location / {{
             if ($zoo_grpc_encoded) {{ return 415; }}
+            grpc_set_header {CLIENT_ID_HEADER} "$remote_addr $zoo_client_key";
             grpc_pass grpc://triton_grpc;
         }}
         error_page 415 = @grpc_encoded;
@@ -221,6 +223,7 @@ http {{
     proxy_request_buffering on;
     proxy_http_version 1.1;
     proxy_set_header Connection "";
+    proxy_set_header {CLIENT_ID_HEADER} "$remote_addr $zoo_client_key";
     proxy_connect_timeout 5s;
     proxy_read_timeout {settings.upstream_timeout_s}s;
     proxy_send_timeout {settings.upstream_timeout_s}s;

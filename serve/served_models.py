@@ -27,6 +27,9 @@ HTTP_PARAMETERS = frozenset({"binary_data_output"})
 # Triton's own flag that clients such as perf_analyzer send with every request (it asks a decoupled model for an
 # empty final response): read, and left out of what Triton receives — the gate's calls to Triton are unary
 DROPPED_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
+# the client the gate names to the models, which share their lanes by it (the models' own name for it:
+# serve/triton/model_requests.py CLIENT_PARAMETER; tests/test_gate_requests.py checks they agree)
+CLIENT_PARAMETER = "zoo_client"
 # Triton 2.51 advertises these in GET /v2 (and gRPC ServerMetadata) but the gate does not serve them:
 # classification crashes it, no served model is a sequence model, shared memory is never forwarded.
 NOT_SERVED_EXTENSIONS = frozenset({"classification", "sequence", "system_shared_memory", "cuda_shared_memory"})

@@ -49,8 +49,7 @@ def _running(state: Path) -> str:
         info = json.loads((state / "server.json").read_text())
         pids = ", ".join(str(t["pid"]) for t in info["tritons"])
         parts.append(
-            f"tritonserver pid {pids}, HTTP {info['host']}:{info['http_port']}, "
-            f"gRPC {info['host']}:{info['grpc_port']}"
+            f"tritonserver pid {pids}, HTTP {info['host']}:{info['http_port']}, gRPC {info['host']}:{info['grpc_port']}"
         )
     return "; ".join(parts) or "still starting"
 

@@ -10,6 +10,7 @@ server first.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -408,11 +409,11 @@ def _lane_batches(batch_cost: int, in_progress: int, queued: list[tuple[int, flo
     lane = Lane("express", batch_cost, 10**6, run, cheapest_first=True)
     try:
         now = time.perf_counter()
-        assert lane.put(Ticket(Priced(in_progress), None, now))
+        assert lane.put(Ticket(Priced(in_progress), None, now)) is None
         while not batches:
             time.sleep(0.01)
         for cost, waited in queued:
-            assert lane.put(Ticket(Priced(cost), None, now - waited))
+            assert lane.put(Ticket(Priced(cost), None, now - waited)) is None
         release.set()
         while sum(map(len, batches)) < len(queued) + 1:
             time.sleep(0.01)
@@ -447,6 +448,57 @@ def test_the_express_lane_batches_only_requests_of_similar_cost() -> None:
 
     batches = _lane_batches(4000, 1980, [(c, 0.0) for c in (1980, 1980, 65, 70, 65 * SIMILAR_COST + 1)])
     assert batches[1] == [65, 70] and batches[2] == [261] and batches[3] == [1980, 1980], batches
+
+
+def test_a_client_holds_half_a_lane_and_the_bulk_lane_takes_clients_in_turn() -> None:
+    """model_lanes: a client's waiting tickets may take up at most 1/CLIENT_SHARE of the lane's room (one always
+    fits), the rest is kept for others; the bulk lane's batches take each client's first ticket, then each one's
+    second: `b`'s one request runs before `a`'s backlog."""
+    from serve.triton.model_lanes import CLIENT_SHARE, Lane, Ticket
+
+    class Priced:
+        def __init__(self, cost: int) -> None:
+            self.cost = cost
+
+    release = threading.Event()
+    batches: list[list[str]] = []
+
+    def run(batch: list[Ticket]) -> None:
+        batches.append([t.client for t in batch])
+        release.wait(10)
+
+    lane = Lane("bulk", 100, 400, run)
+    try:
+        assert lane.put(Ticket(Priced(100), None, 0.0, "a")) is None  # runs at once
+        while not batches:
+            time.sleep(0.01)
+        share = 400 // CLIENT_SHARE
+        assert [lane.put(Ticket(Priced(100), None, 0.0, "a")) for _ in range(share // 100)] == [None, None]
+        refused = lane.put(Ticket(Priced(100), None, 0.0, "a"))
+        assert refused is not None and "share of one client" in refused
+        assert lane.put(Ticket(Priced(100), None, 0.0, "b")) is None  # the other half is b's to use
+        release.set()
+        while sum(map(len, batches)) < 4:
+            time.sleep(0.01)
+    finally:
+        release.set()
+        lane.stop()
+    assert batches == [["a"], ["b"], ["a"], ["a"]], batches
+
+
+def test_the_gate_and_the_models_name_the_client_parameter_alike() -> None:
+    """The gate sends the client's name under served_models.CLIENT_PARAMETER; the models (which cannot import the
+    gate's modules in their stubs) read model_requests.CLIENT_PARAMETER and ignore it as a search setting."""
+    from serve.infer_request import InferRequest, client_name, encode_http
+    from serve.served_models import CLIENT_PARAMETER, ServedModel
+
+    source = (REPO / "serve" / "triton" / "model_requests.py").read_text()
+    assert f'CLIENT_PARAMETER = "{CLIENT_PARAMETER}"' in source and "        CLIENT_PARAMETER,\n" in source
+    model = ServedModel("m", ("1",), ("TEXT",), ("OUTPUT",), 16)
+    body, head = encode_http(InferRequest(model, parameters={"beam_size": 1}, client=client_name("127.0.0.1 k")))
+    parameters = json.loads(body[:head])["parameters"]
+    assert parameters["beam_size"] == 1 and len(parameters[CLIENT_PARAMETER]) == 16
+    assert client_name("127.0.0.1 k") != client_name("127.0.0.1 ") and client_name("") == ""
 
 
 def _rss_mb(pid: int) -> int:
@@ -638,3 +690,46 @@ def _translated_within(server: Server, seconds: float) -> None:
         except InferenceServerException:
             assert time.monotonic() < deadline, f"not serving within {seconds} s"
             time.sleep(0.2)
+
+
+def test_one_client_at_the_cost_cap_leaves_room_in_the_bulk_lanes_for_another(server) -> None:
+    """Issue 84: one client keeping 40 maximum-cost requests in flight filled every bulk lane, and every other bulk
+    request was refused (503, busy). A client now holds at most half of a lane's room and the bulk lane takes the
+    clients in turn: client `b`'s bulk requests are answered while `a` floods — and `a` is refused its excess."""
+    from serve.bench.floods import _infer_body, maximum_cost_body
+    from serve.proxy import CLIENT_KEY_HEADER
+
+    def post(body: bytes, key: str) -> int:
+        connection = http.client.HTTPConnection(*server.info.http_url.rsplit(":", 1), timeout=120)
+        try:
+            connection.request("POST", f"/v2/models/{MODEL}/infer", body=body, headers={CLIENT_KEY_HEADER: key})
+            answer = connection.getresponse()
+            answer.read()
+            return answer.status
+        finally:
+            connection.close()
+
+    heavy = maximum_cost_body()
+    bulk = _infer_body(["Hallo Welt."] * 4, {"beam_size": 5, "min_len": 60, "max_len_a": 0.0, "max_len_b": 60})
+    flooding = threading.Event()
+    flooding.set()
+    flood: list[int] = []
+
+    def keep() -> None:
+        while flooding.is_set():
+            flood.append(post(heavy, "a"))
+
+    senders = [threading.Thread(target=keep) for _ in range(40)]
+    for sender in senders:
+        sender.start()
+    try:
+        time.sleep(3.0)  # the lanes are full of `a`'s requests
+        other = [post(bulk, "b") for _ in range(3)]
+    finally:
+        flooding.clear()
+        for sender in senders:
+            sender.join(300)
+    print(f"client a: {flood.count(200)} answered, {flood.count(503)} refused busy; client b: {other}")
+    assert other == [200, 200, 200], other
+    assert flood.count(503) > 0 and flood.count(200) > 0  # `a` did saturate its share, and was served within it
+    assert set(flood) <= {200, 503}, set(flood)  # nothing else: its requests were within the cost cap

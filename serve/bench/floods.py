@@ -176,9 +176,16 @@ def _empty_sources_stream(urls: dict[str, str], model: str, until: float, sent: 
             pass
 
 
+def maximum_cost_body() -> bytes:
+    """A request just under the default cost cap: 16 rows × beam 5 × 124 tokens = 9,920 row-steps (max_len_a 0: with
+    the manifest's 1.2 × source length on top it was 11,040 — refused, so the flood measured refusals, not work)."""
+    texts = ["Hallo Welt, wie geht es dir?"] * 16
+    return _infer_body(texts, {"beam_size": 5, "min_len": 124, "max_len_a": 0.0, "max_len_b": 124})
+
+
 def _maximum_cost(urls: dict[str, str], model: str, until: float, sent: Any) -> None:
-    """One client keeping 40 maximum-cost requests in flight (16 rows × beam 5 × 125 tokens = 10,000 row-steps)."""
-    body = _infer_body(["Hallo Welt, wie geht es dir?"] * 16, {"beam_size": 5, "min_len": 124, "max_len_b": 124})
+    """One client keeping 40 maximum-cost requests in flight (maximum_cost_body)."""
+    body = maximum_cost_body()
 
     def keep() -> None:
         while time.monotonic() < until:

@@ -81,6 +81,7 @@ from model_requests import (  # noqa: E402 (imports the runtime: after the sys.p
     TARGET,
     RequestError,
     batch_key,
+    client_of,
     decode_texts,
     parse_parameters,
     request_prefixes,
@@ -268,13 +269,9 @@ class TextModel:
                 self.metrics.refused_one("invalid")
                 continue
             lane = self.lanes[EXPRESS if priced.cost <= self.express_cost else BULK]
-            if not lane.put(Ticket(priced, sender, started)):
-                _send(
-                    sender,
-                    _error(
-                        Busy(f"{lane.queued_cost} row-steps already wait in this instance's {lane.name} lane; retry")
-                    ),
-                )
+            refused = lane.put(Ticket(priced, sender, started, client_of(request.parameters())))
+            if refused is not None:
+                _send(sender, _error(Busy(refused)))
                 self.metrics.refused_one("busy")
         return None
 

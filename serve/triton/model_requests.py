@@ -25,6 +25,7 @@ from export.runtime.search_loop import SearchVocab, check_prefixes
 INPUT = "TEXT"
 TARGET = "TARGET"  # scoring (forced decoding) instead of translating
 PREFIX = "PREFIX"  # per source the target text its output starts with ("" = none)
+CLIENT_PARAMETER = "zoo_client"  # the client the gate names (a digest of its address and key): lanes share by it
 # request-level parameters that Triton or its clients use themselves (not search settings): ignored here
 RESERVED = frozenset(
     {
@@ -36,6 +37,7 @@ RESERVED = frozenset(
         "timeout",
         "headers",
         "triton_enable_empty_final_response",
+        CLIENT_PARAMETER,
     }
 )
 OUTPUT_SETTINGS = ("num_hypotheses", *OPTIONAL_OUTPUTS)  # what to return, beside the search settings
@@ -70,6 +72,16 @@ def parse_parameters(raw: str | None) -> dict[str, Any]:
     except export_runtime.SearchError as exc:
         raise RequestError(f"parameter {exc}") from None
     return {**search, **{k: given[k] for k in OUTPUT_SETTINGS if k in given}}
+
+
+def client_of(raw: str | None) -> str:
+    """The client the gate named in the request's parameters ("" when none: a request that did not pass the gate
+    shares the unnamed client's turn)."""
+    try:
+        value = json.loads(raw).get(CLIENT_PARAMETER, "") if raw else ""
+    except (ValueError, AttributeError):
+        return ""
+    return value if isinstance(value, str) and len(value) <= 64 else ""
 
 
 def parse_flag(name: str, value: Any) -> bool:
