@@ -23,6 +23,7 @@ from zoo.report.claims import (
     INCONCLUSIVE,
     DeltaTest,
     Question,
+    climbing,
     compaction,
     compaction_text,
     decision_p,
@@ -212,15 +213,30 @@ def test_cochran_cox_reduces_to_each_component_and_inverts() -> None:
 
 
 def test_convergence_and_the_state_in_the_verdict() -> None:
-    curve = [{"step": s, "valid_quality": q} for s, q in [(250, 1.0), (750, 3.4), (1000, 7.2), (1200, 10.5)]]
+    """Issue 86: a verdict's words carry the budget it was measured at, and a run counts as still climbing when its
+    validation loss still falls (over its last quarter) — not only when the greedy sample's quality still rises."""
+    points = [(250, 1.0, 7.0), (750, 3.4, 6.0), (1000, 7.2, 5.5), (1200, 10.5, 5.3)]
+    curve = [{"step": s, "valid_quality": q, "valid_loss": loss} for s, q, loss in points]
     state = convergence(curve)
-    assert state == {"last20_gain": 3.91, "best_at_last": True}  # 10.5 minus 6.59 interpolated at update 960
+    # 10.5 minus 6.59 interpolated at update 960; the loss at update 900 (5.7, interpolated) minus 5.3
+    assert state == {"last20_gain": 3.91, "best_at_last": True, "last25_loss_fall": 0.4}
     flat = convergence([{"step": s, "valid_quality": q} for s, q in [(400, 20.0), (800, 21.0), (1000, 20.9)]])
     assert flat is not None and flat["last20_gain"] < 0.5 and not flat["best_at_last"]
-    assert with_state(HOLDS, {"climbing": 3, "max_gain": 2.1}) == (
-        "holds — runs still climbing (up to +2.1 BLEU over the last 20%)"
+    assert flat["last25_loss_fall"] is None  # no losses on that curve
+    learning = {"convergence": {"last20_gain": 0.1, "best_at_last": False, "last25_loss_fall": 0.12}}
+    stalled = {"convergence": {"last20_gain": 0.3, "best_at_last": True, "last25_loss_fall": 0.01}}
+    assert climbing([learning, stalled]) == {"runs": 2, "climbing": 1, "max_gain": 0.3, "max_loss_fall": 0.12}
+    state = {"updates": [2400, 2400], "epochs": [1.1, 1.1], **climbing([learning, stalled])}
+    assert with_state(FAILS, state, "ROUGE-L") == (
+        "does not hold at 2400 updates ≈ 1.10 epochs — 1 of 2 runs still climbing (validation loss down up to "
+        "0.12 nats over the last quarter; ROUGE-L up to +0.3 over the last 20%)"
     )
-    assert with_state(HOLDS, {"climbing": 0, "max_gain": 0.2}) == HOLDS
+    done = {"updates": [4800, 4800], "epochs": None, **climbing([stalled])}
+    assert (
+        with_state(INCONCLUSIVE + ": the interval crosses 0", done)
+        == "inconclusive at 4800 updates: the interval crosses 0"
+    )
+    assert with_state("too few seeds (2)", done) == "too few seeds (2)"  # no verdict: no budget to say
 
 
 def test_new_records_store_their_convergence(tmp_path) -> None:
@@ -235,7 +251,8 @@ def test_new_records_store_their_convergence(tmp_path) -> None:
     (tmp_path / "machine.json").write_text('{"class": "cpu"}')
     quick = next(s for s in _suites() if s.name == "quick")
     record = record_from_run(tmp_path, quick, "transformer", 1, References(("a", "b"), ("x", "x")))
-    assert record["convergence"] == {"last20_gain": 0.16, "best_at_last": True}  # 9.2 − 9.04 at update 800
+    # 9.2 − 9.04 at update 800; the curve has no validation loss
+    assert record["convergence"] == {"last20_gain": 0.16, "best_at_last": True, "last25_loss_fall": None}
 
 
 def test_ght_verdicts_carry_the_compaction_of_the_trained_groups_as_a_diagnostic() -> None:

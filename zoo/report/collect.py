@@ -22,7 +22,7 @@ from zoo.metrics import (
     sentence_stats,
 )
 from zoo.report.budget_probe import probe_choice
-from zoo.report.claims import CLIMBING_GAIN, Stats, climbing, collect_claims
+from zoo.report.claims import Stats, climbing, collect_claims
 from zoo.report.pairing import input_dependence
 from zoo.report.records import References, convergence
 from zoo.report.suite import Suite
@@ -90,7 +90,7 @@ def run_summary(record: Mapping[str, Any]) -> dict[str, Any]:
         if voting
         else None,
         "learning_curve": record.get("learning_curve") or [],
-        "convergence": record.get("convergence") or convergence(record.get("learning_curve") or []),
+        "convergence": convergence(record.get("learning_curve") or []) or record.get("convergence"),
         "update_freq": ((record.get("config") or {}).get("trainer") or {}).get("update_freq") or 1,
         "git_sha": record["git_sha"],
     }
@@ -152,13 +152,14 @@ def training_state(entries: Mapping[str, Mapping[str, Any]], epoch: dict[str, An
     updates = sorted(int(r["updates"]) for r in runs)
     batches = sorted(int(r["updates"]) * int(r["update_freq"]) for r in runs)
     gains = [r["convergence"]["last20_gain"] for r in runs if r.get("convergence")]
+    falls = [f for r in runs if (f := (r.get("convergence") or {}).get("last25_loss_fall")) is not None]
     return {
         "updates": [updates[0], updates[-1]] if updates else None,
         "epochs": [round(b / epoch["batches"], 2) for b in (batches[0], batches[-1])] if epoch and runs else None,
         "epoch": epoch,
         **climbing(runs),
         "median_gain": statistics.median(gains) if gains else None,
-        "threshold": CLIMBING_GAIN,
+        "median_loss_fall": statistics.median(falls) if falls else None,
     }
 
 

@@ -55,8 +55,10 @@ REQUIRED_KEYS = (
 )
 # The parts of a suite that define "the same budget": records made under other values are another experiment.
 BUDGET_KEYS = ("task", "data", "size", "trainer", "experiment", "overrides")
-# A record's convergence summary: the validation gain over this last fraction of its updates (`last20_gain`).
+# A record's convergence summary: the validation gain over this last fraction of its updates (`last20_gain`) …
 LAST_FRACTION = 0.2
+# … and how far the validation loss fell over this last fraction (`last25_loss_fall`, nats per target token)
+LOSS_FRACTION = 0.25
 
 
 class RecordError(ZooError, ValueError):
@@ -212,20 +214,36 @@ def _learning_curve(run_dir: Path) -> list[dict[str, float | int | None]]:
         ]
 
 
+def _at(points: list[tuple[int, float]], fraction: float) -> tuple[float, float]:
+    """(value at (1 − fraction) × the last step, interpolated linearly between points — the first point's where
+    none comes earlier; the last value)."""
+    last_step, last = points[-1]
+    at = last_step * (1 - fraction)
+    before = [(s, v) for s, v in points if s <= at] or points[:1]
+    after = next((s, v) for s, v in points if s >= at)
+    (s0, v0), (s1, v1) = before[-1], after
+    return (v0 if s1 == s0 else v0 + (v1 - v0) * (at - s0) / (s1 - s0)), last
+
+
 def convergence(curve: list[dict[str, Any]], fraction: float = LAST_FRACTION) -> dict[str, Any] | None:
-    """Had the run stopped climbing? The validation-quality gain over its last `fraction` of updates (the value
-    at (1 − fraction) × last step interpolated linearly between validations; from the first validation when
-    none comes earlier) and whether its best validation was its last. None without two validation points."""
+    """Had the run stopped climbing? The validation-quality gain over its last `fraction` of updates, whether its
+    best validation was its last, and how far its validation loss fell over its last LOSS_FRACTION (None where
+    the curve has no losses) — the quality reads a small greedy sample, the loss the whole validation split, so a
+    run whose sampled quality stalled may still be learning. None without two validation points."""
     points = [(int(p["step"]), float(p["valid_quality"])) for p in curve if p.get("valid_quality") is not None]
     if len(points) < 2:
         return None
-    last_step, last = points[-1]
-    at = last_step * (1 - fraction)
-    before = [(s, q) for s, q in points if s <= at] or points[:1]
-    after = next((s, q) for s, q in points if s >= at)
-    (s0, q0), (s1, q1) = before[-1], after
-    then = q0 if s1 == s0 else q0 + (q1 - q0) * (at - s0) / (s1 - s0)
-    return {"last20_gain": round(last - then, 2), "best_at_last": last >= max(q for _, q in points)}
+    then, last = _at(points, fraction)
+    losses = [(int(p["step"]), float(p["valid_loss"])) for p in curve if p.get("valid_loss") is not None]
+    fall = None
+    if len(losses) >= 2:
+        before, after = _at(losses, LOSS_FRACTION)
+        fall = round(before - after, 3)
+    return {
+        "last20_gain": round(last - then, 2),
+        "best_at_last": last >= max(q for _, q in points),
+        "last25_loss_fall": fall,
+    }
 
 
 def _ght(run_dir: Path) -> dict[str, Any] | None:

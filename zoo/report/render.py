@@ -23,10 +23,13 @@ from zoo.report.budget_probe import plot_probe, probe_section
 from zoo.report.claims import (
     ALPHA,
     CLIMBING_GAIN,
+    CLIMBING_LOSS_FALL,
     COMPACT_SILHOUETTE,
     DEGENERATE_DISTINCT,
     LEVEL,
     MIN_SEEDS,
+    budget_words,
+    climbing_words,
     compaction_text,
     percent,
 )
@@ -85,11 +88,6 @@ def _budget_line(data: dict[str, Any]) -> str:
     )
 
 
-def _span(values: list[float] | None, fmt: str) -> str:
-    lo, hi = values  # type: ignore[misc]
-    return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{format(lo, fmt)}–{format(hi, fmt)}"
-
-
 def _headline(data: dict[str, Any]) -> str:
     """The label of the suite's headline metric (BLEU; ROUGE-L for summarization)."""
     return LABELS[data["headline"]]
@@ -117,14 +115,6 @@ def _per_seed_test(data: dict[str, Any]) -> str:
     return f"the paired bootstrap of per-document {_headline(data)} (sacreBLEU's rule, documents resampled)"
 
 
-def budget_text(state: dict[str, Any]) -> str:
-    """ "1200 updates ≈ 1.07 epochs" (the epochs only where an epoch's length is known)."""
-    if not state.get("updates"):
-        return "—"
-    epochs = f" ≈ {_span(state['epochs'], '.2f')} epochs" if state.get("epochs") else ""
-    return f"{_span(state['updates'], 'd')} updates{epochs}"
-
-
 def _state_line(data: dict[str, Any]) -> list[str]:
     """How far training got: the budget in epochs and how many runs were still climbing at their end."""
     state = data.get("state") or {}
@@ -136,13 +126,19 @@ def _state_line(data: dict[str, Any]) -> list[str]:
         if epoch
         else " (no record of this budget counts an epoch's batches)"
     )
-    line = f"State: {budget_text(state)}{where}"
+    line = f"State: {budget_words(state)}{where}"
     if state.get("runs"):
+        falls = (
+            f"; validation loss down by a median {state['median_loss_fall']:.2f}, up to "
+            f"{state['max_loss_fall']:.2f}, over the last quarter"
+            if state.get("max_loss_fall") is not None
+            else ""
+        )
         line += (
-            f"; {state['climbing']} of {state['runs']} runs were still climbing at their end (validation "
-            f"{_validation(data)} up by "
-            f"≥ {state['threshold']} over their last 20% of updates; median {state['median_gain']:+.1f}, up to "
-            f"{state['max_gain']:+.1f})"
+            f"; {state['climbing']} of {state['runs']} runs were still climbing at their end (validation loss "
+            f"down by ≥ {CLIMBING_LOSS_FALL} nats over their last quarter of updates, or validation "
+            f"{_validation(data)} up by ≥ {CLIMBING_GAIN} over their last 20%: {_validation(data)} median "
+            f"{state['median_gain']:+.1f}, up to {state['max_gain']:+.1f}{falls})"
         )
     epochs = state.get("epochs")
     if epochs and epochs[-1] < 1.5:
@@ -296,13 +292,14 @@ def _delta_cell(c: dict[str, Any]) -> str:
 
 def _state_cell(state: dict[str, Any]) -> str:
     if not state.get("runs"):
-        return budget_text(state)
+        return budget_words(state)
     climbing = (
-        f"{state['climbing']} of {state['runs']} runs still climbing (up to {state['max_gain']:+.1f})"
+        climbing_words(state, "quality")
         if state["climbing"]
-        else f"stopped climbing (≤ {state['max_gain']:+.1f} over the last 20%)"
+        else f"stopped climbing (quality ≤ {state['max_gain']:+.1f} over the last 20%"
+        + (f", loss down ≤ {state['max_loss_fall']:.2f} over the last quarter)" if state.get("max_loss_fall") else ")")
     )
-    return f"{budget_text(state)}; {climbing}"
+    return f"{budget_words(state)}; {climbing}"
 
 
 def _compaction_cell(c: dict[str, Any]) -> str:
@@ -363,8 +360,10 @@ def _rule_text(data: dict[str, Any], compact: bool) -> str:
         "bound its interval crosses and what would decide it (about how many seeds, if Δ̄ and the seeds' spread "
         "stay; or that the test set's own sampling error is wider than the distance to the bound, so no number "
         f'of seeds can). A verdict needs ≥ {MIN_SEEDS} seeds; fewer render "too few seeds (n)". '
-        f"Runs whose validation {_validation(data)} rose by ≥ {CLIMBING_GAIN} over their last 20% of updates "
-        "were still climbing, and the verdict says so. GHT and GHT-PS are judged as the paper's procedure runs "
+        "A verdict's words carry the budget it was measured at. Runs whose validation loss (the whole validation "
+        f"split) still fell by ≥ {CLIMBING_LOSS_FALL} nats over their last quarter of updates, or whose validation "
+        f"{_validation(data)} (a small greedy sample) rose by ≥ {CLIMBING_GAIN} over their last 20%, were still "
+        "climbing, and the verdict says so. GHT and GHT-PS are judged as the paper's procedure runs "
         "(voting at a fixed point of the budget, compact groups or not); the compaction of the groups the loss "
         f"trained stands beside their verdicts as a diagnostic (silhouette ≥ {COMPACT_SILHOUETTE}: compact). "
         f"A claim one of whose runs gives fewer distinct test outputs than {DEGENERATE_DISTINCT:.0%} of its documents "
@@ -425,7 +424,7 @@ def _claims_table(
             row += [_delta_cell(c), _state_cell(c["state"]) + _compaction_cell(c)]
         else:
             short = [f"{c['paper']} ({_source_cell(c['source'], quote=False)})"] if source else []
-            budget = budget_text(c["state"]) + _compaction_cell(c)
+            budget = budget_words(c["state"]) + _compaction_cell(c)
             row = [*short, c["claim"], pair, _bootstrap_cell(c["bootstrap"]), _delta_cell(c), budget]
         lines.append("| " + " | ".join(row) + f" | **{c['verdict']}** |")
     return [*lines, ""]
