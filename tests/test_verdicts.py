@@ -442,3 +442,27 @@ def test_results_readme_states_each_tables_verdict_counts() -> None:
         assert counts_text(counts) in row, (path.parent.name, counts_text(counts))
         stated += 1
     assert stated >= 5
+
+
+def test_each_claim_says_whether_its_pairs_share_cpu_and_commit() -> None:
+    """Issue 86: `ght_ps_gct16` seeds 2–3 ran on a Xeon at another commit, their baselines on an AMD EPYC; the paired
+    design no longer controlled machine or code and nothing said so. A claim's pairing names the seeds across CPUs
+    (and their machines), those with a CPU model unrecorded (records before the signature), and those across
+    commits."""
+    from zoo.report.claims import pairing, pairing_text, same_machine
+
+    xeon, epyc = "cpu:Intel(R) Xeon(R) Processor (family 6 model 207, AMX)", "cpu:AMD EPYC (family 25 model 1, AVX2)"
+    assert same_machine(epyc, epyc) and same_machine(xeon, epyc) is False
+    assert same_machine("cpu:AMD EPYC", epyc) is None  # same vendor string, model not recorded on one side
+    pairs = [
+        (1, {"machine": "cpu:AMD EPYC", "git_sha": "a"}, {"machine": epyc, "git_sha": "a"}),
+        (2, {"machine": xeon, "git_sha": "b"}, {"machine": epyc, "git_sha": "a"}),
+        (3, {"machine": epyc, "git_sha": "c"}, {"machine": epyc, "git_sha": "a"}),
+    ]
+    p = pairing(pairs)
+    assert p == {"pairs": 3, "across_cpus": {2: [xeon, epyc]}, "cpu_unrecorded": [1], "across_commits": [2, 3]}
+    assert pairing_text(p) == (
+        "pairs on one CPU model: 1 of 3 (seed 2 across CPUs: Intel(R) Xeon(R) Processor (family 6 model 207, AMX) "
+        "vs AMD EPYC (family 25 model 1, AVX2); seed 1: a CPU model unrecorded); at one commit: 1 of 3"
+    )
+    assert pairing_text(pairing(pairs[2:])) == "pairs on one CPU model: 1 of 1; at one commit: 0 of 1"

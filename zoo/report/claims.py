@@ -316,6 +316,51 @@ def _span(values: Sequence[float], fmt: str) -> str:
     return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}–{hi:{fmt}}"
 
 
+def same_machine(a: str, b: str) -> bool | None:
+    """Whether two records' machine classes name one CPU model: True, False, or None where one record predates the
+    CPU signature ("cpu:AMD EPYC" beside "cpu:AMD EPYC (family 25 model 1, AVX2)": same vendor, model unrecorded)."""
+    if a == b:
+        return True
+    shorter, longer = sorted((a, b), key=len)
+    return None if longer.startswith(shorter + " (") else False
+
+
+def pairing(pairs: Sequence[tuple[int, Mapping[str, Any], Mapping[str, Any]]]) -> dict[str, Any]:
+    """Whether a claim's seed pairs (seed, system run, baseline run) ran on one CPU model and at one commit: the
+    paired design controls machine and code only where they did (issue 86). The seeds of each kind, and for pairs
+    across CPUs, the two machines."""
+    cpu = {seed: same_machine(str(a.get("machine", "")), str(b.get("machine", ""))) for seed, a, b in pairs}
+    return {
+        "pairs": len(pairs),
+        "across_cpus": {
+            seed: [str(a.get("machine", "")), str(b.get("machine", ""))] for seed, a, b in pairs if cpu[seed] is False
+        },
+        "cpu_unrecorded": [seed for seed in cpu if cpu[seed] is None],
+        "across_commits": [seed for seed, a, b in pairs if a.get("git_sha") != b.get("git_sha")],
+    }
+
+
+def pairing_text(p: Mapping[str, Any]) -> str:
+    """'pairs on one CPU model: 1 of 3 (seeds 2, 3: Intel Xeon (…) vs AMD EPYC (…)); at one commit: 0 of 3'."""
+    n = p["pairs"]
+    across = p["across_cpus"]
+    same = n - len(across) - len(p["cpu_unrecorded"])
+    text = f"pairs on one CPU model: {same} of {n}"
+    details = []
+    if across:
+        machines = {tuple(m) for m in across.values()}
+        shown_ = "; ".join(f"{a.removeprefix('cpu:')} vs {b.removeprefix('cpu:')}" for a, b in sorted(machines))
+        details.append(f"seed{'s' if len(across) > 1 else ''} {', '.join(map(str, across))} across CPUs: {shown_}")
+    if p["cpu_unrecorded"]:
+        unrecorded = p["cpu_unrecorded"]
+        details.append(
+            f"seed{'s' if len(unrecorded) > 1 else ''} {', '.join(map(str, unrecorded))}: a CPU model unrecorded"
+        )
+    if details:
+        text += f" ({'; '.join(details)})"
+    return f"{text}; at one commit: {n - len(p['across_commits'])} of {n}"
+
+
 def degenerate_outputs(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> str | None:
     """'degenerate outputs (`ght_summ`: 5, 1, 13 distinct of 1492; …)' when any run of either side gives fewer
     distinct test outputs than DEGENERATE_DISTINCT of its documents — output that hardly depends on the input, whose
@@ -461,6 +506,15 @@ def _claim_row(
         "delta": _delta(test),
         "state": state,
         "compaction": compaction(runs),
+        "pairing": pairing(
+            [
+                (seed, system["seeds"][seed], baseline["seeds"][seed])
+                for seed, _, _ in paired
+                if seed in system["seeds"] and seed in baseline["seeds"]
+            ]
+            if system and baseline
+            else []
+        ),
         "question": Question(claim.expect, len(paired), test, claim.margin, degenerate_outputs(per_side)),
     }
 
@@ -513,8 +567,11 @@ __all__ = [
     "delta_test",
     "family_of",
     "judge",
+    "pairing",
+    "pairing_text",
     "percent",
     "region",
+    "same_machine",
     "what_would_decide",
     "with_state",
 ]

@@ -93,6 +93,7 @@ def run_summary(record: Mapping[str, Any]) -> dict[str, Any]:
         "convergence": convergence(record.get("learning_curve") or []) or record.get("convergence"),
         "update_freq": ((record.get("config") or {}).get("trainer") or {}).get("update_freq") or 1,
         "git_sha": record["git_sha"],
+        "machine": str((record.get("machine") or {}).get("class") or ""),
     }
 
 

@@ -31,6 +31,7 @@ from zoo.report.claims import (
     budget_words,
     climbing_words,
     compaction_text,
+    pairing_text,
     percent,
 )
 from zoo.report.render_curves import plot_learning_curves
@@ -302,6 +303,11 @@ def _state_cell(state: dict[str, Any]) -> str:
     return f"{budget_words(state)}; {climbing}"
 
 
+def _pairing_cell(c: dict[str, Any]) -> str:
+    """'; pairs on one CPU model: 3 of 3; at one commit: 1 of 3' for a claim with pairs, else ''."""
+    return f"; {pairing_text(c['pairing'])}" if (c.get("pairing") or {}).get("pairs") else ""
+
+
 def _compaction_cell(c: dict[str, Any]) -> str:
     """'; groups at the vote: silhouette …' for a claim with GHT runs (a diagnostic, not a gate), else ''."""
     return f"; {compaction_text(c['compaction'])}" if c.get("compaction") else ""
@@ -421,10 +427,10 @@ def _claims_table(
             )
             row = [c["paper"], c["claim"], *([_source_cell(c["source"])] if source else [])]
             row += [f"{c['design']}; {_size_cell(c['size'])}", pair, quality, _bootstrap_cell(c["bootstrap"])]
-            row += [_delta_cell(c), _state_cell(c["state"]) + _compaction_cell(c)]
+            row += [_delta_cell(c), _state_cell(c["state"]) + _compaction_cell(c) + _pairing_cell(c)]
         else:
             short = [f"{c['paper']} ({_source_cell(c['source'], quote=False)})"] if source else []
-            budget = budget_words(c["state"]) + _compaction_cell(c)
+            budget = budget_words(c["state"]) + _compaction_cell(c) + _pairing_cell(c)
             row = [*short, c["claim"], pair, _bootstrap_cell(c["bootstrap"]), _delta_cell(c), budget]
         lines.append("| " + " | ".join(row) + f" | **{c['verdict']}** |")
     return [*lines, ""]
