@@ -9,6 +9,8 @@ none is significantly worse, no correction — gives another answer.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
@@ -466,3 +468,26 @@ def test_each_claim_says_whether_its_pairs_share_cpu_and_commit() -> None:
         "vs AMD EPYC (family 25 model 1, AVX2); seed 1: a CPU model unrecorded); at one commit: 1 of 3"
     )
     assert pairing_text(pairing(pairs[2:])) == "pairs on one CPU model: 1 of 1; at one commit: 0 of 1"
+
+
+def test_the_results_status_block_is_generated_from_every_report(tmp_path) -> None:
+    """Issue 86: the status was typed by hand and read a 1.1-epoch snapshot as an answer. results/README.md's status
+    block is status_table over every report.json (the render stage rewrites it: write_status), per paper, verdicts
+    reached by runs still climbing apart from settled ones."""
+    from zoo.report.publish import write_status
+    from zoo.report.readme import read_block
+    from zoo.report.tally import STATUS_BLOCK, read_reports, status_counts, status_table
+
+    results = REPO / "results"
+    assert read_block((results / "README.md").read_text(), STATUS_BLOCK) == status_table(read_reports(results))
+    climbing = {"paper": "GHT", "verdict": "does not hold at 2400 updates — 6 of 6 runs …", "state": {"climbing": 6}}
+    settled = {"paper": "GHT", "verdict": "holds at 9600 updates", "state": {"climbing": 0}}
+    ours = {"paper": "ours", "verdict": "too few seeds (2)", "state": {}}
+    reports = {"a": {"claims": [climbing, ours]}, "b": {"claims": [settled]}}
+    counts = status_counts(reports)
+    assert list(counts) == ["GHT", "ours"]  # our questions last
+    assert counts["GHT"] == {"does not hold (climbing)": 1, "holds (settled)": 1} and counts["ours"]["untested"] == 1
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "report.json").write_text(json.dumps(reports["a"]))
+    (tmp_path / "README.md").write_text("x\n<!-- results:status -->\nold\n<!-- /results:status -->\n")
+    assert write_status(tmp_path) and "| GHT | 0 | 0 | 0 | 1 | 0 | 0 | `a` |" in (tmp_path / "README.md").read_text()

@@ -10,12 +10,12 @@ from typing import Any
 
 from zoo.report.baselines import score_baselines
 from zoo.report.collect import collect, epoch_length
-from zoo.report.readme import README, write_block
+from zoo.report.readme import README, ReadmeError, write_block
 from zoo.report.records import load_records, sibling_records
 from zoo.report.render import markdown, readme_block, render
 from zoo.report.speed_results import read_speed_files, summarize
 from zoo.report.suite import Suite
-from zoo.report.tally import verdict_counts
+from zoo.report.tally import STATUS_BLOCK, read_reports, status_table, verdict_counts
 
 
 @dataclass(frozen=True)
@@ -67,9 +67,22 @@ def publish(
     block = readme_block(data, render_command(suite, results_dir, readme=True))
     if write:
         render(results_dir, data, command)
+        write_status(results_dir.parent)
     if readme:
         write_block(results_dir.name, block, readme_path)
     return Published(data=data, report=markdown(data, command), readme_block=block)
 
 
-__all__ = ["Published", "default_results_dir", "display_dir", "publish", "render_command"]
+def write_status(results_root: Path) -> bool:
+    """Rewrite the status block of `<results_root>/README.md` from every report.json there (no block: nothing to
+    do — a results dir of one's own need not have one); returns whether the file changed."""
+    readme = results_root / "README.md"
+    if not readme.is_file():
+        return False
+    try:
+        return write_block(STATUS_BLOCK, status_table(read_reports(results_root)), readme)
+    except ReadmeError:
+        return False
+
+
+__all__ = ["Published", "default_results_dir", "display_dir", "publish", "render_command", "write_status"]
