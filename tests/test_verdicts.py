@@ -166,7 +166,7 @@ def test_holm_families_are_per_paper() -> None:
     from zoo.report.claims import OURS_FAMILY, family_of
 
     heads = next(s for s in _suites() if s.name == "heads")
-    families = {family_of(c) for c in heads.claims}
+    families = {family_of(c) for c in heads.claims if not c.post_hoc}  # a claim written later: a family apart
     assert families == {"Zhang et al. 2022", "Bhojanapalli et al. 2020", "Nguyen et al. 2022", OURS_FAMILY}
     ght = next(s for s in _suites() if s.name == "ght")
     assert {family_of(c) for c in ght.claims} == {"Ni et al. 2023"}  # GHT and GHT-PS: one paper, one family
@@ -491,3 +491,22 @@ def test_the_results_status_block_is_generated_from_every_report(tmp_path) -> No
     (tmp_path / "a" / "report.json").write_text(json.dumps(reports["a"]))
     (tmp_path / "README.md").write_text("x\n<!-- results:status -->\nold\n<!-- /results:status -->\n")
     assert write_status(tmp_path) and "| GHT | 0 | 0 | 0 | 1 | 0 | 0 | `a` |" in (tmp_path / "README.md").read_text()
+
+
+def test_a_claim_written_after_the_records_cannot_move_the_declared_verdicts() -> None:
+    """Issue 86 asked for claim rows the records could answer; written after the runs, they are `post_hoc`: a Holm
+    family of their own, so the verdicts of the claims declared before the runs stay what they were."""
+    from zoo.report.claims import family_of
+    from zoo.report.suite import Claim, Source
+
+    source = Source("Ni et al. 2023", "§5.1", "…")
+    declared = Claim("GHT-PS", "c", "d", "ght_ps", "transformer", "better", source)
+    added = Claim("GHT-PS", "c", "d", "ght_ps", "ght", "not_worse", source, margin=0.5, post_hoc=True)
+    assert family_of(declared) == "Ni et al. 2023"
+    assert family_of(added) == "Ni et al. 2023, written after the records"
+    rows = {
+        name: json.loads((REPO / "results" / name / "report.json").read_text())["claims"]
+        for name in ("ght_4800", "heads")
+    }
+    late = [c for claims in rows.values() for c in claims if c["family"].endswith("written after the records")]
+    assert len(late) == 2 and all(c["family_size"] == 1 for c in late)

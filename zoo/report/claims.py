@@ -457,10 +457,10 @@ def collect_claims(
 
 
 def family_of(claim: Claim) -> str:
-    """The claim's Holm family: the paper it quotes (its source), or our own questions."""
-    if claim.ours:
-        return OURS_FAMILY
-    return claim.source.paper if claim.source else claim.paper
+    """The claim's Holm family: the paper it quotes (its source), or our own questions; a claim written after the
+    records (`post_hoc`) is in a family apart, so it cannot move the verdicts declared before the runs."""
+    family = OURS_FAMILY if claim.ours else claim.source.paper if claim.source else claim.paper
+    return f"{family}, written after the records" if claim.post_hoc else family
 
 
 def _claim_row(

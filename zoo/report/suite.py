@@ -83,6 +83,9 @@ class Claim:
     expect: str  # one of EXPECTATIONS
     source: Source | None = None  # required unless paper is OURS
     margin: float | None = None  # for MARGIN_EXPECTATIONS: the claim's own or the suite's equivalence_margin
+    # written after the suite's records were in (`post_hoc: true`): a Holm family of its own, so adding it cannot
+    # change a verdict of the claims declared before the runs
+    post_hoc: bool = False
 
     @property
     def ours(self) -> bool:
@@ -380,6 +383,7 @@ def _claims(
                     *(str(c[k]) for k in CLAIM_KEYS),
                     source=source,
                     margin=float(margin) if c["expect"] in MARGIN_EXPECTATIONS else None,
+                    post_hoc=bool(c.get("post_hoc", False)),
                 )
             )
     return tuple(claims)
