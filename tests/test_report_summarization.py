@@ -96,6 +96,31 @@ def test_the_tables_name_rouge_l(report: dict) -> None:
     assert "Δ ROUGE-L vs `transformer` (per seed)" in readme_block(report, "cmd")
 
 
+def test_a_summarizer_at_the_constant_summarys_level_renders_degenerate_outputs() -> None:
+    """Issue 86: the 2%-distinct gate let through runs with 181–193 distinct outputs that scored within +0.06–0.18
+    ROUGE-L of the constant string. A run must also score above the constant summary beyond its 95% interval over
+    documents; one that varies its output but not its score reads "degenerate outputs", with its margin."""
+    suite = suite_from_config(OmegaConf.load(REPO / "conf" / "suite" / "summ.yaml"), REPO / "conf")
+    refs = _documents(100, seed=0)
+    constant = ["development files for the library"] * len(refs)
+    # every document its own output, none nearer its reference than the constant: a varied string of the same words
+    varied = [f"development files for the library {i}" for i in range(len(refs))]
+    records = {("transformer", s): _record("transformer", s, _degrade(refs, 0.6, seed=s), refs) for s in (1, 2, 3)}
+    records |= {("ght_summ", s): _record("ght_summ", s, varied, refs) for s in (1, 2, 3)}
+    data = collect(
+        suite, References(tuple(refs), ("summ",) * len(refs)), records, bootstrap_samples=100, floor_outputs=constant
+    )
+    claim = next(c for c in data["claims"] if (c["system"], c["baseline"]) == ("ght_summ", "transformer"))
+    assert (
+        claim["verdict"].startswith("degenerate outputs (`ght_summ`: ")
+        and "over the constant summary" in claim["verdict"]
+    )
+    run = data["entries"]["ght_summ"]["seeds"][1]
+    assert run["outputs"]["distinct"] == 100 and run["above_constant"]["gain"] - run["above_constant"]["ci95"] <= 0
+    good = data["entries"]["transformer"]["seeds"][1]["above_constant"]
+    assert good["gain"] - good["ci95"] > 0  # the model that reads its documents clears the floor
+
+
 def test_a_near_constant_summarizer_renders_degenerate_outputs_not_a_verdict() -> None:
     """Issue 64: `ght_summ` seed 2 gave one output for all 1 492 test documents, and a claim compared it with a
     transformer giving 13–90 distinct ones. A run with fewer distinct outputs than 2% of its documents is
@@ -108,7 +133,8 @@ def test_a_near_constant_summarizer_renders_degenerate_outputs_not_a_verdict() -
     data = collect(suite, References(tuple(refs), ("summ",) * len(refs)), records, bootstrap_samples=100)
     claim = next(c for c in data["claims"] if (c["system"], c["baseline"]) == ("ght_summ", "transformer"))
     assert (
-        claim["verdict"] == "degenerate outputs (`ght_summ`: 1, 1, 1 distinct of 100; near-constant below 2% distinct)"
+        claim["verdict"] == "degenerate outputs (`ght_summ`: 1, 1, 1 distinct of 100; near-constant below 2% distinct, "
+        "or not above the constant summary beyond its 95% interval)"
     )
     assert claim["p"] is None and claim["delta"]["seeds"] == 3  # the numbers are still shown, untested
     outputs = data["entries"]["ght_summ"]["seeds"][1]["outputs"]

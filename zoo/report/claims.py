@@ -363,17 +363,26 @@ def pairing_text(p: Mapping[str, Any]) -> str:
 
 def degenerate_outputs(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> str | None:
     """'degenerate outputs (`ght_summ`: 5, 1, 13 distinct of 1492; …)' when any run of either side gives fewer
-    distinct test outputs than DEGENERATE_DISTINCT of its documents — output that hardly depends on the input, whose
-    score differences say nothing about the claim — else None."""
+    distinct test outputs than DEGENERATE_DISTINCT of its documents, or does not score above the suite's constant
+    summary beyond its 95% interval over documents (issue 86: runs with 181–193 distinct outputs scored within
+    +0.06–0.18 of the constant string) — output whose score differences say nothing about the claim — else None."""
     parts = []
     for name, runs in sides:
         stats = [r["outputs"] for r in runs if r.get("outputs") and r["outputs"]["documents"]]
         if any(o["distinct"] < DEGENERATE_DISTINCT * o["documents"] for o in stats):
             distinct = ", ".join(str(o["distinct"]) for o in stats)
             parts.append(f"`{name}`: {distinct} distinct of {stats[0]['documents']}")
+            continue
+        floors = [r["above_constant"] for r in runs if r.get("above_constant")]
+        if any(f["gain"] - f["ci95"] <= 0 for f in floors):
+            shown = ", ".join(f"{f['gain']:+.2f} ± {f['ci95']:.2f}" for f in floors)
+            parts.append(f"`{name}`: {shown} over the constant summary")
     if not parts:
         return None
-    return f"degenerate outputs ({'; '.join(parts)}; near-constant below {DEGENERATE_DISTINCT:.0%} distinct)"
+    return (
+        f"degenerate outputs ({'; '.join(parts)}; near-constant below {DEGENERATE_DISTINCT:.0%} distinct, or not "
+        "above the constant summary beyond its 95% interval)"
+    )
 
 
 def compaction(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:

@@ -23,7 +23,7 @@ from zoo.metrics import (
 )
 from zoo.report.budget_probe import probe_choice
 from zoo.report.claims import Stats, climbing, collect_claims
-from zoo.report.pairing import input_dependence
+from zoo.report.pairing import above_floor, input_dependence
 from zoo.report.records import References, convergence
 from zoo.report.suite import Suite
 
@@ -231,9 +231,12 @@ def collect(
     records: Records,
     bootstrap_samples: int = 1000,
     epoch: dict[str, Any] | None = None,
+    floor_outputs: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The report's data: per entry, per-seed summaries, mean ± std over seeds, bootstrap, speed, size, claims.
-    `epoch` (`epoch_length` of other records of the same budget) sizes an epoch when these records cannot."""
+    `epoch` (`epoch_length` of other records of the same budget) sizes an epoch when these records cannot;
+    `floor_outputs` (a summarization suite's constant baseline, one output per document) is the score every run is
+    measured against (`above_constant`), which a claim's runs must clear (claims.degenerate_outputs)."""
     epoch = epoch_length(records) or epoch
     stats: dict[tuple[str, int], np.ndarray] = {}
 
@@ -260,6 +263,9 @@ def collect(
             )
         return tests[(entry, seed, baseline)]
 
+    floor = None  # the constant baseline's per-document ROUGE-L F1 × 100 [N]
+    if floor_outputs is not None and suite.headline == "rougeL" and len(refs.texts) >= 2:
+        floor = document_stats(list(floor_outputs), refs.texts, suite.headline)[:, 0]
     entries: dict[str, Any] = {}
     for entry in ordered_entries(suite, records):
         seeds = sorted(s for e, s in records if e == entry)
@@ -269,6 +275,8 @@ def collect(
                 per_document = run_stats(entry, seed) if suite.headline == "rougeL" else None
                 own = per_document[:, 0] if per_document is not None else None  # ROUGE-L F1 × 100, computed once
                 run["dependence"] = input_dependence(records[(entry, seed)]["hypotheses"], refs.texts, own)
+                if floor is not None and own is not None:
+                    run["above_constant"] = above_floor(own, floor)
         first = runs[seeds[0]]
         entries[entry] = {
             "seeds": runs,

@@ -56,10 +56,17 @@ def input_dependence(
     }
 
 
+def above_floor(own: np.ndarray, floor: np.ndarray) -> dict[str, float]:
+    """A run's per-document score (`own`, [N]) less a baseline's on the same documents (`floor`, [N], e.g. the
+    constant summary's): the mean and its 95% interval half-width over documents (normal, n ≥ 2)."""
+    diff = np.asarray(own, dtype=np.float64) - np.asarray(floor, dtype=np.float64)  # [N]
+    return {"gain": float(diff.mean()), "ci95": float(1.96 * diff.std(ddof=1) / math.sqrt(len(diff)))}
+
+
 def dependence_text(d: dict[str, Any]) -> str:
     """`+20.71 ± 0.62` (the gain and its 95% half-width; zero within it reads as no dependence). A constant's
     gain, zero up to the last bit of a float sum, reads +0.00."""
     return f"{round(d['gain'], 2) + 0.0:+.2f} ± {d['ci95']:.2f}"
 
 
-__all__ = ["SHUFFLES", "SHUFFLE_SEED", "dependence_text", "derangements", "input_dependence"]
+__all__ = ["SHUFFLES", "SHUFFLE_SEED", "above_floor", "dependence_text", "derangements", "input_dependence"]

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from zoo.report.baselines import score_baselines
+from zoo.report.baselines import constant_outputs, score_baselines
 from zoo.report.collect import collect, epoch_length
 from zoo.report.readme import README, ReadmeError, write_block
 from zoo.report.records import load_records, sibling_records
@@ -55,7 +55,14 @@ def publish(
     refs, records = load_records(results_dir, suite)
     epoch = epoch_length(records) or epoch_length(sibling_records(results_dir, suite))
     data = {
-        **collect(suite, refs, records, bootstrap_samples=bootstrap_samples, epoch=epoch),
+        **collect(
+            suite,
+            refs,
+            records,
+            bootstrap_samples=bootstrap_samples,
+            epoch=epoch,
+            floor_outputs=constant_outputs(results_dir, refs) if suite.task != "translation" else None,
+        ),
         "results_dir": display_dir(results_dir),
         "speed": [summarize(f) for f in read_speed_files(results_dir, suite.name, suite.baseline)],
         "speed_claims": [asdict(c) for c in suite.speed_claims],

@@ -372,8 +372,9 @@ def _rule_text(data: dict[str, Any], compact: bool) -> str:
         "climbing, and the verdict says so. GHT and GHT-PS are judged as the paper's procedure runs "
         "(voting at a fixed point of the budget, compact groups or not); the compaction of the groups the loss "
         f"trained stands beside their verdicts as a diagnostic (silhouette ≥ {COMPACT_SILHOUETTE}: compact). "
-        f"A claim one of whose runs gives fewer distinct test outputs than {DEGENERATE_DISTINCT:.0%} of its documents "
-        'reads "degenerate outputs" with the counts, not a verdict. '
+        f"A claim one of whose runs gives fewer distinct test outputs than {DEGENERATE_DISTINCT:.0%} of its documents, "
+        "or (summarization) does not score above the constant summary beyond its 95% interval over documents, "
+        'reads "degenerate outputs" with the numbers, not a verdict. '
         f"The per-seed column is {_per_seed_test(data)} of each "
         f"seed's two runs (test {_segments(data)} only; `*` = p < 0.05). "
         "Params are non-embedding, FLOPs at source length 30."
