@@ -152,26 +152,30 @@ def run_baselines(results_dir: Path, suite: Suite) -> Path | None:
     return write_json_gz(path, build_baselines(data_cfg, suite, refs))
 
 
-def constant_outputs(results_dir: Path, refs: References) -> list[str] | None:
-    """The constant baseline's output for every test document (None when the suite stores no baselines): the floor
-    a summarizer must clear beyond its interval for its claims to read as more than degenerate outputs."""
+def _stored(results_dir: Path, refs: References) -> tuple[Path, dict[str, Any] | None]:
+    """The suite's baselines file and its contents (None when it stores none), refused when made for other
+    references."""
     path = results_dir / BASELINES_FILE
     if not path.is_file():
-        return None
+        return path, None
     raw = read_json_gz(path)
     if raw.get("references_sha256") != refs.sha256:
         raise RecordError(f"{path}: made for other test references; delete it and rerun stages=[baselines]")
-    return [raw["constant"]["text"]] * len(refs.texts)
+    return path, raw
+
+
+def constant_outputs(results_dir: Path, refs: References) -> list[str] | None:
+    """The constant baseline's output for every test document (None when the suite stores no baselines): the floor
+    a summarizer must clear beyond its interval for its claims to read as more than degenerate outputs."""
+    _, raw = _stored(results_dir, refs)
+    return None if raw is None else [raw["constant"]["text"]] * len(refs.texts)
 
 
 def score_baselines(results_dir: Path, refs: References) -> dict[str, Any] | None:
     """The stored baselines scored against the suite's references (None when the suite has none)."""
-    path = results_dir / BASELINES_FILE
-    if not path.is_file():
+    path, raw = _stored(results_dir, refs)
+    if raw is None:
         return None
-    raw = read_json_gz(path)
-    if raw.get("references_sha256") != refs.sha256:
-        raise RecordError(f"{path}: made for other test references; delete it and rerun stages=[baselines]")
     n = len(refs.texts)
     constant, lead_ = raw["constant"], raw["lead"]
     if len(lead_["outputs"]) != n:
