@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ import torch
 
 from export.graph import ExportError, cross_caches
 from export.runtime import ExportedModel, Search
+from export.runtime.generation import best_tokens, search_batch, shaped
 from export.runtime.search import truncate_sources
 from zoo.alignment import CrossAttentionWeights
 from zoo.data import TextTokenizer
@@ -187,14 +188,17 @@ def verify_export(
         report["max_abs_shortlist_logits_diff"] = shortlist_parity(runtime, pruned, src_all, tgt_all)
 
     for label, s in (("beam", search), ("greedy", replace(search, beam_size=1))):
-        ref = generate(gated, src_all, s)
-        got = runtime.generate(src_all.numpy(), s)
+        ref = best_tokens(generate(gated, src_all, s))
+        got = best_tokens(search_batch(runtime, src_all.numpy(), s))
         same = sum(a == b for a, b in zip(ref, got, strict=True))
         report[label] = {"beam_size": s.beam_size, "identical": same, "total": len(ref)}
-    ref_text = translate_texts(
-        gated, tokenizer, list(srcs), search, max_tokens=runtime.max_tokens, max_sentences=runtime.max_sentences
+    ref_text = shaped(
+        translate_texts(
+            gated, tokenizer, list(srcs), search, max_tokens=runtime.max_tokens, max_sentences=runtime.max_sentences
+        ),
+        lists=False,
     )
-    got_text = runtime.translate(list(srcs), **asdict(search))
+    got_text = runtime.translate(list(srcs), search)
     report["translate_identical"] = sum(a == b for a, b in zip(ref_text, got_text, strict=True))
     problems = []
     if report["pruned_vs_gated"] > tolerance:

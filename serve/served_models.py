@@ -11,18 +11,18 @@ is not a text model and is not served through the gate.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from export.runtime import SEARCH_LIMITS
-from serve.triton.model_outputs import OPTIONAL_OUTPUTS
+from export.runtime import Search
 
-# the request parameters the text models read (serve/triton/model_requests.py), plus HTTP's binary-output switch
-MODEL_PARAMETERS = frozenset({*SEARCH_LIMITS, "num_hypotheses", *OPTIONAL_OUTPUTS})
+# the request parameters the text models read (serve/triton/model_requests.py: every option of a `Search`), plus
+# HTTP's binary-output switch
+MODEL_PARAMETERS = frozenset(f.name for f in fields(Search))
 HTTP_PARAMETERS = frozenset({"binary_data_output"})
 # Triton's own flag that clients such as perf_analyzer send with every request (it asks a decoupled model for an
 # empty final response): read, and left out of what Triton receives — the gate's calls to Triton are unary

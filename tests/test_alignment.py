@@ -17,6 +17,7 @@ import export
 from export.pruning import prune, validate_plan
 from export.runtime import SearchError
 from export.runtime.alignment import align_words, piece_words, token_pieces, word_alignment, word_texts
+from export.runtime.generation import padded, translate
 from export.runtime.moses_bpe import MosesBPETokenizer
 from export.runtime.tokenizer import SentencePieceTokenizer, SharedVocabTokenizer
 from tests.convert_testing import PAIRS, train_sentencepiece
@@ -25,8 +26,7 @@ from tests.zoo_testing import random_batch, tiny_model
 from zoo.alignment import check_alignments, default_alignment_layer
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.convert.marian import marian_vocabulary
-from zoo.generate import TorchStep
-from zoo.generate import generate_nbest as zoo_generate_nbest
+from zoo.generate import TorchEngine, TorchStep
 
 
 def _clear_argmax(w: np.ndarray, gap: float = 1e-4) -> np.ndarray:
@@ -120,7 +120,7 @@ def test_the_graph_s_alignment_output_equals_torch_s_weights_at_every_step(entry
     _, reference = prune(model_from_checkpoint(load_checkpoint(smoke_run(entry))), plan, remove=False)
     runtime = export.load(out, threads=1)
     texts = [s for s, _ in PAIRS[:5]]
-    src = runtime.pad(runtime.encode_texts(texts))  # [B, S]
+    src = padded(runtime.encode_texts(texts), runtime.pad_id)  # [B, S]
     rows = np.repeat(np.arange(len(src)), 2)  # two rows per sentence, as a beam of 2
     fetched: list[list[str]] = []
     decode = runtime.backend.decode
@@ -177,11 +177,11 @@ def test_exports_without_an_alignment_output_refuse_alignments_naming_the_fix(ex
     outputs = [o for o in manifest["graphs"]["decoder"]["outputs"] if o != "alignment"]
     model = load_with(None, outputs)
     assert model.translate(["Guten Morgen."]) == export.load(out, threads=1).translate(["Guten Morgen."])
-    encoded = model.encode(model.pad(model.encode_texts(["Guten Morgen."])))
-    with pytest.raises(SearchError, match=r"^alignments: transformer-smoke was exported without .* re-export it"):
+    encoded = model.encode(padded(model.encode_texts(["Guten Morgen."]), model.pad_id))
+    with pytest.raises(SearchError, match=r"^return_alignments: transformer-smoke was exported without .* re-export"):
         model.stepper(encoded, alignments=True)
     none = {"output": None, "layer": None, "heads": [], "reason": "attention 'linear': running sums"}
-    with pytest.raises(SearchError, match=r"^alignments: transformer-smoke has no .*: attention 'linear': running"):
+    with pytest.raises(SearchError, match=r"^return_alignments: transformer-smoke has no .*: attention 'linear': runn"):
         load_with(none, outputs).stepper(encoded, alignments=True)
     with pytest.raises(export.ExportedModelError, match=r"alignment\.layer=-1 is out of range"):
         load_with({**manifest["alignment"], "layer": -1}, manifest["graphs"]["decoder"]["outputs"])
@@ -235,15 +235,10 @@ def test_a_searched_hypothesis_carries_the_argmax_of_its_steps_weights(beam: int
     prefix = ["", "", "", "", "", texts[5].split()[0]]
     search = {"beam_size": beam, "num_hypotheses": min(beam, 2), "target_prefix": prefix}
     ours = runtime.translate(texts, return_alignments=True, **search)
-    src = runtime.pad(runtime.encode_texts(texts))
-    theirs = zoo_generate_nbest(
-        reference,
-        torch.from_numpy(src),
-        export.Search(beam_size=beam),
-        min(beam, 2),
-        prefixes=runtime.encode_prefixes(texts, prefix),
-        alignment_layer=runtime.alignment_layer,
-    )
+    src = padded(runtime.encode_texts(texts), runtime.pad_id)
+    engine = TorchEngine(reference, runtime.tokenizer, alignment_layer=runtime.alignment_layer)
+    asked = export.Search(beam_size=beam, num_hypotheses=min(beam, 2), return_alignments=True)
+    theirs = translate(engine, texts, asked, prefix)  # the same driver over the torch model
     compared = 0
     for i, (hyps, twins) in enumerate(zip(ours, theirs, strict=True)):
         for h, twin in zip(hyps, twins, strict=True):

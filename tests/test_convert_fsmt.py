@@ -19,6 +19,7 @@ import torch
 
 import export
 from export.exporter import ExportError, export_checkpoint
+from export.runtime.generation import best_tokens
 from export.runtime.moses_bpe import MosesBPETokenizer, merge_pair
 from export.runtime.search import Search
 from tests.convert_testing import (
@@ -34,7 +35,7 @@ from tests.zoo_testing import compose_train
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.convert.__main__ import main as convert_main
 from zoo.data import load_tokenizer
-from zoo.generate import generate, generate_nbest
+from zoo.generate import generate as generate_nbest
 from zoo.train import train
 
 transformers = pytest.importorskip("transformers", reason="the parity tests need the [hf] extra (part of dev)")
@@ -213,7 +214,7 @@ def test_greedy_and_beam_equal_generate(fsmt, converted: Path, beam: int) -> Non
     theirs, out = generate_like_the_zoo(hf_model, enc, beam, MAX_NEW)
     search = Search(beam_size=beam, len_penalty=1.0, max_len_a=0, max_len_b=MAX_NEW, min_len=1)
     best = [hyps[0] for hyps in generate_nbest(model, enc["input_ids"], search)]
-    assert [h.tokens for h in best] == theirs == generate(model, enc["input_ids"], search)
+    assert [h.tokens for h in best] == theirs == best_tokens(generate_nbest(model, enc["input_ids"], search))
     lengths = {len(h.tokens) for h in best}
     assert min(lengths) < MAX_NEW - 1 and max(lengths) == MAX_NEW - 1  # natural and forced ends both compared
     if beam > 1:

@@ -22,6 +22,7 @@ import export
 import zoo
 from export.exporter import export_checkpoint
 from export.exporter import search_settings as export_search
+from export.runtime.generation import best_tokens
 from export.runtime.search import Search
 from tests.convert_testing import (
     PAIRS,
@@ -43,7 +44,7 @@ from zoo.data import DataError, SharedVocabTokenizer, load_tokenizer
 from zoo.entries import CONF_DIR
 from zoo.errors import ZooError
 from zoo.evaluate import evaluate
-from zoo.generate import generate, generate_nbest
+from zoo.generate import generate as generate_nbest
 from zoo.train import train
 from zoo.translate import main as translate_main
 
@@ -216,7 +217,7 @@ def test_greedy_and_beam_equal_generate(marian, converted: Path, beam: int) -> N
     theirs, out = generate_like_the_zoo(hf_model, enc, beam, MAX_NEW)
     search = Search(beam_size=beam, len_penalty=1.0, max_len_a=0, max_len_b=MAX_NEW, min_len=1)
     best = [hyps[0] for hyps in generate_nbest(model, enc["input_ids"], search)]
-    assert [h.tokens for h in best] == theirs == generate(model, enc["input_ids"], search)
+    assert [h.tokens for h in best] == theirs == best_tokens(generate_nbest(model, enc["input_ids"], search))
     lengths = {len(h.tokens) for h in best}
     assert min(lengths) < MAX_NEW - 1 and max(lengths) == MAX_NEW - 1  # natural and forced ends both compared
     if beam > 1:
@@ -290,7 +291,7 @@ def test_prefix_and_repetition_options_equal_generate(marian, converted: Path, b
             min_len=len(prefix) + 1,
             **REPEAT_OPTIONS,
         )
-        ours = generate_nbest(model, enc["input_ids"], search, prefixes=[prefix])[0][0]
+        ours = generate_nbest(model, enc["input_ids"], search, [prefix])[0][0]
         assert ours.tokens == theirs
         assert ours.tokens[: len(prefix)] == prefix
         if beam > 1:
@@ -299,7 +300,7 @@ def test_prefix_and_repetition_options_equal_generate(marian, converted: Path, b
             expected = _hf_reference_greedy_score(hf_model, out, start, len(theirs) == len(prefix) + MAX_NEW - 1)
         assert ours.score == pytest.approx(expected, abs=1e-4)
         plain = replace(search, no_repeat_ngram_size=0, repetition_penalty=1.0)
-        changed += generate_nbest(model, enc["input_ids"], plain, prefixes=[prefix])[0][0].tokens != ours.tokens
+        changed += generate_nbest(model, enc["input_ids"], plain, [prefix])[0][0].tokens != ours.tokens
     assert changed >= 2  # the options changed outputs: the comparison is not the plain search's again
 
 

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from export.runtime.generation import generate
 from export.runtime.processing import nucleus, penalise
 from export.runtime.search import Search, SearchError
 from tests.zoo_testing import random_batch, tiny_model
-from zoo.generate import generate_nbest
+from zoo.generate import TorchEngine
 
 GREEDY = Search(beam_size=1, max_len_a=0, max_len_b=12, min_len=1)
 
@@ -29,6 +30,12 @@ def model():
 @pytest.fixture(scope="module")
 def src():
     return random_batch(b=4)[0]
+
+
+def generate_nbest(model, src, search, num_hypotheses=1, **kw):
+    """Per row of src [B, S] its hypotheses from the runtime's driver over the torch engine (inputs checked)."""
+    ids = [row[row != model.cfg.pad_id].tolist() for row in src]
+    return generate(TorchEngine(model), ids, replace(search, num_hypotheses=num_hypotheses), **kw)
 
 
 def _best(model, src, search, **kw):

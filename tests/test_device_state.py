@@ -8,6 +8,8 @@ to different lengths, so rows finish at different steps. One thread each: the tw
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -16,6 +18,7 @@ from onnx import TensorProto, helper
 
 import export
 from export import runtime as rt
+from export.runtime import generation
 from export.runtime.device_state import DeviceState
 from export.runtime.row_gather import ONNX_ELEMENT_TYPES, gather_model
 from export.runtime.stepper import Stepper
@@ -26,8 +29,9 @@ def _loaded(out, state: str) -> rt.ExportedModel:
     return export.load(out, threads=1, state=state, check_files=False)
 
 
-def _nbest(model: rt.ExportedModel, encoded, search: rt.Search, n: int, **kw) -> list:
-    return model.translate_encoded_nbest(encoded, search, n, **kw)
+def _nbest(model: rt.ExportedModel, encoded, search: rt.Search, n: int, alignments: bool = False, **kw) -> list:
+    search = replace(search, num_hypotheses=n, return_alignments=alignments)
+    return generation.translations(model, generation.generate(model, encoded, search, **kw))
 
 
 @pytest.mark.parametrize("dtype", sorted(ONNX_ELEMENT_TYPES, key=str))
@@ -108,7 +112,7 @@ def test_device_stores_regrow_where_a_caller_outruns_their_size(exported) -> Non
     dropped: its stores regrow on the device (wider, then longer) and every step's top-k equals the host's."""
     out, _ = exported("mlk_4head")  # running sums and growing caches both
     host, device = _loaded(out, "host"), _loaded(out, "device")
-    src = host.pad(host.encode_texts(manifest_heldout(out)[:3]))
+    src = generation.padded(host.encode_texts(manifest_heldout(out)[:3]), host.pad_id)
     rows = np.repeat(np.arange(3), 2)
     a = host.stepper(host.encode(src), rows, steps=1, slots=1)
     b = Stepper(device, DeviceState(device, src, np.arange(3), len(rows), 1, 1), rows, np.arange(3))

@@ -19,6 +19,7 @@ from onnx import numpy_helper
 from export import runtime as rt
 from export.bench import points, roofline, speed
 from export.bench import table as bench_table
+from export.runtime.generation import padded
 from tests.zoo_testing import REPO, tiny_model
 
 
@@ -256,14 +257,14 @@ def test_batch1_points_store_per_sentence_latency_and_the_table_renders_it(expor
     fp32, _ = exported("transformer")
     model = rt.load(fp32, threads=1)
     texts = json.loads((fp32 / "heldout.json").read_text())["src"][:3]
-    singles = [model.pad(model.encode_texts([t])) for t in texts]
+    singles = [padded(model.encode_texts([t]), model.pad_id) for t in texts]
     search = points.searches("greedy", 4)
     point = points.bench_point("fixed greedy batch 1", {"ort": ("ort", model)}, singles, search, repeats=2)
     entry = point["engines"]["ort"]
     latency = entry["latency_s"]
     assert latency["n"] == 6 and 0 < latency["p50"] <= latency["p90"] <= max(entry["times_s"])
     batched = points.bench_point(
-        "fixed greedy batch 3", {"ort": ("ort", model)}, [model.pad(model.encode_texts(texts))], search, repeats=1
+        "fixed greedy batch 3", {"ort": ("ort", model)}, [padded(model.encode_texts(texts), model.pad_id)], search, 1
     )
     assert "latency_s" not in batched["engines"]["ort"]
     report = {"machine": {}, "threads": 1, "repeats": 2, "points": [point, batched]}

@@ -27,6 +27,7 @@ from export import graph as export_graph
 from export import runtime as rt
 from export.bench import threads as bench_threads
 from export.graph import CacheSpec
+from export.runtime.generation import padded, search_batch
 from tests.zoo_testing import REPO
 
 
@@ -129,7 +130,7 @@ def test_decoder_gathers_the_past_and_returns_only_new_positions(exported, tmp_p
         assert node.op_type not in ("Concat", "Slice", "Identity"), (spec["name"], node.op_type)
     assert not [n for n in graph.node if n.op_type == "Concat" and any(".self." in i for i in n.input)]
     runtime = export.load(out, threads=1)
-    src = runtime.pad(runtime.encode_texts(["Guten Morgen.", "Das Haus ist klein."]))
+    src = padded(runtime.encode_texts(["Guten Morgen.", "Das Haus ist klein."]), runtime.pad_id)
     step = runtime.stepper(runtime.encode(src), np.repeat(np.arange(2), 3), steps=4)
     step(np.full(6, runtime.bos_id), 0, 4)
     step.select(np.array([2, 2, 0, 5, 4, 3]))
@@ -202,11 +203,11 @@ def test_shared_weights_are_read_once_for_both_sessions(exported, tmp_path) -> N
     own = _tampered(out, tmp_path, lambda m: m.pop("shared_weights"))
     alone = export.load(own)
     assert alone.backend.shared == {}
-    src = model.pad(model.encode_texts(["ein kleiner Test .", "noch ein Satz"]))
+    src = padded(model.encode_texts(["ein kleiner Test .", "noch ein Satz"]), model.pad_id)
     one, two = model.encode(src, with_memory=True), alone.encode(src, with_memory=True)
     for name in one:
         np.testing.assert_array_equal(one[name], two[name])
-    assert model.generate(src) == alone.generate(src)
+    assert search_batch(model, src, model.search) == search_batch(alone, src, alone.search)
 
 
 def test_runtime_providers_name_the_fix(exported) -> None:

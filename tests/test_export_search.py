@@ -7,6 +7,7 @@ Every export here runs with one thread (`runtime.threads=1`): the two cores are 
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 import export
 from export import runtime as rt
 from export.pruning import prune
+from export.runtime.generation import best_tokens, generate, padded, search_batch, shaped
 from export.runtime.search import Scored, Search
 from export.runtime.stepper import HostState
 from export.verify import encode_pairs, graph_parity
@@ -26,9 +28,9 @@ from tests.export_testing import (
 from zoo import evaluation
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import Tokenizer
-from zoo.evaluation import score_ids, translate_texts, translate_texts_nbest
-from zoo.generate import TorchStep, generate
-from zoo.generate import generate_nbest as zoo_generate_nbest
+from zoo.evaluation import score_ids, translate_texts
+from zoo.generate import TorchStep
+from zoo.generate import generate as torch_generate
 
 
 def _heldout_batch(run_dir: Path, n: int = 32) -> tuple[torch.Tensor, list[str], Tokenizer, dict]:
@@ -57,8 +59,9 @@ def test_ort_search_equals_torch_search(exported, smoke_run) -> None:
         Search(beam_size=4, no_repeat_ngram_size=2, repetition_penalty=1.3),  # whole distributions (processing.py)
         Search(beam_size=1, repetition_penalty=1.3, sampling=1, top_p=0.9, seed=3),
     ):
-        assert runtime.generate(src.numpy(), search) == generate(model, src, search), search
-    reference = translate_texts(model, tok, texts, Search(beam_size=5))
+        ours = best_tokens(search_batch(runtime, src.numpy(), search))
+        assert ours == best_tokens(torch_generate(model, src, search)), search
+    reference = shaped(translate_texts(model, tok, texts, Search(beam_size=5)), lists=False)
     assert runtime.translate(texts, beam_size=5) == reference
     assert runtime.translate(texts[0]) == reference[:1]  # a single string, the manifest's defaults (beam 5)
     assert len({*reference}) > len(reference) // 3  # the (pruned) smoke model is not degenerate
@@ -74,10 +77,11 @@ def test_ort_beam_equals_torch_beam_on_the_test_split(entry: str, exported, smok
     _, reference = prune(model_from_checkpoint(payload), manifest["head_plan"], remove=False)
     texts = (smoke_corpus / "test.de").read_text(encoding="utf-8").splitlines()
     runtime = export.load(out, threads=1)
-    src = torch.from_numpy(runtime.pad(runtime.encode_texts(texts)))
-    ids = generate(reference, src, Search(beam_size=5))
-    assert runtime.generate(src.numpy(), rt.Search(beam_size=5)) == ids
-    assert runtime.translate(texts, beam_size=5) == translate_texts(reference, tok, texts, Search(beam_size=5))
+    src = torch.from_numpy(padded(runtime.encode_texts(texts), runtime.pad_id))
+    ids = best_tokens(torch_generate(reference, src, Search(beam_size=5)))
+    assert best_tokens(search_batch(runtime, src.numpy(), rt.Search(beam_size=5))) == ids
+    theirs = translate_texts(reference, tok, texts, Search(beam_size=5))
+    assert runtime.translate(texts, beam_size=5) == shaped(theirs, lists=False)
     if entry == "transformer":  # non-degeneracy is checked on the baseline smoke checkpoint (zoo/DESIGN.md §3c);
         assert len({tuple(h) for h in ids}) > len(ids) // 3  # pruned 300-update variants repeat more
 
@@ -98,7 +102,7 @@ def test_ort_nbest_and_scores_equal_torch(entry: str, exported, smoke_run, smoke
     for search in (Search(beam_size=5, len_penalty=0.8), Search(beam_size=1)):
         settings = {"beam_size": search.beam_size, "len_penalty": search.len_penalty}
         ours = runtime.translate(texts, **settings, num_hypotheses=search.beam_size)
-        theirs = translate_texts_nbest(reference, tok, texts, search, search.beam_size)
+        theirs = translate_texts(reference, tok, texts, replace(search, num_hypotheses=search.beam_size))
         assert [hyps[0].text for hyps in ours] == runtime.translate(texts, **settings)
         for a, b in zip(ours, theirs, strict=True):
             assert a[0].tokens == b[0].tokens and len(a) == len(b) == search.beam_size
@@ -141,11 +145,11 @@ def test_runtime_nbest_and_score_refuse_bad_values(exported) -> None:
     runtime = export.load(out, threads=1)
     for bad in (0, 6, 2.5, "two", True, None, float("inf")):
         with pytest.raises(export.SearchError, match=r"num_hypotheses=.* allowed: an integer in \[1, 5\]"):
-            rt.check_num_hypotheses(bad, 5)
+            rt.Search(beam_size=5, num_hypotheses=bad)
     with pytest.raises(export.SearchError, match=r"num_hypotheses=6 is out of range; .*at most beam_size=5"):
         runtime.translate(["Guten Morgen."], beam_size=5, num_hypotheses=6)
     with pytest.raises(export.SearchError, match=r"num_hypotheses=2 is out of range; .*\[1, 1\]"):
-        runtime.translate_encoded_nbest([], runtime.search_settings(beam_size=1), 2)
+        runtime.search_settings(beam_size=1, num_hypotheses=2)
     one = runtime.translate(["Guten Morgen.", ""], beam_size=2, return_scores=True)
     assert [len(h) for h in one] == [1, 1] and isinstance(one[0][0], rt.Translation)
     with pytest.raises(rt.ScoreError, match="got 2 sources but 1 targets"):
@@ -198,7 +202,7 @@ def test_beam_search_runs_its_first_step_on_one_row_per_sentence(exported, monke
     beam-equality tests); the self-attention store is sized for the full width from the start."""
     out, _ = exported("transformer")
     runtime = export.load(out, threads=1)
-    src = runtime.pad(runtime.encode_texts(["Guten Morgen.", "Das Haus ist klein.", "Ja."]))
+    src = padded(runtime.encode_texts(["Guten Morgen.", "Das Haus ist klein.", "Ja."]), runtime.pad_id)
     rows: list[int] = []
     widths: list[int] = []
     run = HostState.run
@@ -209,7 +213,7 @@ def test_beam_search_runs_its_first_step_on_one_row_per_sentence(exported, monke
         return run(self, host, fetch)
 
     monkeypatch.setattr(HostState, "run", spy)
-    hyps = runtime.generate_nbest(src, rt.Search(beam_size=4, max_len_a=0.0, max_len_b=6, min_len=6), 4)
+    hyps = search_batch(runtime, src, rt.Search(beam_size=4, max_len_a=0.0, max_len_b=6, min_len=6, num_hypotheses=4))
     assert rows[:3] == [3, 12, 12] and set(widths) == {12}
     assert all(len(h) == 4 and all(len(x.tokens) == 5 for x in h) for h in hyps)
 
@@ -221,7 +225,7 @@ def test_a_step_where_every_hypothesis_must_end_is_not_decoded(exported, monkeyp
     The hypotheses and scores are checked against zoo.generate by the search-equality tests, fixed lengths included."""
     out, _ = exported("transformer")
     runtime = export.load(out, threads=1)
-    src = runtime.pad(runtime.encode_texts(["Ja.", "Das Haus ist klein und alt, aber es hat einen Garten."]))
+    src = padded(runtime.encode_texts(["Ja.", "Das Haus ist klein und alt, aber es hat einen Garten."]), runtime.pad_id)
     steps: list[int] = []
     run = HostState.run
 
@@ -232,15 +236,16 @@ def test_a_step_where_every_hypothesis_must_end_is_not_decoded(exported, monkeyp
     monkeypatch.setattr(HostState, "run", spy)
     for beam in (1, 4):
         steps.clear()
-        hyps = runtime.generate_nbest(src, rt.Search(beam_size=beam, max_len_a=0.0, max_len_b=6, min_len=6), beam)
+        fixed = rt.Search(beam_size=beam, max_len_a=0.0, max_len_b=6, min_len=6, num_hypotheses=beam)
+        hyps = search_batch(runtime, src, fixed)
         assert steps == [0, 1, 2, 3, 4], beam
         assert all(len(h) == beam and all(len(x.tokens) == 5 for x in h) for h in hyps)
         # every sentence to its own limit (eos banned before it): the short one's last step is decoded for the other
-        search = rt.Search(beam_size=beam, max_len_a=0.5, max_len_b=1, min_len=200)
+        search = rt.Search(beam_size=beam, max_len_a=0.5, max_len_b=1, min_len=200, num_hypotheses=beam)
         limits = rt.max_lengths((src != runtime.pad_id).sum(1), search, runtime.max_positions)
         assert limits[0] < limits[1]
         steps.clear()
-        hyps = runtime.generate_nbest(src, search, beam)
+        hyps = search_batch(runtime, src, search)
         assert steps == list(range(int(limits[1]) - 1)), beam
         assert [len(h[0].tokens) for h in hyps] == [int(n) - 1 for n in limits]
 
@@ -255,14 +260,14 @@ def test_forced_lengths_give_each_sentence_exactly_its_length(beam_size: int, ex
     runtime = export.load(out, threads=1)
     lengths = [0, 1, 7, 3, 40, 12]
     limits = rt.forced_limits(lengths, runtime.max_positions)
-    search = rt.Search(beam_size=beam_size, max_len_a=0.0, max_len_b=2)  # its own bounds are ignored
-    nbest = runtime.generate_nbest(src.numpy(), search, beam_size, limits)
+    search = rt.Search(beam_size=beam_size, max_len_a=0.0, max_len_b=2, num_hypotheses=beam_size)  # bounds ignored
+    nbest = search_batch(runtime, src.numpy(), search, limits)
     # every beam finishes at once; length 0 (only eos allowed) leaves the empty hypothesis alone
     assert [len(hyps) for hyps in nbest] == [1 if n == 0 else beam_size for n in lengths]
     assert [[len(h.tokens) for h in hyps] for hyps in nbest] == [
         [n] * len(hyps) for n, hyps in zip(lengths, nbest, strict=True)
     ]
-    assert [len(ids) for ids in runtime.generate(src.numpy(), search, limits)] == lengths
+    assert [len(ids) for ids in best_tokens(nbest)] == lengths
     capped = rt.forced_limits([10**6], runtime.max_positions)  # never past the position limit
     assert capped.max_len.tolist() == [runtime.max_positions - 1]
 
@@ -275,28 +280,26 @@ def test_rows_with_different_length_settings_share_one_search(exported, smoke_ru
     runtime = export.load(out, threads=1)
     encoded = runtime.encode_texts(texts)
     settings = [
-        rt.Search(beam_size=3, min_len=4),
-        rt.Search(beam_size=3, max_len_a=0.0, max_len_b=3),
-        rt.Search(beam_size=3),
-        rt.Search(beam_size=3, min_len=9, max_len_a=0.5, max_len_b=12),
-        rt.Search(beam_size=3, max_len_a=0.0, max_len_b=1),
-        rt.Search(beam_size=3, max_len_a=2.0, max_len_b=0),
+        rt.Search(beam_size=3, min_len=4, num_hypotheses=2),
+        rt.Search(beam_size=3, max_len_a=0.0, max_len_b=3, num_hypotheses=2),
+        rt.Search(beam_size=3, num_hypotheses=2),
+        rt.Search(beam_size=3, min_len=9, max_len_a=0.5, max_len_b=12, num_hypotheses=2),
+        rt.Search(beam_size=3, max_len_a=0.0, max_len_b=1, num_hypotheses=2),
+        rt.Search(beam_size=3, max_len_a=2.0, max_len_b=0, num_hypotheses=2),
     ]
-    alone = [runtime.translate_encoded_nbest([ids], s, 2)[0] for ids, s in zip(encoded, settings, strict=True)]
+    alone = [generate(runtime, [ids], s)[0] for ids, s in zip(encoded, settings, strict=True)]
     bounds = rt.concat_limits(
         [
             rt.row_limits(np.array([len(ids)]), s, runtime.max_positions)
             for ids, s in zip(encoded, settings, strict=True)
         ]
     )
-    together = runtime.translate_encoded_nbest(encoded, settings[0], 2, limits=bounds)
-    assert [[(t.tokens, t.text) for t in hyps] for hyps in together] == [
-        [(t.tokens, t.text) for t in hyps] for hyps in alone
-    ]
+    together = generate(runtime, encoded, settings[0], limits=bounds)
+    assert [[t.tokens for t in hyps] for hyps in together] == [[t.tokens for t in hyps] for hyps in alone]
     for a, b in zip(together, alone, strict=True):
         assert [t.score for t in a] == pytest.approx([t.score for t in b], abs=1e-5)
     with pytest.raises(rt.SearchError, match="length bounds for 5 sentences but 6 sources"):
-        runtime.translate_encoded_nbest(encoded, settings[0], 1, limits=bounds.take(range(5)))
+        generate(runtime, encoded, settings[0], limits=bounds.take(range(5)))
 
 
 def _clearly_ranked(lp: np.ndarray, tol: float = 1e-4) -> np.ndarray:
@@ -320,7 +323,7 @@ def test_the_torch_step_equals_the_runtime_stepper(entry: str, exported, smoke_r
     _, reference = prune(model_from_checkpoint(payload), manifest["head_plan"], remove=False)
     runtime = export.load(out, threads=1)
     texts = (smoke_corpus / "test.de").read_text(encoding="utf-8").splitlines()[:6]
-    src = runtime.pad(runtime.encode_texts(texts))  # [B, S]
+    src = padded(runtime.encode_texts(texts), runtime.pad_id)  # [B, S]
     rows = np.repeat(np.arange(len(src)), 2)  # two rows per sentence, as a beam of 2
     with torch.inference_mode():
         memory, pad_mask = reference.encode(torch.from_numpy(src))
@@ -369,13 +372,13 @@ def test_the_decoding_options_in_the_runtime_equal_torch(overrides: tuple[str, .
     if not overrides:
         model.apply_head_plan(PLAN, remove=False)
     runtime = export.load(out, threads=1)
-    plain = generate(model, src, Search(beam_size=1))
+    plain = best_tokens(torch_generate(model, src, Search(beam_size=1)))
     prefixes = [ids[: i % 3] for i, ids in enumerate(plain)]
     shortlisted = overrides == ("shortlist.build=true",)
     for search in OPTION_SEARCHES:
-        search = rt.Search(**{**search.__dict__, "shortlist": int(shortlisted)})
         n = 1 if search.beam_size == 1 and not search.sampling else 3
-        ours = runtime.generate_nbest(src.numpy(), search, n, prefixes=prefixes)
+        search = replace(search, shortlist=int(shortlisted), num_hypotheses=n)
+        ours = search_batch(runtime, src.numpy(), search, prefixes=prefixes)
         assert all(hyps[0].tokens[: len(p)] == p for hyps, p in zip(ours, prefixes, strict=True))
         if "quantize=true" in overrides:
             size = search.no_repeat_ngram_size
@@ -384,7 +387,7 @@ def test_the_decoding_options_in_the_runtime_equal_torch(overrides: tuple[str, .
             continue
         rows = runtime.candidates(src.numpy(), search)
         vocab_rows = None if rows is None else torch.from_numpy(rows)
-        theirs = zoo_generate_nbest(model, src, search, n, vocab_rows=vocab_rows, prefixes=prefixes)
+        theirs = torch_generate(model, src, search, prefixes, vocab_rows=vocab_rows)
         for a, b in zip(ours, theirs, strict=True):
             assert [h.tokens for h in a] == [h.tokens for h in b], search
             np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-4)

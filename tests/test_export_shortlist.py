@@ -21,13 +21,14 @@ from export.exporter import export_checkpoint
 from export.graph import ExportError
 from export.pruning import prune
 from export.runtime import Search
+from export.runtime.generation import padded, search_batch
 from export.runtime.manifest import ShortlistInfo
 from export.runtime.shortlist import SHORTLIST_FILE, Shortlist
 from export.shortlist import ShortlistSettings, build_shortlist, count_pairs
 from tests.export_testing import TRAINED_ENTRIES, export_config
 from tests.zoo_testing import REPO
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
-from zoo.generate import generate_nbest
+from zoo.generate import generate as torch_generate
 
 
 # ---------------------------------------------------------------------------------------------- the builder
@@ -113,13 +114,13 @@ def _setup(entry: str, exported, smoke_run, smoke_corpus):
     _, reference = prune(model_from_checkpoint(payload), manifest["head_plan"], remove=False)  # what ORT equals
     runtime = export.load(out, threads=1)
     texts = (smoke_corpus / "test.de").read_text(encoding="utf-8").splitlines()[:24]
-    return runtime, reference, runtime.pad(runtime.encode_texts(texts))
+    return runtime, reference, padded(runtime.encode_texts(texts), runtime.pad_id)
 
 
 def _searches(runtime, src: np.ndarray, shortlist: int) -> list[list[list[rt.Hypothesis]]]:
     """n-best lists of greedy search and of beam 5 (all five hypotheses)."""
-    greedy = runtime.generate_nbest(src, Search(beam_size=1, shortlist=shortlist))
-    beam = runtime.generate_nbest(src, Search(beam_size=5, len_penalty=0.8, shortlist=shortlist), 5)
+    greedy = search_batch(runtime, src, Search(beam_size=1, shortlist=shortlist))
+    beam = search_batch(runtime, src, Search(beam_size=5, len_penalty=0.8, shortlist=shortlist, num_hypotheses=5))
     return [greedy, beam]
 
 
@@ -146,12 +147,9 @@ def test_a_shortlist_holding_every_emitted_token_changes_no_hypothesis(
     assert len(rows) < runtime.vocab_size // 3  # the shortlist leaves most of the vocabulary out
     shortlisted = _searches(runtime, src, shortlist=1)
     assert [h[0].tokens for h in shortlisted[0]] == [h[0].tokens for h in full[0]]
-    for search, ours in zip(
-        (Search(beam_size=1, shortlist=1), Search(beam_size=5, len_penalty=0.8, shortlist=1)), shortlisted, strict=True
-    ):
-        theirs = generate_nbest(
-            reference, torch.from_numpy(src), search, search.beam_size, vocab_rows=torch.from_numpy(rows)
-        )
+    searches = (Search(beam_size=1, shortlist=1), Search(beam_size=5, len_penalty=0.8, shortlist=1, num_hypotheses=5))
+    for search, ours in zip(searches, shortlisted, strict=True):
+        theirs = torch_generate(reference, torch.from_numpy(src), search, vocab_rows=torch.from_numpy(rows))
         for a, b in zip(ours, theirs, strict=True):
             assert a[0].tokens == b[0].tokens
             mine, ref = {tuple(h.tokens): h.score for h in a}, {tuple(h.tokens): h.score for h in b}
@@ -176,7 +174,7 @@ def biased(exported, smoke_run, smoke_corpus, tmp_path_factory) -> tuple[rt.Expo
     texts = (smoke_corpus / "test.de").read_text(encoding="utf-8").splitlines()[:24]
     # the run's unpruned export (with a shortlist, which the searches below leave off: shortlist=0)
     plain = export.load(exported("transformer", "shortlist.build=true")[0], threads=1)
-    src = plain.pad(plain.encode_texts(texts))
+    src = padded(plain.encode_texts(texts), plain.pad_id)
     kept = {t for nbest in _searches(plain, src, 0) for hyps in nbest for h in hyps for t in h.tokens} | {plain.eos_id}
     bias = torch.full((plain.vocab_size,), -30.0)
     bias[sorted(kept)] = 0.0
@@ -212,7 +210,7 @@ def test_an_export_built_with_a_shortlist_carries_and_uses_it(exported) -> None:
     assert manifest["verification"]["max_abs_shortlist_logits_diff"] <= 1e-4
     runtime = export.load(out, threads=1)
     texts = json.loads((out / "heldout.json").read_text())["src"][:8]
-    src = runtime.pad(runtime.encode_texts(texts))
+    src = padded(runtime.encode_texts(texts), runtime.pad_id)
     rows = set(runtime.candidates(src, Search(shortlist=1)).tolist())
     assert runtime.eos_id in rows and len(rows) < runtime.vocab_size
     for hyps in runtime.translate(texts, shortlist=1, num_hypotheses=5):

@@ -274,10 +274,14 @@ def test_the_price_rule_weighs_row_steps_by_their_options_and_adds_the_fixed_cos
     assert rule.factors["beam"] == 1.0 and rule.price(0, 0, ()) == 40
     assert rule.price(640, 16, ()) == 640 + 24 + 40
     assert rule.price(640, 16, ("sampling", "repetition_penalty")) == 640 * 5.5 + 24 + 40
-    plain = SimpleNamespace(beam_size=5, sampling=0, repetition_penalty=1.0, no_repeat_ngram_size=0)
-    sampled = SimpleNamespace(beam_size=1, sampling=1, repetition_penalty=1.2, no_repeat_ngram_size=3)
-    assert options_of(plain, ()) == ("beam",)
-    assert options_of(sampled, ("return_alignments",)) == (
+    plain = SimpleNamespace(
+        beam_size=5, sampling=0, repetition_penalty=1.0, no_repeat_ngram_size=0, return_alignments=False
+    )
+    sampled = SimpleNamespace(
+        beam_size=1, sampling=1, repetition_penalty=1.2, no_repeat_ngram_size=3, return_alignments=True
+    )
+    assert options_of(plain) == ("beam",)
+    assert options_of(sampled) == (
         "sampling",
         "repetition_penalty",
         "no_repeat_ngram_size",

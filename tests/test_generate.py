@@ -11,7 +11,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from export.runtime.search import ScoreError, Search, SearchError, check_num_hypotheses, max_lengths
+from export.runtime.generation import best_tokens
+from export.runtime.search import Hypothesis, ScoreError, Search, SearchError, check_num_hypotheses, max_lengths
 from tests.export_testing import TRAINED_ENTRIES
 from tests.zoo_testing import ENTRIES, tiny_model
 from zoo.api import Translator
@@ -19,7 +20,17 @@ from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import Tokenizer
 from zoo.entries import CONF_DIR
 from zoo.evaluate import evaluate
-from zoo.generate import generate, generate_nbest, score_targets
+from zoo.generate import generate as torch_generate
+from zoo.generate import score_targets
+
+
+def generate(model, src: torch.Tensor, cfg: Search, use_cache: bool = True) -> list[list[int]]:
+    """The best hypothesis' tokens per row of src [B, S] (the runtime's driver over the torch engine)."""
+    return best_tokens(torch_generate(model, src, cfg, use_cache=use_cache))
+
+
+def generate_nbest(model, src: torch.Tensor, cfg: Search, num_hypotheses: int = 1) -> list[list[Hypothesis]]:
+    return torch_generate(model, src, dataclasses.replace(cfg, num_hypotheses=num_hypotheses))
 
 
 def greedy_search(model, src: torch.Tensor, cfg: Search, use_cache: bool = True) -> list[list[int]]:

@@ -17,6 +17,7 @@ import torch
 import export
 from export.exporter import export_checkpoint
 from export.runtime.errors import ExportedModelError
+from export.runtime.generation import best_tokens
 from export.runtime.search import Search
 from export.runtime.tokenizer import SharedVocabTokenizer, load_tokenizer
 from tests.convert_testing import PAIRS, marian_tokenizer
@@ -25,8 +26,14 @@ from zoo.api import Translator
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from zoo.data import DataError
 from zoo.data import load_tokenizer as zoo_load_tokenizer
-from zoo.generate import generate, score_targets
+from zoo.generate import generate as torch_generate
+from zoo.generate import score_targets
 from zoo.model import FeedForward, ModelConfig, build_model, marian_positions, sinusoidal_positions
+
+
+def generate(model, src: torch.Tensor, search: Search, use_cache: bool = True) -> list[list[int]]:
+    return best_tokens(torch_generate(model, src, search, use_cache=use_cache))
+
 
 TINY = dict(d_model=16, encoder_layers=2, decoder_layers=2, num_heads=4, ffn_dim=32, dropout=0.0, max_positions=64)
 

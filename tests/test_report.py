@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from export.runtime.generation import best_tokens, padded, search_batch
 from tests.zoo_testing import REPO
 from zoo.report.suite import SuiteError, require_speed_seed, suite_from_config
 
@@ -213,8 +214,9 @@ def test_rebuilt_models_decode_exactly_the_records_hypothesis_lengths(smoke_repo
     for precision in ("fp32", "int8"):  # exports are kept once per key, shared between suites
         [directory] = (smoke_report.parent / "no_runs" / "speed-exports").glob(f"*/{precision}/mixhead_a")
         model = export.load(directory, threads=1)
-        src = model.pad(model.encode_texts(corpus.texts))
-        out = model.generate(src, rt.Search(beam_size=2), rt.forced_limits(lengths, model.max_positions))
+        src = padded(model.encode_texts(corpus.texts), model.pad_id)
+        limits = rt.forced_limits(lengths, model.max_positions)
+        out = best_tokens(search_batch(model, src, rt.Search(beam_size=2), limits))
         assert [len(ids) for ids in out] == lengths
 
 

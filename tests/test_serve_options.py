@@ -172,14 +172,17 @@ def test_requests_batch_unless_their_options_change_the_search(local) -> None:
         from model_requests import batch_key
     finally:
         sys.path.remove(str(REPO / "serve" / "triton"))
-    base = local.search_settings(beam_size=1, sampling=1, seed=7)
+    base = local.search_settings(beam_size=1, sampling=1, seed=7, num_hypotheses=2)
     same = [dataclasses.replace(base, min_len=3), dataclasses.replace(base, max_len_a=0.5, max_len_b=40)]
-    assert {batch_key(s, 2, ()) for s in [base, *same]} == {batch_key(base, 2, ())}
+    assert {batch_key(s) for s in [base, *same]} == {batch_key(base)}
     differ = [{"seed": 8}, {"top_p": 0.9}, {"top_k": 5}, {"temperature": 0.5}, {"repetition_penalty": 1.3}]
-    differ += [{"no_repeat_ngram_size": 2}, {"len_penalty": 0.5}, {"sampling": 0}]
-    keys = {batch_key(dataclasses.replace(base, **change), 2, ()) for change in differ}
-    assert len(keys | {batch_key(base, 2, ())}) == len(differ) + 1
-    assert batch_key(base, 3, ()) != batch_key(base, 2, ()) != batch_key(base, 2, ("return_scores",))
+    differ += [{"no_repeat_ngram_size": 2}, {"len_penalty": 0.5}, {"sampling": 0, "num_hypotheses": 1}]
+    differ += [{"num_hypotheses": 3}, {"return_scores": True}, {"return_alignments": True}]
+    keys = {batch_key(dataclasses.replace(base, **change)) for change in differ}
+    assert len(keys | {batch_key(base)}) == len(differ) + 1
     assert set(SEARCH_PARAMETERS) == set(export.SEARCH_LIMITS)
-    assert local.request_cost([5, 7], base, 3) == 3 * local.request_cost([5, 7], base)
-    assert local.request_cost([5], local.search_settings(beam_size=4), 3) == 4 * local.request_cost([5], base)
+    one = dataclasses.replace(base, num_hypotheses=1)
+    three = dataclasses.replace(base, num_hypotheses=3)
+    assert local.request_cost([5, 7], three) == 3 * local.request_cost([5, 7], one)
+    four = local.search_settings(beam_size=4, num_hypotheses=3)
+    assert local.request_cost([5], four) == 4 * local.request_cost([5], one)

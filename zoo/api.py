@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from export.runtime.search import Scored, Search
+from export.runtime import generation
+from export.runtime.search import Scored, Search, Translation
 from zoo.checkpoint import CheckpointPayload, load_checkpoint, model_from_checkpoint
 from zoo.data import TextTokenizer, load_tokenizer
-from zoo.evaluation import Translation, score_texts, translate_texts_nbest
+from zoo.evaluation import score_texts
+from zoo.generate import TorchEngine
 from zoo.model import Transformer
 
 SUMMARY_LENGTH_MARGIN = 1.1  # a summarizer's max_len_b: this × the 99th percentile of its training summaries
@@ -51,6 +52,7 @@ class Translator:
         self.task: str = payload.get("task", "translation")
         self.payload = payload
         self.search = checkpoint_search(payload, {})  # unset settings of translate/score take these
+        self.engine = TorchEngine(model, tokenizer)  # what the runtime's decoding driver runs over
 
     @classmethod
     def from_checkpoint(cls, checkpoint: str | Path, device: str = "cpu") -> Translator:
@@ -61,61 +63,35 @@ class Translator:
     def translate(
         self,
         texts: str | Sequence[str],
-        beam_size: int | None = None,
-        len_penalty: float | None = None,
-        max_len_a: float | None = None,
-        max_len_b: int | None = None,
-        min_len: int | None = None,
-        num_hypotheses: int | None = None,
-        return_scores: bool = False,
+        search: Search | None = None,
         target_prefix: str | Sequence[str] | None = None,
-        no_repeat_ngram_size: int | None = None,
-        repetition_penalty: float | None = None,
-        sampling: int | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        temperature: float | None = None,
-        seed: int | None = None,
+        **overrides: Any,
     ) -> list[str] | list[list[Translation]]:
-        """Source strings → output strings in input order (unset settings: `self.search`, the checkpoint's
-        defaults as an export of it has them) — the same call, options and outputs as `export.load(...).translate`.
+        """Source strings → output strings in input order (unset options: `self.search`, the checkpoint's
+        defaults as an export of it has them) — the same call, options, driver and outputs as
+        `export.load(...).translate` (`search`: every option as one value; `overrides`: its fields by name).
 
-        With `num_hypotheses` (an integer 1 … most_hypotheses, else SearchError naming them) or
-        `return_scores`, per source a list of `Translation(text, score, tokens)` instead: the num_hypotheses
-        (default 1) best hypotheses, best first, scored as the search ranks them (summed token log-probs, eos
+        With `num_hypotheses` (an integer 1 … most_hypotheses, else SearchError naming them), `return_scores` or
+        `return_alignments`, per source a list of `Translation(text, score, tokens, alignment)` instead: the
+        num_hypotheses best hypotheses, best first, scored as the search ranks them (summed token log-probs, eos
         included, / length ** len_penalty). The first text is always what the plain call returns.
         `target_prefix` (per source a target text the output starts with), the repetition options and sampling:
         export/runtime/processing.py."""
-        if isinstance(texts, str):
-            texts = [texts]
-        search = self.search_settings(
-            beam_size=beam_size,
-            len_penalty=len_penalty,
-            max_len_a=max_len_a,
-            max_len_b=max_len_b,
-            min_len=min_len,
-            no_repeat_ngram_size=no_repeat_ngram_size,
-            repetition_penalty=repetition_penalty,
-            sampling=sampling,
-            top_k=top_k,
-            top_p=top_p,
-            temperature=temperature,
-            seed=seed,
-        )
-        prefixes = None
-        if target_prefix is not None:
-            prefixes = [target_prefix] if isinstance(target_prefix, str) else list(target_prefix)
-        with torch.inference_mode():
-            n = 1 if num_hypotheses is None else num_hypotheses
-            nbest = translate_texts_nbest(self.model, self.tokenizer, list(texts), search, n, target_prefixes=prefixes)
-        if num_hypotheses is None and not return_scores:
-            return [hyps[0].text if hyps else "" for hyps in nbest]
-        return nbest
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        search = self.search_settings(search, **overrides)
+        nbest = generation.translate(self.engine, texts, search, target_prefix)
+        return generation.shaped(nbest, generation.asks_for_lists(search, overrides))
 
-    def search_settings(self, **given: Any) -> Search:
-        """The checkpoint's search defaults with the given (non-None) settings, validated (SearchError), as
+    def search_settings(self, search: Search | None = None, **overrides: Any) -> Search:
+        """`search` (default: the checkpoint's) with the given (non-None) options, validated (SearchError), as
         ExportedModel.search_settings gives its manifest's."""
-        return checkpoint_search(self.payload, given)
+        if search is None:
+            search = checkpoint_search(self.payload, overrides)
+        else:
+            search = replace(search, **{k: v for k, v in overrides.items() if v is not None})
+        if search.return_alignments:
+            self.engine.check_alignments()
+        return search
 
     def score(
         self, sources: str | Sequence[str], targets: str | Sequence[str], len_penalty: float | None = None

@@ -21,36 +21,32 @@ choice), the teacher-forced decoder counts the model's real log-prob of eos.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
+from export.runtime.generation import search_batch
 from export.runtime.search import (
+    DEFAULT_MAX_SENTENCES,
+    DEFAULT_MAX_TOKENS,
     Hypothesis,
     Scored,
     Search,
     SearchError,
-    check_num_hypotheses,
     check_targets,
     normalised,
-    row_limits,
 )
-from export.runtime.search_loop import (
-    SearchVocab,
-    beam,
-    beam_first_rows,
-    check_prefixes,
-    given_for,
-    greedy,
-    sample_rows,
-    samples_by_sentence,
-)
-from zoo.alignment import CrossAttentionWeights
+from export.runtime.search_loop import SearchVocab
+from export.runtime.tokenizer import TextTokenizer
+from zoo.alignment import CrossAttentionWeights, check_alignments
 from zoo.model import Transformer
 
-__all__ = ["TorchStep", "generate", "generate_nbest", "score_targets"]
+__all__ = ["TorchEngine", "TorchStep", "generate", "score_targets"]
+T = TypeVar("T")
 
 
 class TorchStep:
@@ -121,96 +117,88 @@ class TorchStep:
             self.prefix = self.prefix.index_select(0, order)
 
 
-def _outside(model: Transformer, cfg: Search, vocab_rows: Tensor | None, device: torch.device) -> Tensor | None:
-    """[V] True at the tokens a shortlisted search (`cfg.shortlist`) may not produce: all but `vocab_rows` and
-    eos; None without a shortlist. SearchError when shortlist=1 comes without the token ids."""
-    if not cfg.shortlist:
-        return None
-    if vocab_rows is None:
-        raise SearchError("shortlist=1: give the shortlist's token ids (vocab_rows) to the torch search")
-    outside = torch.ones(model.cfg.vocab_size, dtype=torch.bool, device=device)
-    outside[vocab_rows.to(device)] = False
-    outside[model.cfg.eos_id] = False
-    return outside
+class TorchEngine:
+    """A zoo model as the runtime's decoding driver's engine (export/runtime/generation.py): the driver batches,
+    checks and searches; this says how a batch is encoded and stepped. `use_cache=False`: the reference full
+    recompute; `vocab_rows`: a shortlist's token ids [C] for searches with shortlist=1; `alignment_layer`: the
+    decoder layer alignments come from (None: zoo/alignment.py's default); `progress`: a bar over the batches."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: TextTokenizer | None = None,
+        use_cache: bool = True,
+        vocab_rows: Tensor | None = None,
+        alignment_layer: int | None = None,
+        progress: bool = False,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        max_sentences: int = DEFAULT_MAX_SENTENCES,
+    ) -> None:
+        mcfg = model.cfg
+        self.model, self.tokenizer, self.use_cache, self.vocab_rows = model, tokenizer, use_cache, vocab_rows
+        self.alignment_layer, self.progress = alignment_layer, progress
+        self.vocab = SearchVocab(mcfg.vocab_size, mcfg.pad_id, mcfg.bos_id, mcfg.eos_id)
+        self.max_positions: int = mcfg.max_positions
+        self.max_tokens, self.max_sentences = max_tokens, max_sentences
+        self.device = next(model.parameters()).device
+
+    @torch.inference_mode()
+    def open(self, src: np.ndarray, search: Search) -> _TorchBatch:
+        self.model.eval()
+        tokens = torch.from_numpy(np.ascontiguousarray(src, dtype=np.int64)).to(self.device)  # [B, S]
+        memory, pad_mask = self.model.encode(tokens)  # [B, S, D], [B, S]
+        layer = check_alignments(self.model, self.alignment_layer) if search.return_alignments else None
+        return _TorchBatch(self, memory, pad_mask, self._outside(search), layer)
+
+    def _outside(self, search: Search) -> Tensor | None:
+        """[V] True at the tokens a shortlisted search may not produce: all but `vocab_rows` and eos; None without
+        a shortlist. SearchError when shortlist=1 comes without the token ids."""
+        if not search.shortlist:
+            return None
+        if self.vocab_rows is None:
+            raise SearchError("shortlist=1: give the shortlist's token ids (vocab_rows) to the torch search")
+        outside = torch.ones(self.vocab.size, dtype=torch.bool, device=self.device)
+        outside[self.vocab_rows.to(self.device)] = False
+        outside[self.vocab.eos_id] = False
+        return outside
+
+    def map(self, run: Callable[[TorchEngine, list[int]], T], batches: list[list[int]]) -> Iterator[T]:
+        shown = tqdm(batches, desc="decode", unit="batch", leave=False) if self.progress else batches
+        with torch.inference_mode():
+            for idx in shown:
+                yield run(self, idx)
+
+    def check_alignments(self) -> None:
+        check_alignments(self.model, self.alignment_layer)
 
 
-@torch.inference_mode()
-def _search(
-    model: Transformer,
-    src: Tensor,
-    cfg: Search,
-    use_cache: bool,
-    vocab_rows: Tensor | None,
-    n: int = 1,
-    prefixes: Sequence[Sequence[int]] | None = None,
-    keys: Sequence[int] | None = None,
-    alignment_layer: int | None = None,
-) -> list[list[Hypothesis]]:
-    """Every finished hypothesis per sentence of src [B, S], best first: the runtime's greedy (one each; with
-    sampling, `n` draws each) when beam_size <= 1, else its beam search — over a `TorchStep`. `prefixes`: each
-    sentence's given first output tokens; `keys`: each sentence's sampling key (default: its row);
-    `alignment_layer`: hypotheses carry alignments from that decoder layer's cross-attention (zoo/alignment.py)."""
-    mcfg = model.cfg
-    vocab = SearchVocab(mcfg.vocab_size, mcfg.pad_id, mcfg.bos_id, mcfg.eos_id)
-    limits = row_limits(src.ne(mcfg.pad_id).sum(1).cpu().numpy(), cfg, mcfg.max_positions)
-    if prefixes is not None:
-        check_prefixes(prefixes, limits, vocab)
-    outside = _outside(model, cfg, vocab_rows, src.device)
-    memory, pad_mask = model.encode(src)  # [B, S, D], [B, S]
-    if cfg.sampling:
-        rows, row_keys = sample_rows(src.shape[0], n, keys)
-        given = given_for(len(rows), cfg, None if prefixes is None else [prefixes[i] for i in rows], row_keys)
-        index = torch.from_numpy(rows).to(src.device)
-        step = TorchStep(
-            model, memory.index_select(0, index), pad_mask.index_select(0, index), use_cache, outside, alignment_layer
-        )
-        return samples_by_sentence(greedy(step, limits.take(rows), cfg, vocab, given), n)
-    given = given_for(src.shape[0], cfg, prefixes)
-    if cfg.beam_size <= 1:
-        step = TorchStep(model, memory, pad_mask, use_cache, outside, alignment_layer)
-        return [[h] for h in greedy(step, limits, cfg, vocab, given)]
-    width = mcfg.vocab_size if outside is None else int((~outside).sum())  # tokens a step may produce
-    g = beam_first_rows(cfg.beam_size, width)  # rows per sentence of the first step
-    rows = torch.arange(src.shape[0], device=src.device).repeat_interleave(g)  # [B*g]
-    step = TorchStep(
-        model, memory.index_select(0, rows), pad_mask.index_select(0, rows), use_cache, outside, alignment_layer
-    )
-    return beam(step, g, limits, cfg, vocab, given)
+class _TorchBatch:
+    """A batch encoded once for one search; each `step` a `TorchStep` over some of its rows."""
+
+    def __init__(
+        self, engine: TorchEngine, memory: Tensor, pad_mask: Tensor, outside: Tensor | None, layer: int | None
+    ) -> None:
+        self.engine, self.memory, self.pad_mask, self.outside, self.layer = engine, memory, pad_mask, outside, layer
+        self.width = engine.vocab.size if outside is None else int((~outside).sum())  # tokens a step may produce
+
+    def step(self, rows: np.ndarray, steps: int, slots: int) -> TorchStep:
+        index = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(self.memory.device)  # [N]
+        memory, pad_mask = self.memory.index_select(0, index), self.pad_mask.index_select(0, index)
+        return TorchStep(self.engine.model, memory, pad_mask, self.engine.use_cache, self.outside, self.layer)
 
 
 def generate(
     model: Transformer,
     src: Tensor,
-    cfg: Search = Search(),
-    use_cache: bool = True,
-    vocab_rows: Tensor | None = None,
+    search: Search = Search(),
     prefixes: Sequence[Sequence[int]] | None = None,
-) -> list[list[int]]:
-    """The best hypothesis' token ids per sentence of src [B, S] (no bos/eos): greedy when beam_size == 1, else
-    beam search (`vocab_rows`: a shortlist's token ids [C], with cfg.shortlist; eos always allowed; `prefixes`:
-    per sentence the token ids its output starts with, included in the output)."""
-    return [hyps[0].tokens if hyps else [] for hyps in _search(model, src, cfg, use_cache, vocab_rows, 1, prefixes)]
-
-
-def generate_nbest(
-    model: Transformer,
-    src: Tensor,
-    cfg: Search = Search(),
-    num_hypotheses: int = 1,
-    use_cache: bool = True,
-    vocab_rows: Tensor | None = None,
-    prefixes: Sequence[Sequence[int]] | None = None,
-    keys: Sequence[int] | None = None,
-    alignment_layer: int | None = None,
+    **engine: Any,
 ) -> list[list[Hypothesis]]:
-    """The `num_hypotheses` best hypotheses per source of src [B, S] with their scores, best first (greedy when
-    beam_size == 1: its one hypothesis; with sampling, that many draws, `keys`: each source's sampling key). The
-    first is always `generate`'s output. Fewer than asked only when the search finished fewer: a length limit of
-    1 token leaves the empty hypothesis alone. `alignment_layer`: each hypothesis carries its alignment. SearchError
-    unless num_hypotheses is an integer 1 … most_hypotheses."""
-    n = check_num_hypotheses(num_hypotheses, cfg.most_hypotheses, bool(cfg.sampling))
-    found = _search(model, src, cfg, use_cache, vocab_rows, n, prefixes, keys, alignment_layer)
-    return [hyps[:n] for hyps in found]
+    """Per sentence of src [B, S] its `search.num_hypotheses` best hypotheses, best first — the runtime driver's
+    `search_batch` over this model (`prefixes`: per sentence its given first output tokens, unchecked; `engine`:
+    TorchEngine's options, e.g. use_cache=False, vocab_rows=…)."""
+    with torch.inference_mode():
+        return search_batch(TorchEngine(model, **engine), src.cpu().numpy(), search, prefixes=prefixes)
 
 
 @torch.inference_mode()

@@ -30,6 +30,7 @@ from onnx import helper
 from export.bench import table as bench_table
 from export.runtime import ExportedModel, ExportRuntimeError, OrtBackend, Search, forced_limits, read_manifest
 from export.runtime.backend import CPU_DISABLED_OPTIMIZERS, SPINNING_TEXT, graph_session_options, spinning_from_text
+from export.runtime.generation import padded, search_batch
 from zoo.errors import one_line_errors
 
 Rule = Callable[[onnx.NodeProto], bool]
@@ -84,9 +85,8 @@ def captured_step(model: ExportedModel, step: int, beam: int) -> tuple[list[str]
 
     model.backend.decode = capture  # type: ignore[method-assign]
     text = json.loads((model.directory / "heldout.json").read_text())["src"][0]
-    model.generate(
-        model.pad(model.encode_texts([text])), Search(beam_size=beam), forced_limits([step + 1], model.max_positions)
-    )
+    src = padded(model.encode_texts([text]), model.pad_id)
+    search_batch(model, src, Search(beam_size=beam), forced_limits([step + 1], model.max_positions))
     model.backend.decode = decode  # type: ignore[method-assign]
     return captured[step]
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from export.bench import table as bench_table
 from export.runtime import ExportedModel, ExportRuntimeError, OrtBackend, Search, forced_limits, read_manifest
+from export.runtime.generation import padded, search_batch
 from zoo.errors import one_line_errors
 
 
@@ -55,8 +56,8 @@ def profile(export: str, steps: int, beam: int, threads: int) -> dict[str, Any]:
         backend = OrtBackend(directory, manifest, threads, profile_prefix=str(Path(tmp) / "profile"))
         model = ExportedModel(directory, manifest, backend)
         text = json.loads((directory / "heldout.json").read_text())["src"][0]
-        src = model.pad(model.encode_texts([text]))
-        model.generate(src, Search(beam_size=beam), forced_limits([steps], model.max_positions))
+        src = padded(model.encode_texts([text]), model.pad_id)
+        search_batch(model, src, Search(beam_size=beam), forced_limits([steps], model.max_positions))
         trace = json.loads(Path(backend.decoder.end_profiling()).read_text())
         backend.encoder.end_profiling()
     return {"export": export, "steps": steps, "beam": beam, "threads": threads, **kernels_per_step(trace)}

@@ -21,9 +21,11 @@ import torch
 
 from export.bench.memory import peak_rss_rise
 from export.bench.roofline import MachineLimits, decoder_steps, matmul_flops, search_matmuls, step_weight_bytes
+from export.bench.rss_probe import decode_batch
 from export.bench.table import paired_ratio
 from export.graph import ExportError
 from export.runtime import ExportedModel, Search
+from export.runtime.generation import best_tokens, padded
 from zoo.data import build_splits
 from zoo.flops import model_flops
 from zoo.generate import generate
@@ -59,7 +61,7 @@ def make_batches(runtime: ExportedModel, texts: list[str], batch: int, count: in
     """`count` sentences, sorted by length (as evaluation buckets them), in padded batches of `batch`."""
     ids = runtime.encode_texts(texts[:count])
     ids.sort(key=len)
-    return [runtime.pad(ids[i : i + batch]) for i in range(0, len(ids), batch)]
+    return [padded(ids[i : i + batch], runtime.pad_id) for i in range(0, len(ids), batch)]
 
 
 def work_flops(model: Transformer, batches: list[np.ndarray], out_len: int, beam: int, pad: int) -> int:
@@ -141,13 +143,13 @@ def bench_point(
         if kind == "torch":
 
             def run() -> None:
-                results[name] = timed(name, lambda src: generate(engine, src, search), tensors)
+                results[name] = timed(name, lambda src: best_tokens(generate(engine, src, search)), tensors)
 
         else:
             own = search_for(engine, search)
 
             def run() -> None:
-                results[name] = timed(name, lambda src: engine.generate(src, own), batches)
+                results[name] = timed(name, lambda src: decode_batch(engine, src, own), batches)
 
         return run
 

@@ -30,6 +30,15 @@ from typing import Any
 import numpy as np
 
 
+def decode_batch(model: Any, src: np.ndarray, search: Any, limits: Any = None) -> list[list[int]]:
+    """Best token ids per sentence of src [B, S] with any version of the runtime: through its decoding driver
+    (`generation.search_batch`, since issue 87), or an older model's own `generate`."""
+    if hasattr(model, "generate"):
+        return model.generate(src, search, limits)
+    driver = sys.modules[type(model).__module__.rpartition(".")[0] + ".generation"]
+    return driver.best_tokens(driver.search_batch(model, src, search, limits))
+
+
 def load_runtime_file(path: str | Path, module_name: str) -> ModuleType:
     """Import a self-contained runtime — a package directory (its modules import each other relatively) or a
     single runtime.py — under `module_name`, so two versions can live in one process.
@@ -82,7 +91,7 @@ def probe(
     after_load = vm_hwm()
     search = rt.Search(beam_size=beam, max_len_a=0.0, max_len_b=fixed_len, min_len=fixed_len)
     start = time.perf_counter()
-    hyps = [h for src in batches for h in model.generate(src, search)]
+    hyps = [h for src in batches for h in decode_batch(model, src, search)]
     seconds = time.perf_counter() - start
     return {
         "after_load_bytes": after_load,

@@ -30,7 +30,8 @@ import numpy as np
 import export
 from export.bench import table as bench_table
 from export.bench.rss_probe import vm_hwm
-from export.runtime import ExportedModel
+from export.runtime import ExportedModel, generation
+from export.runtime.generation import padded
 from export.runtime.search import forced_limits, length_batches
 from zoo.metrics import corpus_chrf, paired_bootstrap
 
@@ -60,7 +61,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     def decode(part: slice) -> None:
         limits = forced_limits(lengths[part], model.max_positions)
-        model.translate_encoded_nbest(sources[part], search, 1, max_sentences=batch, limits=limits)
+        generation.run(model, generation.prepare(model, sources[part], search, limits=limits), search, None, batch)
 
     decode(slice(0, batch))  # sessions and allocator warm-up, untimed
     start = time.perf_counter()
@@ -88,7 +89,7 @@ def candidate_sizes(model: ExportedModel, sources: list[list[int]], batch: int) 
     """Token ids a step scores with the shortlist, over the length-sorted batches `translate` would make."""
     sizes = []
     for idx in length_batches([len(s) for s in sources], model.max_tokens, batch):
-        src = model.pad([sources[i] for i in idx])
+        src = padded([sources[i] for i in idx], model.pad_id)
         rows = model.candidates(src, model.search_settings(shortlist=1))
         assert rows is not None
         sizes.append(len(rows))
@@ -99,7 +100,7 @@ def coverage(model: ExportedModel, sources: list[list[int]], outputs: list[list[
     """The share of the full search's output tokens that each sentence's own shortlist (batch 1) holds."""
     held = total = 0
     for src, out in zip(sources, outputs, strict=True):
-        rows = model.candidates(model.pad([src]), model.search_settings(shortlist=1))
+        rows = model.candidates(padded([src], model.pad_id), model.search_settings(shortlist=1))
         assert rows is not None
         held += int(np.isin(out, rows).sum())
         total += len(out)
@@ -111,9 +112,8 @@ def quality(model: ExportedModel, args: argparse.Namespace) -> dict[str, Any]:
     sources, refs = _lines(args.src), _lines(args.ref)
     if args.quality_sentences:
         sources, refs = sources[: args.quality_sentences], refs[: args.quality_sentences]
-    encoded = model.encode_texts(sources)
-    full = model.translate_encoded_nbest(encoded, model.search_settings(shortlist=0))
-    short = model.translate_encoded_nbest(encoded, model.search_settings(shortlist=1))
+    full = model.translate(sources, shortlist=0, num_hypotheses=1)
+    short = model.translate(sources, shortlist=1, num_hypotheses=1)
     full_text, short_text = [h[0].text for h in full], [h[0].text for h in short]
     test = paired_bootstrap(full_text, short_text, refs)
     return {
@@ -123,7 +123,7 @@ def quality(model: ExportedModel, args: argparse.Namespace) -> dict[str, Any]:
         "p_value": round(test["p_value"], 4),
         "chrf": {"full": round(corpus_chrf(full_text, refs), 2), "shortlist": round(corpus_chrf(short_text, refs), 2)},
         "changed": sum(a != b for a, b in zip(full_text, short_text, strict=True)),
-        "coverage": coverage(model, encoded, [h[0].tokens for h in full]),
+        "coverage": coverage(model, model.encode_texts(sources), [h[0].tokens for h in full]),
     }
 
 

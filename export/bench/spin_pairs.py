@@ -31,7 +31,9 @@ from typing import Any
 from export import runtime as runtime_package
 from export.bench import rss_probe
 from export.bench import table as bench_table
+from export.bench.rss_probe import decode_batch
 from export.runtime.backend import SPINNING_TEXT, spinning_from_text
+from export.runtime.generation import padded
 
 BASELINE = "baseline:"  # a setting's prefix: the baseline runtime, with the spinning choice that follows
 
@@ -44,7 +46,7 @@ def measure(
     encoder's share."""
     model = runtime.load(export, threads=threads, spinning=spinning_from_text(spinning))
     texts = json.loads((Path(export) / "heldout.json").read_text())["src"]
-    src = model.pad(model.encode_texts([texts[i % len(texts)] for i in range(batch)]))
+    src = padded(model.encode_texts([texts[i % len(texts)] for i in range(batch)]), model.pad_id)
     search = runtime.Search(beam_size=beam)
     limits = runtime.forced_limits([fixed_len] * batch, model.max_positions)
     encoder_s = [0.0]
@@ -59,11 +61,11 @@ def measure(
 
     model.backend.encode = timed_encode  # type: ignore[method-assign]
     for _ in range(3):
-        model.generate(src, search, limits)
+        decode_batch(model, src, search, limits)
     encoder_s[0], seconds = 0.0, []
     for _ in range(calls):
         start = time.perf_counter()
-        model.generate(src, search, limits)
+        decode_batch(model, src, search, limits)
         seconds.append(time.perf_counter() - start)
     return {"spinning": spinning, "call_s": statistics.median(seconds), "encoder_s": encoder_s[0] / calls}
 

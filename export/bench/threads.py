@@ -27,6 +27,7 @@ from typing import Any
 import export
 from export.bench import table as bench_table
 from export.bench.rss_probe import vm_hwm
+from export.runtime import generation
 from export.runtime.search import forced_limits
 
 POINTS = {"greedy_b1": (1, 1), "greedy_b32": (1, 32), "beam5_b1": (5, 1), "beam5_b32": (5, 32)}
@@ -54,7 +55,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     def decode(part: list[list[int]]) -> None:
         limits = forced_limits([args.fixed_len] * len(part), model.max_positions)
-        model.translate_encoded_nbest(part, search, 1, max_sentences=batch, limits=limits)
+        generation.run(model, generation.prepare(model, part, search, limits=limits), search, None, batch)
 
     decode(warm)  # sessions and allocator warm-up, untimed
     start = time.perf_counter()

@@ -41,6 +41,10 @@ _INTEGER_SETTINGS = frozenset(
 )
 _OPEN_BELOW = frozenset({"repetition_penalty", "top_p", "temperature"})  # 0 itself is not allowed
 MAX_SAMPLES = 64  # the most samples one source may ask for (num_hypotheses with sampling=1)
+# what a call returns, beside the settings of its search: how many hypotheses per source and which optional
+# outputs — options of one call, never a model's defaults (a manifest does not store them)
+CALL_OPTIONS = ("num_hypotheses", "return_scores", "return_alignments")
+FLAGS = frozenset({"return_scores", "return_alignments"})  # booleans: true/false (JSON, or its text from a server)
 # settings that act only when sampling: their neutral values
 SAMPLING_ONLY = {"top_k": 0, "top_p": 1.0, "temperature": 1.0}
 # A server's default budgets in decoder row-steps (rows × beam × max output tokens: ExportedModel.request_cost), one
@@ -126,9 +130,16 @@ def _shown(value: Any) -> str:
 
 
 def search_setting(name: str, value: Any) -> int | float:
-    """One search setting checked and converted: an integer where the search counts, a finite float else."""
+    """One search setting checked and converted: an integer where the search counts, a finite float else, a
+    bool for FLAGS (num_hypotheses is checked against its search's most_hypotheses: `Search`)."""
+    if name in FLAGS:
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        if not isinstance(value, (bool, np.bool_)):
+            raise SearchError(f"{name}={_shown(value)} is not a boolean; allowed: true or false")
+        return bool(value)
     if name not in SEARCH_LIMITS:
-        raise SearchError(f"unknown search setting {name!r}; allowed: {sorted(SEARCH_LIMITS)}")
+        raise SearchError(f"unknown search setting {name!r}; allowed: {sorted([*SEARCH_LIMITS, *CALL_OPTIONS])}")
     low, high = SEARCH_LIMITS[name]
     integer = name in _INTEGER_SETTINGS
     opened = name in _OPEN_BELOW
@@ -149,8 +160,10 @@ def check_num_hypotheses(value: Any, most: int, sampling: bool = False) -> int:
 
 @dataclass(frozen=True)
 class Search:
-    """Search settings, each checked against SEARCH_LIMITS and converted when the object is made (SearchError
-    names the setting and its range): a Search in hand is valid, so nothing downstream checks it again."""
+    """Every decoding option of a call as one value — the search's settings and what the call returns (as Hugging
+    Face's GenerationConfig, CTranslate2's TranslationOptions) — each checked against SEARCH_LIMITS and converted
+    when the object is made (SearchError names the setting and its range): a Search in hand is valid, so nothing
+    downstream checks it again, and a new option is a field here, the code that acts on it, and its flag."""
 
     beam_size: int = 5
     len_penalty: float = 1.0
@@ -165,10 +178,14 @@ class Search:
     top_p: float = 1.0
     temperature: float = 1.0
     seed: int = 0
+    num_hypotheses: int = 1  # hypotheses per source, best first: 1 … beam_size (sampling: 1 … MAX_SAMPLES draws)
+    return_scores: bool = False
+    return_alignments: bool = False  # per output token the source piece it attended to most
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            object.__setattr__(self, f.name, search_setting(f.name, getattr(self, f.name)))
+            if f.name != "num_hypotheses":
+                object.__setattr__(self, f.name, search_setting(f.name, getattr(self, f.name)))
         if self.sampling and self.beam_size > 1:
             raise SearchError(
                 f"sampling=1 with beam_size={self.beam_size}: sampling draws one token at a time; set beam_size=1 "
@@ -178,6 +195,8 @@ class Search:
             for name, neutral in SAMPLING_ONLY.items():
                 if getattr(self, name) != neutral:
                     raise SearchError(f"{name}={getattr(self, name)} acts only when sampling; set sampling=1 too")
+        n = check_num_hypotheses(self.num_hypotheses, self.most_hypotheses, bool(self.sampling))
+        object.__setattr__(self, "num_hypotheses", n)
 
     @property
     def processed(self) -> bool:
@@ -188,6 +207,10 @@ class Search:
     def most_hypotheses(self) -> int:
         """The most hypotheses per source this search returns: its beams, or MAX_SAMPLES draws."""
         return MAX_SAMPLES if self.sampling else self.beam_size
+
+    def settings(self) -> dict[str, Any]:
+        """The search's settings without the call's options (CALL_OPTIONS): what a manifest stores as defaults."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in CALL_OPTIONS}
 
     @classmethod
     def from_generation(cls, gen: Mapping[str, Any]) -> Search:

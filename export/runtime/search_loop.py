@@ -230,18 +230,21 @@ def _forced_at(given: Given, sentence_of_row: np.ndarray, t: int) -> np.ndarray 
     return given.prefix[sentence_of_row, t]
 
 
-def check_prefixes(prefixes: Sequence[Sequence[int]], limits: RowLimits, vocab: SearchVocab) -> None:
+def check_prefixes(
+    prefixes: Sequence[Sequence[int]], limits: RowLimits, vocab: SearchVocab, rows: Sequence[int] | None = None
+) -> None:
     """SearchError unless every sentence's prefix is token ids the search may emit (not pad, bos or eos) and
-    leaves room for eos within its length limit."""
+    leaves room for eos within its length limit; the message names sentence i as `rows[i]` (default i)."""
     if len(prefixes) != len(limits.max_len):
         raise SearchError(f"got {len(prefixes)} target prefixes for {len(limits.max_len)} sources; give one per source")
     never = {*never_emitted(vocab.pad_id, vocab.bos_id, vocab.eos_id), vocab.eos_id}
     for i, ids in enumerate(prefixes):
+        row = i if rows is None else rows[i]
         if any(not 0 <= int(x) < vocab.size or int(x) in never for x in ids):
-            raise SearchError(f"target prefix {i} holds token ids outside the vocabulary or pad/bos/eos")
+            raise SearchError(f"target prefix {row} holds token ids outside the vocabulary or pad/bos/eos")
         if len(ids) >= int(limits.max_len[i]):
             raise SearchError(
-                f"target prefix {i} has {len(ids)} tokens but the output length limit is {int(limits.max_len[i])} "
+                f"target prefix {row} has {len(ids)} tokens but the output length limit is {int(limits.max_len[i])} "
                 "tokens counting eos; give a shorter prefix or raise max_len_a/max_len_b"
             )
 

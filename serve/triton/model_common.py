@@ -84,11 +84,11 @@ from model_requests import (  # noqa: E402 (imports the runtime: after the sys.p
     client_of,
     decode_texts,
     parse_parameters,
-    request_prefixes,
+    request_work,
     translation_settings,
 )
 
-from export import runtime as export_runtime  # noqa: E402 (after the sys.path line above, which finds it)
+from export.runtime import generation  # noqa: E402 (after the sys.path line above, which finds it)
 from export.runtime.search import (  # noqa: E402 — budgets in decoder row-steps (rows × beam × max output tokens)
     DEFAULT_EXPRESS_COST,
     DEFAULT_MAX_EXECUTE_COST,
@@ -123,8 +123,8 @@ def _send(sender: Any, response: Any) -> None:
 class _Request:
     """One request, parsed and priced. `encoded`: source ids per row (None: an empty source, not run);
     `targets`: target ids per row for a scoring request, else None; `key`: requests with equal keys run together;
-    a translation's `search`, hypotheses per source `n`, optional outputs `wanted` and target `prefixes` (ids per
-    row, None without PREFIX)."""
+    a translation's `search` (every option as one value) and `work` (its non-empty sources checked for it by the
+    decoding driver's `prepare`: length bounds, prefixes, sampling keys)."""
 
     def __init__(
         self,
@@ -135,12 +135,10 @@ class _Request:
         key: tuple[Any, ...],
         targets: list[list[int]] | None = None,
         search: Any = None,
-        n: int = 1,
-        wanted: tuple[str, ...] = (),
-        prefixes: list[list[int]] | None = None,
+        work: Any = None,
     ) -> None:
         self.index, self.encoded, self.truncated, self.cost, self.key = index, encoded, truncated, cost, key
-        self.targets, self.search, self.n, self.wanted, self.prefixes = targets, search, n, wanted, prefixes
+        self.targets, self.search, self.work = targets, search, work
 
     @property
     def source_tokens(self) -> int:
@@ -148,8 +146,8 @@ class _Request:
 
 
 class TextModel:
-    """Text in, text out over any object with the export runtime's `search_settings`/`request_cost`/
-    `translate_encoded_nbest`/`score_encoded`/`tokenizer`/`max_positions`; subclasses say how it is built (`load`)."""
+    """Text in, text out over an `ExportedModel` (the decoding driver's engine, with its `search_settings`,
+    `request_cost`, `score_encoded`, `tokenizer`); subclasses say how it is built (`load`)."""
 
     def load(self, directory: str, params: dict[str, str], args: dict[str, str]) -> Any:
         raise NotImplementedError
@@ -215,13 +213,11 @@ class TextModel:
                     f"{TARGET} to score"
                 )
             return self._price_scoring(index, texts, decode_texts(target.as_numpy(), TARGET), given)
-        search, n, wanted = translation_settings(self.model, given)
+        search = translation_settings(self.model, given)
         encoded, truncated = self._encode_sources(texts, keep_empty=False)
-        prefixes = None
-        if prefix is not None:
-            prefix_texts = decode_texts(prefix.as_numpy(), PREFIX)
-            prefixes = request_prefixes(self.model, prefix_texts, encoded, search, self.max_target_chars)
-        cost = self.model.request_cost([len(ids) for ids in encoded if ids is not None], search, n)
+        prefix_texts = None if prefix is None else decode_texts(prefix.as_numpy(), PREFIX)
+        work = request_work(self.model, encoded, search, prefix_texts, self.max_target_chars)
+        cost = self.model.request_cost([len(ids) for ids in work.encoded], search)
         if cost > self.max_request_cost:
             rows = "num_hypotheses (samples)" if search.sampling else "beam_size"
             raise self._over_budget(
@@ -229,9 +225,8 @@ class TextModel:
                 f"(rows × {rows} × maximum output tokens); send fewer rows per request, a smaller "
                 f"{rows.split()[0]} or smaller max_len_a/max_len_b",
             )
-        price = self.prices.price(cost, len(texts), options_of(search, wanted))
-        key = batch_key(search, n, wanted)
-        return _Request(index, encoded, truncated, price, key, search=search, n=n, wanted=wanted, prefixes=prefixes)
+        price = self.prices.price(cost, len(texts), options_of(search))
+        return _Request(index, encoded, truncated, price, batch_key(search), search=search, work=work)
 
     def _price_scoring(self, index: int, texts: list[str], targets: list[str], given: dict[str, Any]) -> _Request:
         if len(targets) != len(texts):
@@ -244,7 +239,7 @@ class TextModel:
                 f"parameter(s) {extra} do not apply to scoring (a request with {TARGET}); "
                 f"allowed: {list(SCORING_SETTINGS)}"
             )
-        len_penalty = given.get("len_penalty", self.model.search.len_penalty)
+        len_penalty = translation_settings(self.model, given).len_penalty  # checked where a Search is made
         encoded, truncated = self._encode_sources(texts, keep_empty=True)
         cut = [t[: self.max_target_chars] for t in targets]
         target_ids = [ids[: self.target_limit] for ids in self.model.tokenizer.encode_targets(cut)] if cut else []
@@ -317,39 +312,21 @@ class TextModel:
         return responses
 
     def _translate(self, items: list[_Request]) -> list[tuple[list[Any], int]]:
-        """Several requests' sources (one batch key) → one `translate_encoded_nbest` call, each row within its own
-        request's length bounds, with its own prefix and sampling key (its index within its request) → per
-        request its output tensors (model_outputs.py) and the number of tokens it returns."""
-        n = items[0].n
-        flat = [(k, j, ids) for k, req in enumerate(items) for j, ids in enumerate(req.encoded) if ids is not None]
-        grids: list[list[list[Any]]] = [[[None] * n for _ in req.encoded] for req in items]
-        if flat:
-            bounds = export_runtime.concat_limits(
-                [
-                    export_runtime.row_limits(
-                        np.array([len(ids) for ids in req.encoded if ids is not None], dtype=np.int64),
-                        req.search,
-                        self.model.max_positions,
-                    )
-                    for req in items
-                ]
-            )  # rows in `flat` order: request by request, non-empty sources in order
-            given = any(req.prefixes for req in items)
-            prefixes = [items[k].prefixes[j] if items[k].prefixes else [] for k, j, _ in flat] if given else None
-            nbest = self.model.translate_encoded_nbest(
-                [ids for _, _, ids in flat],
-                items[0].search,  # the group's search but for the length settings each row keeps (its key)
-                n,
-                limits=bounds,
-                prefixes=prefixes,
-                keys=[j for _, j, _ in flat],
-                alignments="return_alignments" in items[0].wanted,  # in the batch key: the same for every item
-            )
-            for (k, j, _), hyps in zip(flat, nbest, strict=True):
-                grids[k][j][: len(hyps)] = hyps  # fewer than n only if the search finished fewer
+        """Several requests' sources (one batch key) → one run of the decoding driver, each row within its own
+        request's length bounds, with its own prefix and sampling key (its index within its request) → per request
+        its output tensors (model_outputs.py) and the number of tokens it returns."""
+        search = items[0].search  # the group's options but for the length settings each row keeps (its key)
+        n = search.num_hypotheses
+        work = generation.join([req.work for req in items])
+        found = iter(generation.translations(self.model, generation.run(self.model, work, search)))
         answers = []
-        for grid, req in zip(grids, items, strict=True):
-            tensors = [pb_utils.Tensor(name, array) for name, array in response_arrays(grid, req.wanted)]
+        for req in items:
+            grid: list[list[Any]] = [[None] * n for _ in req.encoded]
+            for row, ids in enumerate(req.encoded):
+                if ids is not None:
+                    hyps = next(found)
+                    grid[row][: len(hyps)] = hyps  # fewer than n only if the search finished fewer
+            tensors = [pb_utils.Tensor(name, array) for name, array in response_arrays(grid, search)]
             answers.append((tensors, generated_tokens(grid)))
         return answers
 

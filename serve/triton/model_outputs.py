@@ -57,10 +57,11 @@ OPTIONAL_OUTPUTS: dict[str, tuple[str, Callable[[Grid], np.ndarray]]] = {
 }
 
 
-def response_arrays(grid: Grid, wanted: Sequence[str]) -> list[tuple[str, np.ndarray]]:
-    """A translation request's output arrays: OUTPUT, then each optional output it asked for (`wanted`: names of
-    OPTIONAL_OUTPUTS' parameters set true)."""
-    return [(OUTPUT, texts(grid)), *((OPTIONAL_OUTPUTS[w][0], OPTIONAL_OUTPUTS[w][1](grid)) for w in wanted)]
+def response_arrays(grid: Grid, search: Any) -> list[tuple[str, np.ndarray]]:
+    """A translation request's output arrays: OUTPUT, then each optional output its `search` asked for (the
+    OPTIONAL_OUTPUTS whose flag is set)."""
+    asked = [(name, build) for flag, (name, build) in OPTIONAL_OUTPUTS.items() if getattr(search, flag)]
+    return [(OUTPUT, texts(grid)), *((name, build(grid)) for name, build in asked)]
 
 
 def generated_tokens(grid: Grid) -> int:

@@ -47,7 +47,7 @@ class PriceRule:
         return math.ceil(row_steps * factor + rows * self.per_row + self.per_request)
 
 
-def options_of(search: Any, wanted: tuple[str, ...]) -> tuple[str, ...]:
+def options_of(search: Any) -> tuple[str, ...]:
     """The priced options a translation uses: its search's settings and the optional outputs it asked for."""
     used = []
     if search.beam_size > 1 and not search.sampling:
@@ -58,6 +58,6 @@ def options_of(search: Any, wanted: tuple[str, ...]) -> tuple[str, ...]:
         used.append("repetition_penalty")
     if search.no_repeat_ngram_size > 0:
         used.append("no_repeat_ngram_size")
-    if "return_alignments" in wanted:
+    if search.return_alignments:
         used.append("return_alignments")
     return tuple(used)

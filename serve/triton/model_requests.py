@@ -17,10 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from model_outputs import OPTIONAL_OUTPUTS
 
 from export import runtime as export_runtime
-from export.runtime.search_loop import SearchVocab, check_prefixes
+from export.runtime import generation
 
 INPUT = "TEXT"
 TARGET = "TARGET"  # scoring (forced decoding) instead of translating
@@ -40,7 +39,7 @@ RESERVED = frozenset(
         CLIENT_PARAMETER,
     }
 )
-OUTPUT_SETTINGS = ("num_hypotheses", *OPTIONAL_OUTPUTS)  # what to return, beside the search settings
+OPTIONS = tuple(f.name for f in dataclasses.fields(export_runtime.Search))  # what a translation may set
 SCORING_SETTINGS = ("len_penalty",)  # what a scoring request (with TARGET) may set
 # settings each row keeps for itself in a batch (its own length bounds): their values in the batching key
 ROW_SETTINGS = {"min_len": 0, "max_len_a": 0.0, "max_len_b": 0}
@@ -51,27 +50,20 @@ class RequestError(ValueError):
 
 
 def parse_parameters(raw: str | None) -> dict[str, Any]:
-    """The request's JSON parameters → validated search overrides plus the output settings as given (checked by
-    `translation_settings`). Unknown names are an error, so a typo such as `beam=1` is not silently ignored;
-    search values must be finite and within the runtime's SEARCH_LIMITS."""
+    """The request's JSON parameters, as given, less those Triton and the gate use (RESERVED). Unknown names are an
+    error, so a typo such as `beam=1` is not silently ignored; the values are checked where they make the
+    request's `Search` (`translation_settings`), or by scoring (`len_penalty`)."""
     try:
         given = json.loads(raw) if raw else {}
     except ValueError as exc:
         raise RequestError(f"request parameters are not valid JSON ({exc})") from None
+    if not isinstance(given, dict):
+        raise RequestError("request parameters are not a JSON object")
     given = {k: v for k, v in given.items() if k not in RESERVED}
-    allowed = {*export_runtime.SEARCH_LIMITS, *OUTPUT_SETTINGS}
-    unknown = sorted(set(given) - allowed)
+    unknown = sorted(set(given) - set(OPTIONS))
     if unknown:
-        raise RequestError(f"unknown request parameter(s) {unknown}; allowed: {sorted(allowed)}")
-    try:
-        search = {
-            name: export_runtime.search_setting(name, value)
-            for name, value in given.items()
-            if name not in OUTPUT_SETTINGS
-        }
-    except export_runtime.SearchError as exc:
-        raise RequestError(f"parameter {exc}") from None
-    return {**search, **{k: given[k] for k in OUTPUT_SETTINGS if k in given}}
+        raise RequestError(f"unknown request parameter(s) {unknown}; allowed: {sorted(OPTIONS)}")
+    return given
 
 
 def client_of(raw: str | None) -> str:
@@ -82,15 +74,6 @@ def client_of(raw: str | None) -> str:
     except (ValueError, AttributeError):
         return ""
     return value if isinstance(value, str) and len(value) <= 64 else ""
-
-
-def parse_flag(name: str, value: Any) -> bool:
-    """A boolean request parameter: JSON/KServe booleans, or the strings "true"/"false" some clients send."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    raise RequestError(f"parameter {name}={value!r} is not a boolean; allowed: true or false")
 
 
 def decode_texts(array: np.ndarray, name: str = INPUT) -> list[str]:
@@ -109,53 +92,44 @@ def decode_texts(array: np.ndarray, name: str = INPUT) -> list[str]:
     return texts
 
 
-def translation_settings(model: Any, given: dict[str, Any]) -> tuple[Any, int, tuple[str, ...]]:
-    """A translation request's (Search, hypotheses per source, optional outputs asked for) from its parsed
-    parameters: the manifest's defaults with the request's settings (the runtime's cross-setting checks
-    included), num_hypotheses within what this search returns (beam_size, or MAX_SAMPLES draws when sampling)."""
+def translation_settings(model: Any, given: dict[str, Any]) -> Any:
+    """A translation request's `Search`: the manifest's defaults with the request's options, each checked once
+    there (ranges, the settings that only go together, num_hypotheses within what the search returns)."""
     try:
-        search = model.search_settings(**{k: v for k, v in given.items() if k not in OUTPUT_SETTINGS})
-        n = export_runtime.check_num_hypotheses(
-            given.get("num_hypotheses", 1), search.most_hypotheses, bool(search.sampling)
-        )
+        return model.search_settings(**given)
     except export_runtime.SearchError as exc:
         raise RequestError(f"parameter {exc}") from None
-    wanted = tuple(name for name in OPTIONAL_OUTPUTS if parse_flag(name, given.get(name, False)))
-    if "return_alignments" in wanted:
-        try:
-            model.check_alignments()  # an export without the decoder's alignment output says why in one line
-        except export_runtime.SearchError as exc:
-            raise RequestError(f"parameter return_alignments: {exc}") from None
-    return search, n, wanted
 
 
-def batch_key(search: Any, n: int, wanted: tuple[str, ...]) -> tuple[Any, ...]:
-    """Requests with equal keys are generated in one runtime call: the same search but for the settings each row
-    keeps for itself (its length bounds; its prefix and sampling key are per row too), the same number of
-    hypotheses and the same outputs. A setting added to `Search` joins the key by itself."""
-    return ("translate", dataclasses.replace(search, **ROW_SETTINGS), n, wanted)
+def batch_key(search: Any) -> tuple[Any, ...]:
+    """Requests with equal keys are generated in one runtime call: the same options but for the settings each row
+    keeps for itself (its length bounds; its prefix and sampling key are per row too). A field added to `Search`
+    joins the key by itself."""
+    return ("translate", dataclasses.replace(search, **ROW_SETTINGS))
 
 
-def request_prefixes(
-    model: Any, texts: list[str], encoded: Sequence[Sequence[int] | None], search: Any, max_chars: int
-) -> list[list[int]]:
-    """A request's PREFIX rows → target token ids per row ("" and rows whose source is empty, which are not run:
-    none), tokenised as the runtime's `encode_prefixes` does; RequestError when the rows differ from TEXT's or a
-    prefix leaves no room for eos within its source's output length limit (the runtime's `check_prefixes`)."""
-    if len(texts) != len(encoded):
-        raise RequestError(f"{PREFIX} has {len(texts)} rows but {INPUT} has {len(encoded)}; send one prefix per source")
-    for row, text in enumerate(texts):  # longer than any output in characters: refused before tokenising
-        if len(text) > max_chars:
+def request_work(
+    model: Any, encoded: Sequence[Sequence[int] | None], search: Any, texts: list[str] | None, max_chars: int
+) -> Any:
+    """A request's sources checked for its search (the driver's `prepare`: length bounds, sampling keys — a row's
+    index in its request — and the PREFIX rows, tokenised as targets; an empty source is not run and has none);
+    RequestError when PREFIX's rows differ from TEXT's, a prefix is longer than any output, or the search cannot
+    take it."""
+    rows = [j for j, e in enumerate(encoded) if e is not None]
+    prefixes = None
+    if texts is not None:
+        if len(texts) != len(encoded):
             raise RequestError(
-                f"{PREFIX} row {row} has {len(text)} characters, more than any output of this model holds "
-                f"({model.max_positions - 1} tokens); send a shorter prefix"
+                f"{PREFIX} has {len(texts)} rows but {INPUT} has {len(encoded)}; send one prefix per source"
             )
-    ids = model.tokenizer.encode_targets(texts)
-    prefixes = [list(p) if e is not None else [] for p, e in zip(ids, encoded, strict=True)]
-    lengths = np.array([len(e) if e is not None else 1 for e in encoded], dtype=np.int64)
-    limits = export_runtime.row_limits(lengths, search, model.max_positions)
+        for row, text in enumerate(texts):  # longer than any output in characters: refused before tokenising
+            if len(text) > max_chars:
+                raise RequestError(
+                    f"{PREFIX} row {row} has {len(text)} characters, more than any output of this model holds "
+                    f"({model.max_positions - 1} tokens); send a shorter prefix"
+                )
+        prefixes = model.tokenizer.encode_targets([texts[j] for j in rows]) if rows else []
     try:
-        check_prefixes(prefixes, limits, SearchVocab(model.vocab_size, model.pad_id, model.bos_id, model.eos_id))
+        return generation.prepare(model, [encoded[j] for j in rows], search, prefixes, keys=rows)
     except export_runtime.SearchError as exc:  # "target prefix i …": i is the request's row
         raise RequestError(f"{PREFIX}: {exc}") from None
-    return prefixes

@@ -199,13 +199,14 @@ def engines_for(exports: dict[tuple[str, str], Path], model: str, cpu_threads: i
 def time_point(engines: dict[str, Any], batches: list[Any], limits: list[Any], search: Any) -> dict[str, Any]:
     """Every engine over the same batches: a warm-up, then ROUNDS interleaved rounds (export.bench's)."""
     from export.bench.points import interleaved
+    from export.bench.rss_probe import decode_batch
 
     hyps: dict[str, list[list[int]]] = {}
 
     def runner(name: str, engine: Any) -> Any:
         def decode() -> None:
             hyps[name] = [
-                h for src, lim in zip(batches, limits, strict=True) for h in engine.generate(src, search, lim)
+                h for src, lim in zip(batches, limits, strict=True) for h in decode_batch(engine, src, search, lim)
             ]
 
         return decode
@@ -219,6 +220,7 @@ def run(work: Path, out_json: Path, deadline: float = 420.0, cpu_threads: int = 
     import numpy as np
 
     from export import runtime
+    from export.runtime import generation
 
     report: dict[str, Any] = {"machine": machine_line(), "rounds": ROUNDS, "points": [], "skipped": []}
     say(f"machine {report['machine']}")
@@ -248,7 +250,7 @@ def run(work: Path, out_json: Path, deadline: float = 420.0, cpu_threads: int = 
             n = BATCH1_SENTENCES if batch == 1 else min(len(order), 4 * batch if batch < 128 else 128)
             picked = [order[i] for i in range(0, len(order), max(1, len(order) // n))][:n]
             groups = [picked[i : i + batch] for i in range(0, len(picked), batch)]
-            batches = [first.pad([encoded[i] for i in g]) for g in groups]
+            batches = [generation.padded([encoded[i] for i in g], first.pad_id) for g in groups]
             limits = [runtime.forced_limits([w["lengths"][i] for i in g], first.max_positions) for g in groups]
             search = runtime.Search(beam_size=SEARCHES[search_name])
             measured = time_point(engines, batches, limits, search)

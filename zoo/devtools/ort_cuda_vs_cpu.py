@@ -22,6 +22,8 @@ import numpy as np
 import onnxruntime as ort
 
 from export import runtime
+from export.bench.rss_probe import decode_batch
+from export.runtime.generation import padded
 
 
 def load(export_dir: str, provider: str, threads: int | None) -> Any:
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     order = sorted(range(len(enc)), key=lambda i: -len(enc[i]))
     result: dict[str, Any] = {"ort": ort.__version__, "export": export_dir, "sentences": len(texts), "points": []}
     # encoder parity on the first 32 sentences
-    src = models["cpu16"].pad([enc[i] for i in order[:32]])
+    src = padded([enc[i] for i in order[:32]], models["cpu16"].pad_id)
     a, b = models["cpu16"].encode(src, with_memory=True), models["cuda"].encode(src, with_memory=True)
     result["encoder_max_abs_diff"] = {k: float(np.abs(a[k].astype(np.float64) - b[k]).max()) for k in a}
     print("encoder max |cpu - cuda|", result["encoder_max_abs_diff"], flush=True)
@@ -69,9 +71,9 @@ def main(argv: list[str] | None = None) -> None:
         batches = [[enc[i] for i in order[:n][j : j + batch]] for j in range(0, n, batch)]
         search = runtime.Search(beam_size=beam)
         for name, model in models.items():
-            model.generate(model.pad(batches[0]), search)  # warm-up
+            decode_batch(model, padded(batches[0], model.pad_id), search)  # warm-up
             start = time.perf_counter()
-            out = [h for bt in batches for h in model.generate(model.pad(bt), search)]
+            out = [h for bt in batches for h in decode_batch(model, padded(bt, model.pad_id), search)]
             sec = time.perf_counter() - start
             hyps[(beam, batch, name)] = out
             point = {

@@ -119,7 +119,7 @@ def _export(run_dir: Path, out: Path, keep_heads: int | None, threads: int) -> P
 def score(directory: Path, sources: list[str], refs: list[str], threads: int) -> dict[str, Any]:
     """The export's translations of the test split with its own search, BLEU-scored."""
     model = export.load(directory, threads=threads)
-    hyps = [h[0].text for h in model.translate_encoded_nbest(model.encode_texts(sources), model.search_settings())]
+    hyps = model.translate(sources)
     manifest = json.loads((directory / "manifest.json").read_text())
     return {
         "hypotheses": hyps,

@@ -25,6 +25,7 @@ import numpy as np
 
 import export
 from export.bench.rss_probe import vm_hwm
+from export.runtime.generation import best_tokens, padded, search_batch
 from export.runtime.search import Search
 
 
@@ -50,7 +51,7 @@ def measure(
 
     def run(idx: list[int]) -> list[list[int]]:
         limits = export.runtime.forced_limits([lengths[i] for i in idx], model.max_positions)
-        return model.generate(model.pad([encoded[i] for i in idx]), search, limits)
+        return best_tokens(search_batch(model, padded([encoded[i] for i in idx], model.pad_id), search, limits))
 
     run(batches[0])
     start = time.perf_counter()
