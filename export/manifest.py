@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import platform
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -251,7 +251,7 @@ def build_manifest(directory: Path, spec: ExportSpec) -> Manifest:
         precision="fp32",  # the graphs as written: the exporter's fp16 step converts them and says so
         size=size_info(spec.size_before, spec.size_after),
         generation=GenerationDefaults(
-            **asdict(spec.search), max_tokens=spec.max_tokens, max_sentences=spec.max_sentences
+            **spec.search.settings(), max_tokens=spec.max_tokens, max_sentences=spec.max_sentences
         ),
         runtime=RuntimeDefaults(graph_optimization_level=spec.graph_optimization_level, threads=spec.threads),
         versions=versions(),

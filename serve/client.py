@@ -53,6 +53,9 @@ SEARCH_PARAMETERS = (
     "temperature",
     "seed",
 )
+ALIGNMENT = "ALIGNMENT"
+# every option of a translation request: the fields of the runtime's `Search` (its settings and what to return)
+OPTIONS = (*SEARCH_PARAMETERS, "num_hypotheses", "return_scores", "return_alignments")
 
 
 class Hypothesis(NamedTuple):
@@ -60,7 +63,8 @@ class Hypothesis(NamedTuple):
     Translation(text, score, tokens): the served response carries no token ids (the wire format stays as it is)."""
 
     text: str
-    score: float | None
+    score: float | None = None
+    alignment: list[int] | None = None  # per output token the source piece it attended to most (asked for)
 
 
 class Scored(NamedTuple):
@@ -195,61 +199,50 @@ class Client:
         )
 
     def translate(
-        self, texts: Sequence[str | bytes], prefixes: Sequence[str | bytes] | None = None, **search: Any
-    ) -> list[str]:
-        """Any number of texts → outputs in order; `prefixes`: per text the target text its output starts with
-        ("" = none); `search`: SEARCH_PARAMETERS (None = the model's default)."""
-        parameters = self._search_parameters(search)
-        self._check_prefixes(texts, prefixes)
-        out: list[str] = []
-        for start in range(0, len(texts), self.max_batch_size):
-            stop = start + self.max_batch_size
-            out += self.infer(texts[start:stop], parameters, None if prefixes is None else prefixes[start:stop])[0]
-        return out
-
-    @staticmethod
-    def _check_prefixes(texts: Sequence[str | bytes], prefixes: Sequence[str | bytes] | None) -> None:
-        if prefixes is not None and len(prefixes) != len(texts):
-            raise ClientError(f'got {len(prefixes)} prefixes for {len(texts)} texts; give one per text ("" = none)')
-
-    @staticmethod
-    def _search_parameters(search: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(search) - set(SEARCH_PARAMETERS))
-        if unknown:
-            raise ClientError(f"unknown search option(s) {unknown}; use {list(SEARCH_PARAMETERS)}")
-        return {k: v for k, v in search.items() if v is not None}
-
-    def translate_nbest(
         self,
         texts: Sequence[str | bytes],
-        num_hypotheses: int = 1,
-        return_scores: bool = True,
         prefixes: Sequence[str | bytes] | None = None,
-        **search: Any,
-    ) -> list[list[Hypothesis]]:
-        """Any number of texts → per text its `num_hypotheses` best `Hypothesis(text, score)`, best first (the
-        server checks 1 ≤ num_hypotheses ≤ beam_size, or ≤ 64 samples with sampling=1); scores are the search's
-        (None when not asked for); `prefixes` as `translate`'s."""
-        parameters = {**self._search_parameters(search), "num_hypotheses": num_hypotheses}
-        if return_scores:
-            parameters["return_scores"] = True
-        self._check_prefixes(texts, prefixes)
-        outputs = [OUTPUT, SCORES] if return_scores else [OUTPUT]
-        out: list[list[Hypothesis]] = []
+        search: Any = None,
+        **options: Any,
+    ) -> list[str] | list[list[Hypothesis]]:
+        """Any number of texts → outputs in order, as `export.load(dir).translate`: `prefixes`, per text the target
+        text its output starts with ("" = none); `search`, every option as one value (the runtime's `Search`, or a
+        dict of OPTIONS), `options` any of OPTIONS by name (None: the model's default). With `num_hypotheses`,
+        `return_scores` or `return_alignments`, per text a list of `Hypothesis(text, score, alignment)` instead,
+        best first (the server checks 1 ≤ num_hypotheses ≤ beam_size, or ≤ 64 samples with sampling=1)."""
+        given = search if isinstance(search, dict) or search is None else {n: getattr(search, n) for n in OPTIONS}
+        parameters = self._parameters({**(given or {}), **options})
+        lists = "num_hypotheses" in parameters or any(parameters.get(f) for f in ("return_scores", "return_alignments"))
+        if prefixes is not None and len(prefixes) != len(texts):
+            raise ClientError(f'got {len(prefixes)} prefixes for {len(texts)} texts; give one per text ("" = none)')
+        wanted = {SCORES: "return_scores", ALIGNMENT: "return_alignments"}
+        outputs = [OUTPUT, *(name for name, flag in wanted.items() if parameters.get(flag))]
+        out: list[Any] = []
         for start in range(0, len(texts), self.max_batch_size):
             stop = start + self.max_batch_size
             inputs = {INPUT: texts[start:stop], **({} if prefixes is None else {PREFIX: prefixes[start:stop]})}
             result = self._request(inputs, outputs, parameters)
             rows = result.as_numpy(OUTPUT)
-            scores = result.as_numpy(SCORES) if return_scores else np.full(rows.shape, None)
-            for row, row_scores in zip(rows, scores, strict=True):
-                out.append(
-                    [
-                        Hypothesis(_text(t), None if s is None else float(s))
-                        for t, s in zip(row, row_scores, strict=True)
-                    ]
-                )
+            scores = result.as_numpy(SCORES) if SCORES in outputs else np.full(rows.shape, np.nan)
+            aligned = result.as_numpy(ALIGNMENT) if ALIGNMENT in outputs else None
+            for r, (row, row_scores) in enumerate(zip(rows, scores, strict=True)):
+                hyps = [
+                    Hypothesis(
+                        _text(t),
+                        None if SCORES not in outputs else float(sc),
+                        None if aligned is None else [int(a) for a in aligned[r, j] if a >= 0],
+                    )
+                    for j, (t, sc) in enumerate(zip(row, row_scores, strict=True))
+                ]
+                out.append(hyps if lists else hyps[0].text)
         return out
+
+    @staticmethod
+    def _parameters(options: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise ClientError(f"unknown option(s) {unknown}; use {list(OPTIONS)}")
+        return {k: v for k, v in options.items() if v is not None}
 
     def score(
         self, sources: Sequence[str | bytes], targets: Sequence[str | bytes], len_penalty: float | None = None
@@ -296,14 +289,14 @@ def translate(
     model: str | None = None,
     timeout: float = 120.0,
     headers: dict[str, str] | None = None,
-    **search: Any,
-) -> list[str]:
-    """Translate (or summarise) texts on a running server; the model may be omitted when it serves one (finding
-    it lists the repository, a restricted API: pass the admin header then)."""
+    **options: Any,
+) -> list[str] | list[list[Hypothesis]]:
+    """Translate (or summarise) texts on a running server (`options`: as `Client.translate`'s); the model may be
+    omitted when it serves one (finding it lists the repository, a restricted API: pass the admin header then)."""
     if isinstance(texts, str):
         texts = [texts]
     with Client(url, protocol, model, timeout, headers) as client:
-        return client.translate(list(texts), **search)
+        return client.translate(list(texts), **options)
 
 
 def _pairs(texts: list[str], flag: str, second: str) -> tuple[list[str], list[str]]:
@@ -327,9 +320,9 @@ def _answer(client: Client, args: argparse.Namespace, texts: list[str], search: 
     if args.prefix:
         texts, prefixes = _pairs(texts, "--prefix", "prefix")
     if args.num_hypotheses is not None or args.scores:
-        nbest = client.translate_nbest(texts, args.num_hypotheses or 1, return_scores=True, prefixes=prefixes, **search)
+        nbest = client.translate(texts, prefixes, search, num_hypotheses=args.num_hypotheses or 1, return_scores=True)
         return [f"{i} ||| {h.text} ||| {h.score:.6f}" for i, hyps in enumerate(nbest) for h in hyps]
-    return client.translate(texts, prefixes, **search)
+    return client.translate(texts, prefixes, search)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,7 +100,7 @@ def test_a_shortlist_decoder_converts_with_its_branches(exported, tmp_path) -> N
     model, reference = export.load(out, threads=1), export.load(source, threads=1)
     sources = json.loads((out / "heldout.json").read_text())["src"][:6]
     for search in (Search(beam_size=4, shortlist=1), Search(beam_size=1, shortlist=1)):
-        got, want = model.translate(sources, **vars(search)), reference.translate(sources, **vars(search))
+        got, want = model.translate(sources, search), reference.translate(sources, search)
         assert sum(a == b for a, b in zip(got, want, strict=True)) >= 5
 
 

@@ -17,7 +17,7 @@ import torch
 import export
 from export import runtime as rt
 from export.pruning import prune
-from export.runtime.generation import best_tokens, generate, padded, search_batch, shaped
+from export.runtime.generation import best_tokens, generate, padded, score, search_batch, shaped
 from export.runtime.search import Scored, Search
 from export.runtime.stepper import HostState
 from export.verify import encode_pairs, graph_parity
@@ -28,8 +28,8 @@ from tests.export_testing import (
 from zoo import evaluation
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import Tokenizer
-from zoo.evaluation import score_ids, translate_texts
-from zoo.generate import TorchStep
+from zoo.evaluation import translate_texts
+from zoo.generate import TorchEngine, TorchStep
 from zoo.generate import generate as torch_generate
 
 
@@ -116,8 +116,8 @@ def test_ort_nbest_and_scores_equal_torch(entry: str, exported, smoke_run, smoke
     for len_penalty in (0.8, 1.0):
         chosen = [(row, h) for row, h, s in pairs if s.len_penalty == len_penalty]
         sources, targets = [src_ids[r] for r, _ in chosen], [h.tokens for _, h in chosen]
-        got = runtime.score_encoded(sources, targets, len_penalty=len_penalty)
-        ref = score_ids(reference, sources, targets, len_penalty=len_penalty)
+        got = score(runtime, sources, targets, len_penalty)
+        ref = score(TorchEngine(reference), sources, targets, len_penalty)
         for g, r in zip(got, ref, strict=True):
             assert g.tokens == r.tokens and abs(g.score - r.score) <= 1e-4
             assert np.abs(np.subtract(g.token_logprobs, r.token_logprobs)).max() <= 1e-4
@@ -127,10 +127,10 @@ def test_ort_nbest_and_scores_equal_torch(entry: str, exported, smoke_run, smoke
         for (_, hyp), g, limit in zip(chosen, got, limits, strict=True):
             counted = g.token_logprobs if len(g.tokens) < limit else g.token_logprobs[:-1]  # forced eos: 0
             assert abs(sum(counted) / len(g.tokens) ** len_penalty - hyp.score) <= 1e-4, hyp
-    # the text API re-tokenises the hypotheses; it scores what score_encoded scores when the ids come back
+    # the text API re-tokenises the hypotheses; it scores what `score` scores when the ids come back
     best = [hyps[0] for hyps in runtime.translate(texts, beam_size=5, len_penalty=0.8, num_hypotheses=1)]
     by_text = runtime.score(texts, [h.text for h in best], len_penalty=0.8)
-    by_ids = runtime.score_encoded(src_ids, [h.tokens for h in best], len_penalty=0.8)
+    by_ids = score(runtime, src_ids, [h.tokens for h in best], 0.8)
     pairs = list(zip(by_text, by_ids, strict=True))
     for text_scored, id_scored in pairs:  # how many texts re-tokenise to the search's ids depends on the model
         if text_scored.tokens == id_scored.tokens:
@@ -155,11 +155,11 @@ def test_runtime_nbest_and_score_refuse_bad_values(exported) -> None:
     with pytest.raises(rt.ScoreError, match="got 2 sources but 1 targets"):
         runtime.score(["Guten Morgen.", "Danke."], ["Good morning."])
     with pytest.raises(rt.ScoreError, match="got 1 sources but 0 targets"):
-        runtime.score_encoded([[5]], [])
+        score(runtime, [[5]], [], 1.0)
     with pytest.raises(rt.ScoreError, match=r"outside the vocabulary \[0, 1000\)"):
-        runtime.score_encoded([[5]], [[1000]])
+        score(runtime, [[5]], [[1000]], 1.0)
     with pytest.raises(rt.ScoreError, match="at most 254"):
-        runtime.score_encoded([[5]], [[5] * 255])
+        score(runtime, [[5]], [[5] * 255], 1.0)
     with pytest.raises(export.SearchError, match="len_penalty"):
         runtime.score("Guten Morgen.", "Good morning.", len_penalty=-1)
     (empty,) = runtime.score("Guten Morgen.", "")

@@ -2,8 +2,9 @@
 that `models/` depends on).
 
 The graph is built from the source, not by importing: every module's module-level `import` / `from … import`
-statements (also inside a module-level `if`/`try`/`with`/class body, which run at import time; not inside functions,
-and not under `if TYPE_CHECKING:`), relative imports resolved. `from pkg import name` is an edge to `pkg.name` when
+statements (also inside a module-level `if`/`try`/`with`/class body, which run at import time, and under
+`if TYPE_CHECKING:` — a circle through annotations alone is still two modules that each need the other, issue 87;
+not inside functions), relative imports resolved. `from pkg import name` is an edge to `pkg.name` when
 that is a module, else to `pkg`. Importing a submodule also runs its parent packages' `__init__`, but those implicit
 edges are left out: a package's `__init__` importing its own submodules, which import each other, is the normal
 layout. Modules are enumerated with pkgutil's module finder over the package directories — the same walk as
@@ -57,20 +58,13 @@ def package_modules() -> dict[str, Path]:
     return modules
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _import_time_statements(body: list[ast.stmt]):
-    """Import statements that run when the module is imported (descends into if/try/with, not into defs)."""
+    """Import statements at module level (descends into if — TYPE_CHECKING too — try and with, not into defs)."""
     for node in body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
         elif isinstance(node, ast.If):
-            if not _is_type_checking(node.test):
-                yield from _import_time_statements(node.body)
+            yield from _import_time_statements(node.body)
             yield from _import_time_statements(node.orelse)
         elif isinstance(node, ast.Try):
             for block in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):

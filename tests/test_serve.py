@@ -298,7 +298,7 @@ def test_metrics_count_what_was_served(server, local, translator_export, protoco
     sent = [*texts, "", long]
     before = scrape(server.info.metrics_url)
     with Client(server.info.url(protocol), protocol, "transformer-smoke") as client:
-        client.translate_nbest(sent, num_hypotheses=2)
+        client.translate(sent, num_hypotheses=2, return_scores=True)
         with pytest.raises(ClientError):
             client.infer(["Hallo."], {"beam_size": 0})
         client.score(texts[:2], ["Good morning.", ""])
@@ -480,7 +480,7 @@ def test_nbest_with_scores_equals_the_runtime(server, local, translator_export, 
     model = local["transformer-smoke"]
     texts = _sources(translator_export, 4)
     with Client(server.info.url(protocol), protocol, "transformer-smoke") as client:
-        served = client.translate_nbest([*texts, ""], num_hypotheses=3)
+        served = client.translate([*texts, ""], num_hypotheses=3, return_scores=True)
         plain = client.infer(texts, None)[0]
     expected = model.translate(texts, num_hypotheses=3, return_scores=True)
     for got, want in zip(served, expected, strict=False):

@@ -23,7 +23,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 import export
-from serve.client import SEARCH_PARAMETERS, Client
+from serve.client import OPTIONS, SEARCH_PARAMETERS, Client
 from serve.model_config import ModelSettings
 from serve.repository import write_repository
 from serve.server import Server
@@ -34,6 +34,7 @@ MODEL = "transformer-smoke"
 PREFIXES = ["The", "", "I", "We"]  # "" = none: rows with and without a prefix in one request
 REPEAT = {"no_repeat_ngram_size": 2, "repetition_penalty": 1.3}
 SAMPLE = {"beam_size": 1, "sampling": 1, "top_p": 0.9, "temperature": 1.2, "seed": 7}
+ALIGNED = export.Search(beam_size=2, num_hypotheses=2, return_alignments=True)  # one value: every option
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +77,16 @@ def test_each_option_served_equals_the_runtime(server, local, texts, protocol) -
         assert sampled == client.translate(texts, **SAMPLE) == local.translate(texts, **SAMPLE)
         assert sampled == local.translate(texts, **SAMPLE)  # in process too, twice the same
         assert sampled != client.translate(texts, **{**SAMPLE, "seed": 8})
-        served = client.translate_nbest(texts, 3, prefixes=PREFIXES, **SAMPLE)
+        served = client.translate(texts, PREFIXES, num_hypotheses=3, return_scores=True, **SAMPLE)
+        aligned = client.translate(
+            texts, PREFIXES, export.Search(beam_size=2, num_hypotheses=2, return_alignments=True)
+        )
     expected = local.translate(texts, num_hypotheses=3, return_scores=True, target_prefix=PREFIXES, **SAMPLE)
     assert _texts(served) == _texts(expected)
     assert np.allclose([h.score for r in served for h in r], [t.score for r in expected for t in r], atol=1e-4)
     assert all(h.text.startswith(p) for p, hyps in zip(PREFIXES, served, strict=True) for h in hyps)
+    want = local.translate(texts, ALIGNED, PREFIXES)  # one value, sent whole
+    assert [[(h.text, h.alignment) for h in r] for r in aligned] == [[(t.text, t.alignment) for t in r] for r in want]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -181,6 +187,7 @@ def test_requests_batch_unless_their_options_change_the_search(local) -> None:
     keys = {batch_key(dataclasses.replace(base, **change)) for change in differ}
     assert len(keys | {batch_key(base)}) == len(differ) + 1
     assert set(SEARCH_PARAMETERS) == set(export.SEARCH_LIMITS)
+    assert set(OPTIONS) == {f.name for f in dataclasses.fields(export.Search)}
     one = dataclasses.replace(base, num_hypotheses=1)
     three = dataclasses.replace(base, num_hypotheses=3)
     assert local.request_cost([5, 7], three) == 3 * local.request_cost([5, 7], one)

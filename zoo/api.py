@@ -12,7 +12,6 @@ from export.runtime import generation
 from export.runtime.search import Scored, Search, Translation
 from zoo.checkpoint import CheckpointPayload, load_checkpoint, model_from_checkpoint
 from zoo.data import TextTokenizer, load_tokenizer
-from zoo.evaluation import score_texts
 from zoo.generate import TorchEngine
 from zoo.model import Transformer
 
@@ -101,13 +100,9 @@ class Translator:
         hypotheses, so scoring a returned hypothesis gives back its score to 1e-4. Two exceptions: the search
         forced eos at its length limit (it counts that eos as log-prob 0, this its real log-prob), or the
         hypothesis text re-tokenises differently from the ids the search produced (score those with
-        zoo.evaluation.score_ids). Sources are truncated as `translate` truncates them, targets to
+        export.runtime.generation.score). Sources are truncated as `translate` truncates them, targets to
         max_positions - 2 tokens (the longest output the search can produce); an empty target scores eos
         alone. `len_penalty`: default the checkpoint's (`self.search`). ScoreError unless there is one target per
         source."""
-        if isinstance(sources, str):
-            sources = [sources]
-        if isinstance(targets, str):
-            targets = [targets]
         penalty = self.search_settings(len_penalty=len_penalty).len_penalty
-        return score_texts(self.model, self.tokenizer, list(sources), list(targets), penalty)
+        return generation.score_texts(self.engine, sources, targets, penalty)

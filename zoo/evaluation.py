@@ -8,38 +8,20 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-import torch
-
-from export.runtime.generation import padded, translate
+from export.runtime.generation import translate
 from export.runtime.search import (
     DEFAULT_MAX_SENTENCES,
     DEFAULT_MAX_TOKENS,
-    Scored,
     Search,
     Translation,
-    check_pairs,
-    check_targets,
-    length_batches,
-    truncate_sources,
-    truncate_targets,
 )
 from zoo.data import Example, TextTokenizer
 from zoo.data import remove_bpe as strip_bpe
-from zoo.generate import TorchEngine, score_targets
+from zoo.generate import TorchEngine
 from zoo.metrics import quality_report, tokenized_bleu
 from zoo.model import Transformer
 
 DEFAULT_SEARCH = Search()  # the search settings' one home, for the defaults of the functions below
-
-
-def encode_sources(tokenizer: TextTokenizer, texts: Sequence[str], max_positions: int) -> list[list[int]]:
-    """Token ids per source, truncated as the runtime truncates them (search.truncate_sources)."""
-    return truncate_sources(tokenizer.encode_sources(texts), max_positions, tokenizer.unk_id)
-
-
-def encode_targets(tokenizer: TextTokenizer, texts: Sequence[str], max_positions: int) -> list[list[int]]:
-    """Token ids per target to score, truncated to what the search can produce (search.truncate_targets)."""
-    return truncate_targets(tokenizer.encode_targets(texts), max_positions)
 
 
 def translate_texts(
@@ -55,54 +37,6 @@ def translate_texts(
     order: the runtime's decoding driver over this model (inputs longer than the position limit are truncated)."""
     engine = TorchEngine(model, tokenizer, progress=progress, max_tokens=max_tokens, max_sentences=max_sentences)
     return translate(engine, texts, search)
-
-
-@torch.inference_mode()
-def score_ids(
-    model: Transformer,
-    sources: Sequence[Sequence[int]],
-    targets: Sequence[Sequence[int]],
-    len_penalty: float = DEFAULT_SEARCH.len_penalty,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    max_sentences: int = DEFAULT_MAX_SENTENCES,
-) -> list[Scored]:
-    """Teacher-forced scores of token-id targets given token-id sources (zoo.generate.score_targets), in input
-    order, batched by source length as the search is. ScoreError when the counts differ or a target is too long
-    (max_positions - 2 tokens) or holds ids outside the vocabulary."""
-    model.eval()
-    device = next(model.parameters()).device
-    check_targets(targets, len(sources), model.cfg.vocab_size, model.cfg.max_positions)  # before running anything
-    out: list[Scored | None] = [None] * len(sources)
-    for idx in length_batches([len(s) for s in sources], max_tokens, max_sentences):
-        src = torch.from_numpy(padded([sources[i] for i in idx], model.cfg.pad_id)).to(device)
-        for i, scored in zip(idx, score_targets(model, src, [targets[i] for i in idx], len_penalty), strict=True):
-            out[i] = scored
-    return [s for s in out if s is not None]
-
-
-def score_texts(
-    model: Transformer,
-    tokenizer: TextTokenizer,
-    sources: Sequence[str],
-    targets: Sequence[str],
-    len_penalty: float = DEFAULT_SEARCH.len_penalty,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    max_sentences: int = DEFAULT_MAX_SENTENCES,
-) -> list[Scored]:
-    """Per (source, target) text pair the target's per-token log-probs and sentence score (forced decoding: for
-    reranking, filtering, quality estimation). Sources are truncated as `translate_texts` does, targets to what
-    the search can produce (`encode_targets`); an empty target scores eos alone. ScoreError when the counts
-    differ."""
-    check_pairs(len(sources), len(targets))
-    limit = model.cfg.max_positions
-    return score_ids(
-        model,
-        encode_sources(tokenizer, sources, limit),
-        encode_targets(tokenizer, targets, limit),
-        len_penalty,
-        max_tokens,
-        max_sentences,
-    )
 
 
 def evaluate_examples(

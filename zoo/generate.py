@@ -141,10 +141,10 @@ class TorchEngine:
         self.max_positions: int = mcfg.max_positions
         self.max_tokens, self.max_sentences = max_tokens, max_sentences
         self.device = next(model.parameters()).device
+        model.eval()  # an engine decodes: no dropout (a trainer sets train() again after validating)
 
     @torch.inference_mode()
     def open(self, src: np.ndarray, search: Search) -> _TorchBatch:
-        self.model.eval()
         tokens = torch.from_numpy(np.ascontiguousarray(src, dtype=np.int64)).to(self.device)  # [B, S]
         memory, pad_mask = self.model.encode(tokens)  # [B, S, D], [B, S]
         layer = check_alignments(self.model, self.alignment_layer) if search.return_alignments else None
@@ -170,6 +170,10 @@ class TorchEngine:
 
     def check_alignments(self) -> None:
         check_alignments(self.model, self.alignment_layer)
+
+    def teacher_forced(self, src: np.ndarray, targets: list[list[int]], len_penalty: float) -> list[Scored]:
+        tokens = torch.from_numpy(np.ascontiguousarray(src, dtype=np.int64)).to(self.device)  # [B, S]
+        return score_targets(self.model, tokens, targets, len_penalty)
 
 
 class _TorchBatch:

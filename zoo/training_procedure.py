@@ -5,13 +5,32 @@ Kept apart from the loop so that a procedure (zoo.ght.procedure) is written agai
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
-from torch import Tensor
+import torch
+from omegaconf import DictConfig
+from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from zoo.data.batching import Batch
-    from zoo.trainer import Trainer
+from zoo.data.batching import Batch
+
+
+class Trainer(Protocol):
+    """What a procedure reads of the trainer it belongs to (zoo.trainer.Trainer): not the class itself, so the
+    trainer can import its hooks and no module imports the other back."""
+
+    bare: nn.Module  # the model, unwrapped
+    state: Any  # zoo.trainer.TrainState: update, epoch, …
+    cfg: DictConfig
+    device: torch.device
+    tokenizer: Any
+    run_dir: Path
+    ckpt_dir: Path
+    world: int
+    train_pairs: Any
+    valid_pairs: Any
+
+    def model_payload(self, weights: dict[str, Tensor] | None = None) -> dict[str, Any]: ...
 
 
 class Procedure:

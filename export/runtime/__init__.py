@@ -12,10 +12,11 @@ model-specific comes from the export directory's manifest.json.
 
     manifest   the manifest's schema and the one reader that checks it (`read_manifest`)
     manifest_checks  what that reader checks: the export format's files, regular files, every number's range
-    search     settings (`Search`), results, errors and limits of both engines; greedy and beam over a step
+    search     settings (`Search`: every option of a call), results, errors and limits of both engines
+    generation the one decoding driver (checks, batching, dispatch, n-best, scoring) over any `Engine`
     stores     host memory of a search: the self-attention store, its pool, the shared onnxruntime arena
     backend    where the two graphs run (`OrtBackend`: in-process sessions)
-    model      `ExportedModel` (tokenizer, search, batching, scoring around a backend) and `load`
+    model      `ExportedModel`: the driver's engine over a backend's two graphs (tokenizer, manifest defaults)
 
 Every name is imported here at once. onnxruntime itself is not: backend.py and stores.py import it inside the
 functions that make sessions, so zoo, which takes its search types from here, never loads it into a torch process.

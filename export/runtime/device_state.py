@@ -20,13 +20,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .row_gather import DATA, OUT, ROWS, gather_model
+from .stepper import DecoderGraph
 from .stores import cache_layout
 
 if TYPE_CHECKING:
     import onnxruntime as ort
-
-    from .backend import OrtBackend
-    from .model import ExportedModel
 
 ORT_DEVICES = {"cpu": "cpu", "cuda": "cuda"}  # runtime provider → onnxruntime's device name for OrtValues/bindings
 
@@ -255,10 +253,10 @@ class DeviceState:
     search reads (to the host) to one reused I/O binding."""
 
     def __init__(
-        self, model: ExportedModel, src: np.ndarray, sources: np.ndarray, rows: int, steps: int, slots: int
+        self, model: DecoderGraph, src: np.ndarray, sources: np.ndarray, rows: int, steps: int, slots: int
     ) -> None:
         self.m = model
-        backend: OrtBackend = model.backend  # type: ignore[assignment]
+        backend = model.backend  # backend.py's OrtBackend, made with state="device"
         assert backend.device is not None, "DeviceState needs a backend made with state='device'"
         self.backend, self.device = backend, backend.device
         names = ["memory_pad_mask", *model.cross_names]

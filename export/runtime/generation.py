@@ -10,6 +10,7 @@ options travel as one `Search` value (search.py), checked where it was made.
     prepare   a call's inputs checked once (lengths, prefixes, sampling keys): a `Work`
     run       a `Work`'s sources batched by length, each batch searched (`search_batch`), in input order
     generate  token ids → hypotheses: `prepare`, then `run`
+    score     teacher-forced scores of targets, checked once and batched as the search is (`score_texts`: texts)
     translate texts → `Work` → `run` → `Translation`s (what every `translate` is, in both engines and the server)
 """
 
@@ -23,13 +24,18 @@ import numpy as np
 from .search import (
     Hypothesis,
     RowLimits,
+    Scored,
     Search,
     SearchError,
     Translation,
+    check_pairs,
+    check_targets,
     concat_limits,
     length_batches,
     row_limits,
+    search_setting,
     truncate_sources,
+    truncate_targets,
 )
 from .search_loop import (
     SearchVocab,
@@ -74,6 +80,11 @@ class Engine(Protocol):
     def map(self, run: Callable[[Engine, list[int]], T], batches: list[list[int]]) -> Iterable[T]:
         """`run(engine, batch)` for every batch of source indices, results in order (an engine may spread them over
         copies of itself, or show progress)."""
+        ...
+
+    def teacher_forced(self, src: np.ndarray, targets: list[list[int]], len_penalty: float) -> list[Scored]:
+        """src [B, S] (pad-right) and one target per row → each target's `Scored` (its tokens then eos, their
+        log-probs, the sentence score normalised as the search ranks hypotheses)."""
         ...
 
 
@@ -180,6 +191,8 @@ def search_batch(
     if search.sampling:  # greedy's loop over every sentence n times, each row its own generator
         rows, row_keys = sample_rows(b, n, keys)
         given = given_for(len(rows), search, None if prefixes is None else [prefixes[i] for i in rows], row_keys)
+        # each sample its own encoder row (as before the driver: the scores stay bit-identical; sharing one
+        # encoder row per source would save the encoder's work n-fold and move scores in their last bits)
         step = engine.open(src[rows], search).step(np.arange(len(rows)), steps, 0)
         return samples_by_sentence(greedy(step, limits.take(rows), search, engine.vocab, given), n)
     batch = engine.open(src, search)
@@ -258,3 +271,56 @@ def asks_for_lists(search: Search, overrides: dict[str, object]) -> bool:
     return (
         "num_hypotheses" in overrides or search.num_hypotheses > 1 or search.return_scores or search.return_alignments
     )
+
+
+def score(
+    engine: Engine,
+    sources: Sequence[Sequence[int]],
+    targets: Sequence[Sequence[int]],
+    len_penalty: float,
+    max_tokens: int | None = None,
+    max_sentences: int | None = None,
+) -> list[Scored]:
+    """Token ids per source and per target → per pair the target's `Scored` in input order, batched by source
+    length as `run` batches. ScoreError (one target per source, each at most max_positions - 2 ids in the
+    vocabulary) or SearchError (len_penalty) before anything runs."""
+    check_targets(targets, len(sources), engine.vocab.size, engine.max_positions)
+    penalty = float(search_setting("len_penalty", len_penalty))
+    out: list[Scored] = [Scored([], [], 0.0)] * len(sources)
+
+    def forced(model: Engine, idx: list[int]) -> list[Scored]:
+        src = padded([sources[i] for i in idx], model.vocab.pad_id)
+        return model.teacher_forced(src, [list(targets[i]) for i in idx], penalty)
+
+    batches = length_batches(
+        [len(s) for s in sources], max_tokens or engine.max_tokens, max_sentences or engine.max_sentences
+    )
+    for idx, scored in zip(batches, engine.map(forced, batches), strict=True):
+        for i, one in zip(idx, scored, strict=True):
+            out[i] = one
+    return out
+
+
+def encode_targets(engine: Engine, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids per target text to score, truncated to what the search can produce (max_positions - 2)."""
+    return truncate_targets(_tokenizer(engine).encode_targets(texts), engine.max_positions)
+
+
+def score_texts(
+    engine: Engine,
+    sources: str | Sequence[str],
+    targets: str | Sequence[str],
+    len_penalty: float,
+    max_tokens: int | None = None,
+    max_sentences: int | None = None,
+) -> list[Scored]:
+    """Forced decoding of text pairs (reranking, filtering, quality estimation): per (source, target) the target's
+    `Scored`. Sources are truncated as `translate` truncates them, targets to max_positions - 2 tokens; an empty
+    target scores eos alone. Scoring a hypothesis `translate` returned gives back its score to 1e-4 unless the
+    search forced eos at its length limit (it counts that eos as 0) or its text re-tokenises to other ids (`score`
+    its `tokens` for the exact score). ScoreError unless there is one target per source."""
+    sources = [sources] if isinstance(sources, str) else list(sources)
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    check_pairs(len(sources), len(targets))
+    encoded = encode_texts(engine, sources), encode_targets(engine, targets)
+    return score(engine, *encoded, len_penalty, max_tokens, max_sentences)

@@ -22,7 +22,6 @@ from .errors import ExportedModelError
 from .manifest import ALIGNMENT_OUTPUT, NEXT_PREFIX, Manifest
 from .manifest_checks import open_regular
 from .replicas import Replicas
-from .scoring import teacher_forced
 from .search import (
     DEFAULT_MAX_SENTENCES,
     DEFAULT_MAX_TOKENS,
@@ -30,13 +29,8 @@ from .search import (
     Search,
     SearchError,
     Translation,
-    check_pairs,
-    check_targets,
-    length_batches,
     max_lengths,
     normalised,
-    search_setting,
-    truncate_targets,
 )
 from .search_loop import SearchVocab
 from .shortlist import Shortlist
@@ -239,43 +233,40 @@ class ExportedModel:
     # ------------------------------------------------------------------ forced decoding
     def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids per target text to score, truncated to what the search can produce (as zoo's)."""
-        return truncate_targets(self.tokenizer.encode_targets(texts), self.max_positions)
-
-    def check_targets(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> None:
-        """ScoreError unless `score_encoded` can run these: one target per source, each at most max_positions - 2
-        ids in the vocabulary."""
-        check_targets(targets, len(sources), self.vocab_size, self.max_positions)
+        return generation.encode_targets(self, texts)
 
     def score_cost(self, targets: Sequence[Sequence[int]]) -> int:
         """Decoder row-steps of scoring these targets (tokens + eos each): `request_cost`'s unit, for budgets."""
         return sum(len(t) + 1 for t in targets)
 
-    def score_encoded(
-        self,
-        sources: Sequence[Sequence[int]],
-        targets: Sequence[Sequence[int]],
-        len_penalty: float | None = None,
-        max_tokens: int | None = None,
-        max_sentences: int | None = None,
-    ) -> list[Scored]:
-        """Token ids per source (as `encode_texts` gives them) and per target (as `encode_targets`) → per pair
-        `Scored(tokens, token_logprobs, score)` in input order: the teacher-forced log-prob of each target token
-        and of eos, and the sentence score normalised with `len_penalty` (default: the manifest's) as beam
-        search ranks hypotheses — equal to zoo.generate.score_targets to 1e-4. Batched by source length as
-        `translate_encoded`. ScoreError (`check_targets`) or SearchError (len_penalty) before anything runs."""
-        self.check_targets(sources, targets)
-        penalty = float(search_setting("len_penalty", self.search.len_penalty if len_penalty is None else len_penalty))
-        out: list[Scored | None] = [None] * len(sources)
-        batches = length_batches(
-            [len(s) for s in sources], max_tokens or self.max_tokens, max_sentences or self.max_sentences
-        )
-        for idx in batches:
-            src = generation.padded([sources[i] for i in idx], self.pad_id)
-            scored = teacher_forced(self, src, [targets[i] for i in idx])
-            for i, (ids, token_lp) in zip(idx, scored, strict=True):
-                total = float(np.sum(token_lp, dtype=np.float32))
-                out[i] = Scored(ids, token_lp.tolist(), normalised(total, len(ids), penalty))
-        return [s for s in out if s is not None]
+    def teacher_forced(self, src: np.ndarray, targets: list[list[int]], len_penalty: float) -> list[Scored]:
+        """The driver's `Engine.teacher_forced` over this export's own decoder graph: bos + target fed one step at
+        a time, each next token's log-prob read from the full `log_probs` output; rows leave once eos is scored."""
+        b = src.shape[0]
+        lengths = np.array([len(t) + 1 for t in targets])  # [B] scored positions: tokens + eos
+        width = int(lengths.max())
+        feed = np.full((b, width), self.pad_id, dtype=np.int64)  # [B, T] bos + target
+        want = np.full((b, width), self.pad_id, dtype=np.int64)  # [B, T] target + eos
+        for row, ids in enumerate(targets):
+            feed[row, : lengths[row]] = [self.bos_id, *ids]
+            want[row, : lengths[row]] = [*ids, self.eos_id]
+        lp = np.zeros((b, width), dtype=np.float32)  # [B, T]
+        step = self.decoding(src, steps=width)
+        live = np.arange(b)  # rows of the batch still being scored, in stepper order
+        for t in range(width):
+            dist = step.distribution(feed[live, t], t)  # [n, V]
+            lp[live, t] = dist[np.arange(live.size), want[live, t]]
+            keep = np.nonzero(lengths[live] > t + 1)[0]
+            if keep.size == 0:
+                break
+            if keep.size < live.size:
+                step.select(keep)
+                live = live[keep]
+        out = []
+        for row, n in enumerate(lengths.tolist()):
+            total = float(np.sum(lp[row, :n], dtype=np.float32))
+            out.append(Scored(want[row, :n].tolist(), lp[row, :n].tolist(), normalised(total, n, len_penalty)))
+        return out
 
     def score(
         self,
@@ -286,19 +277,9 @@ class ExportedModel:
         max_sentences: int | None = None,
     ) -> list[Scored]:
         """Forced decoding of text pairs: per (source, target) the target's `Scored(tokens, token_logprobs,
-        score)` (see `score_encoded`) — for reranking, filtering, quality estimation. Sources are truncated as
-        `translate` truncates them, targets to max_positions - 2 tokens (`encode_targets`); an empty target
-        scores eos alone. Scoring a hypothesis `translate` returned gives back its score to 1e-4 unless the search
-        forced eos at its length limit or its text re-tokenises to other ids (`score_encoded` its `tokens` for
-        the exact score). ScoreError unless there is one target per source."""
-        if isinstance(sources, str):
-            sources = [sources]
-        if isinstance(targets, str):
-            targets = [targets]
-        check_pairs(len(sources), len(targets))
-        return self.score_encoded(
-            self.encode_texts(sources), self.encode_targets(targets), len_penalty, max_tokens, max_sentences
-        )
+        score)` — generation.py's `score_texts` (`len_penalty`: default the manifest's); equal to zoo's to 1e-4."""
+        penalty = self.search.len_penalty if len_penalty is None else len_penalty
+        return generation.score_texts(self, sources, targets, penalty, max_tokens, max_sentences)
 
 
 class _Batch:

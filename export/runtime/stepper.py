@@ -8,16 +8,13 @@ between steps lives is its `DecodingState`'s business: `HostState` here (numpy c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from .errors import ExportRuntimeError
-from .manifest import ALIGNMENT_OUTPUT
-from .stores import SelfCache
-
-if TYPE_CHECKING:
-    from .model import ExportedModel
+from .manifest import ALIGNMENT_OUTPUT, CacheEntry
+from .stores import SelfCache, StorePool
 
 EVERY_TOKEN = np.zeros(0, dtype=np.int64)  # vocab_rows of a step over the whole vocabulary (no shortlist)
 
@@ -35,6 +32,21 @@ def cross_rows(sentence: np.ndarray, per_source: bool) -> np.ndarray:
     if n % group or not np.array_equal(sentence, np.repeat(sources, group)):
         raise ExportRuntimeError(f"decoder rows of sources {sentence.tolist()} are not equal groups of one source")
     return sources
+
+
+class DecoderGraph(Protocol):
+    """What a decoding state needs of a model (an `ExportedModel`): where its graphs run (a backend.py `Backend`),
+    its caches and the decoder's outputs — not the whole model, so this module does not import it."""
+
+    backend: Any
+    cross_names: list[str]
+    next_names: list[str]  # the decoder's outputs of each self cache's new position
+    self_specs: list[CacheEntry]
+    store_pool: StorePool
+    cross_per_source: bool  # one cross-cache row per source sentence (else one per decoder row)
+    vocab_size: int
+
+    def check_alignments(self) -> None: ...
 
 
 class DecodingState(Protocol):
@@ -57,7 +69,7 @@ class HostState:
 
     def __init__(
         self,
-        model: ExportedModel,
+        model: DecoderGraph,
         encoded: dict[str, np.ndarray],
         sources: np.ndarray,
         rows: int,
@@ -95,7 +107,7 @@ class Stepper:
 
     def __init__(
         self,
-        model: ExportedModel,
+        model: DecoderGraph,
         state: DecodingState,
         rows: np.ndarray,
         sources: np.ndarray,

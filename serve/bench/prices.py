@@ -52,7 +52,7 @@ def request_kinds(local: Any, export_dir: Path, length: int) -> dict[str, tuple[
 
     def row_steps(texts: list[str], settings: dict[str, Any]) -> int:
         search = local.search_settings(**{k: v for k, v in settings.items() if k != "return_alignments"})
-        return local.request_cost([n for n, t in zip(lengths, texts, strict=False) if t.strip()], search, 1)
+        return local.request_cost([n for n, t in zip(lengths, texts, strict=False) if t.strip()], search)
 
     kinds = {
         "empty_1": ([""], PLAIN),

@@ -147,7 +147,7 @@ class _Request:
 
 class TextModel:
     """Text in, text out over an `ExportedModel` (the decoding driver's engine, with its `search_settings`,
-    `request_cost`, `score_encoded`, `tokenizer`); subclasses say how it is built (`load`)."""
+    `request_cost`, `score_cost`, `tokenizer`); subclasses say how it is built (`load`)."""
 
     def load(self, directory: str, params: dict[str, str], args: dict[str, str]) -> Any:
         raise NotImplementedError
@@ -331,11 +331,11 @@ class TextModel:
         return answers
 
     def _score(self, items: list[_Request], len_penalty: float) -> list[tuple[list[Any], int]]:
-        """Several scoring requests → one `score_encoded` call → per request SCORES [rows, 1] and TOKEN_SCORES
+        """Several scoring requests → one `generation.score` call → per request SCORES [rows, 1] and TOKEN_SCORES
         [rows, T] (NaN-padded); no tokens are generated."""
         sources = [ids for req in items for ids in req.encoded]
         targets = [ids for req in items for ids in req.targets or []]
-        scored = iter(self.model.score_encoded(sources, targets, len_penalty))
+        scored = iter(generation.score(self.model, sources, targets, len_penalty))
         answers = []
         for req in items:
             rows = [next(scored) for _ in req.encoded]
