@@ -346,6 +346,9 @@ def beam(
                     row_aligned = aligned[r * g + beam_idx[r, j], : len(hyp)].tolist() if aligning else None
                     bucket.append(Hypothesis(hyp, score, row_aligned))
             done = np.array([len(finals[int(s)]) >= k for s in active])
+        # at its length limit a sentence has nothing left to continue (every candidate was eos): it leaves now,
+        # not when the batch ends, even with fewer than K finished (a 1-token limit leaves the empty one alone)
+        done |= max_len[active] <= t + 1
         # continue with the best K non-eos candidates of every live sentence
         keep = np.argsort(arange2k[None, :] + is_eos * (2 * k), axis=1, kind="stable")[:, :k]  # [n, K]
         new_scores = np.take_along_axis(top_scores, keep, 1)
