@@ -69,10 +69,10 @@ from export.runtime.shortlist import SHORTLIST_FILE
 from export.shortlist import ShortlistSettings, build_shortlist, count_pairs
 from export.staging import staged_directory
 from export.verify import encode_pairs, ort_errors, verify_export
-from zoo.alignment import check_alignments
 from zoo.api import checkpoint_search
 from zoo.checkpoint import CheckpointError, CheckpointPayload, load_checkpoint, model_from_checkpoint
 from zoo.data import DataError, TextTokenizer, build_splits, load_tokenizer
+from zoo.decoding.alignment import check_alignments
 from zoo.entries import CONF_DIR, list_entries
 from zoo.flops import size_summary
 from zoo.model import ModelConfig, Transformer
@@ -325,7 +325,8 @@ def _prune(cfg: DictConfig, source: _Source, plan: _HeadPlan) -> _Exported:
 
 def _alignment(cfg: DictConfig, model: Transformer, plan: dict[str, list[int]]) -> AlignmentInfo:
     """The decoder layer whose head-averaged cross-attention becomes the `alignment` output (`alignment_layer`,
-    default the penultimate: zoo/alignment.py) and the heads it averages; for a mechanism without weights per source
+    default the penultimate: zoo/decoding/alignment.py) and the heads it averages; for a mechanism without weights per
+    source
     position (linear, MLK), no output and why."""
     reason = model.decoder.layers[0].cross_attn.no_step_weights
     if reason:

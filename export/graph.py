@@ -33,7 +33,8 @@ decoder.onnx (one incremental step, every step)
          alignment        f32   [sources, G, src_len]       exports whose mechanism has cross-attention weights
                                                             (manifest `alignment`): layer `alignment.layer`'s
                                                             cross-attention of this step, averaged over its kept
-                                                            heads (zoo/alignment.py), 0 at source padding; G rows
+                                                            heads (zoo/decoding/alignment.py), 0 at source padding; G
+                                                            rows
                                                             per source as the cross caches group them, so the
                                                             host reads [batch, src_len] (a reshape, no copy).
                                                             Fetched only by searches asking for alignments
@@ -83,7 +84,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from export.runtime.manifest import ALIGNMENT_OUTPUT, NEXT_PREFIX  # output names the runtime fetches
-from zoo.alignment import CrossAttentionWeights
+from zoo.decoding.alignment import CrossAttentionWeights
 from zoo.errors import ZooError
 from zoo.model import Transformer
 

@@ -4,8 +4,8 @@ Why: an export is only as good as its proof that the ONNX graphs compute what th
 computes. On real held-out sentences we check that (1) the physically pruned torch model equals the
 gated one, (2) ORT's encoder outputs and per-step decoder logits equal torch's at several batch
 sizes and source lengths, with in-graph beam reordering and shrinking batches exercised — and so does the decoder's
-`alignment` output, where it has one (zoo.alignment's head-averaged cross-attention weights) — and (3)
-the numpy/ORT runtime's greedy and beam search produce exactly the hypotheses of `zoo.generate`.
+`alignment` output, where it has one (zoo.decoding.alignment's head-averaged cross-attention weights) — and (3)
+the numpy/ORT runtime's greedy and beam search produce exactly the hypotheses of `zoo.decoding.generate`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from export.graph import ExportError, cross_caches
 from export.runtime import ExportedModel, Search
 from export.runtime.generation import best_tokens, search_batch, shaped
 from export.runtime.search import truncate_sources
-from zoo.alignment import CrossAttentionWeights
 from zoo.data import TextTokenizer
-from zoo.evaluation import translate_texts
-from zoo.generate import generate
+from zoo.decoding.alignment import CrossAttentionWeights
+from zoo.decoding.evaluation import translate_texts
+from zoo.decoding.generate import generate
 from zoo.model import Transformer
 
 
@@ -216,7 +216,7 @@ def verify_export(
         if report[label]["identical"] != report[label]["total"]:
             problems.append(
                 f"{label} search: {report[label]['identical']}/{report[label]['total']} hypotheses "
-                "identical to zoo.generate"
+                "identical to zoo.decoding.generate"
             )
     if report["translate_identical"] != len(srcs):
         problems.append(f"translate(): {report['translate_identical']}/{len(srcs)} outputs identical")

@@ -1,5 +1,6 @@
 """Word alignments: one decoder layer's cross-attention weights per step, averaged over its kept heads, in both
-engines (zoo/alignment.py, the decoder graph's `alignment` output), refused where a mechanism has none or an export
+engines (zoo/decoding/alignment.py, the decoder graph's `alignment` output), refused where a mechanism has none or an
+export
 predates them, and mapped from pieces to words (export/runtime/alignment.py)."""
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from export.runtime.tokenizer import SentencePieceTokenizer, SharedVocabTokenize
 from tests.convert_testing import PAIRS, train_sentencepiece
 from tests.export_testing import TRAINED_ENTRIES, plan_for
 from tests.zoo_testing import random_batch, tiny_model
-from zoo.alignment import check_alignments, default_alignment_layer
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.convert.marian import marian_vocabulary
-from zoo.generate import TorchEngine, TorchStep
+from zoo.decoding.alignment import check_alignments, default_alignment_layer
+from zoo.decoding.generate import TorchEngine, TorchStep
 
 
 def _clear_argmax(w: np.ndarray, gap: float = 1e-4) -> np.ndarray:

@@ -35,7 +35,7 @@ from tests.zoo_testing import compose_train
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.convert.__main__ import main as convert_main
 from zoo.data import load_tokenizer
-from zoo.generate import generate as generate_nbest
+from zoo.decoding.generate import generate as generate_nbest
 from zoo.train import train
 
 transformers = pytest.importorskip("transformers", reason="the parity tests need the [hf] extra (part of dev)")

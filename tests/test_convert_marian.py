@@ -41,10 +41,10 @@ from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.convert.__main__ import main as convert_main
 from zoo.convert.hf_files import read_safetensors
 from zoo.data import DataError, SharedVocabTokenizer, load_tokenizer
+from zoo.decoding.generate import generate as generate_nbest
 from zoo.entries import CONF_DIR
 from zoo.errors import ZooError
 from zoo.evaluate import evaluate
-from zoo.generate import generate as generate_nbest
 from zoo.train import train
 from zoo.translate import main as translate_main
 

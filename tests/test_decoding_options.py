@@ -17,7 +17,7 @@ from export.runtime.generation import generate
 from export.runtime.processing import nucleus, penalise
 from export.runtime.search import Search, SearchError
 from tests.zoo_testing import random_batch, tiny_model
-from zoo.generate import TorchEngine
+from zoo.decoding.generate import TorchEngine
 
 GREEDY = Search(beam_size=1, max_len_a=0, max_len_b=12, min_len=1)
 

@@ -1,4 +1,5 @@
-"""The torch-free runtime's search: ORT greedy, beam and n-best with scores equal zoo.generate's, dynamic shapes,
+"""The torch-free runtime's search: ORT greedy, beam and n-best with scores equal zoo.decoding.generate's, dynamic
+shapes,
 length limits, and the steps it runs.
 
 Every export here runs with one thread (`runtime.threads=1`): the two cores are shared.
@@ -25,12 +26,12 @@ from tests.export_testing import (
     PLAN,
     TRAINED_ENTRIES,
 )
-from zoo import evaluation
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import Tokenizer
-from zoo.evaluation import translate_texts
-from zoo.generate import TorchEngine, TorchStep
-from zoo.generate import generate as torch_generate
+from zoo.decoding import evaluation
+from zoo.decoding.evaluation import translate_texts
+from zoo.decoding.generate import TorchEngine, TorchStep
+from zoo.decoding.generate import generate as torch_generate
 
 
 def _heldout_batch(run_dir: Path, n: int = 32) -> tuple[torch.Tensor, list[str], Tokenizer, dict]:
@@ -69,7 +70,8 @@ def test_ort_search_equals_torch_search(exported, smoke_run) -> None:
 
 @pytest.mark.parametrize("entry", TRAINED_ENTRIES)
 def test_ort_beam_equals_torch_beam_on_the_test_split(entry: str, exported, smoke_run, smoke_corpus) -> None:
-    """The acceptance check: ORT beam search (beam 5) returns zoo.generate's hypotheses on the smoke test split."""
+    """The acceptance check: ORT beam search (beam 5) returns zoo.decoding.generate's hypotheses on the smoke test
+    split."""
     out, manifest = exported(entry)
     payload = load_checkpoint(smoke_run(entry))
     tok = Tokenizer.from_bytes(payload["tokenizer"])
@@ -198,7 +200,7 @@ def test_max_lengths_match_torch() -> None:
 
 def test_beam_search_runs_its_first_step_on_one_row_per_sentence(exported, monkeypatch) -> None:
     """All beams of a sentence start as the same bos hypothesis, so the runtime's first beam step decodes one row
-    per sentence and the next ones beam-size rows (the search itself is checked against zoo.generate by the
+    per sentence and the next ones beam-size rows (the search itself is checked against zoo.decoding.generate by the
     beam-equality tests); the self-attention store is sized for the full width from the start."""
     out, _ = exported("transformer")
     runtime = export.load(out, threads=1)
@@ -219,10 +221,12 @@ def test_beam_search_runs_its_first_step_on_one_row_per_sentence(exported, monke
 
 
 def test_a_step_where_every_hypothesis_must_end_is_not_decoded(exported, monkeypatch) -> None:
-    """At its length limit a hypothesis may only end (eos at log-prob 0, as zoo.generate), so the runtime does not
+    """At its length limit a hypothesis may only end (eos at log-prob 0, as zoo.decoding.generate), so the runtime does
+    not
     run the decoder on a step where every live row is there: a fixed-length search of n tokens (eos included)
     decodes n - 1 steps, and sentences with different limits keep decoding until the longest limit's last step.
-    The hypotheses and scores are checked against zoo.generate by the search-equality tests, fixed lengths included."""
+    The hypotheses and scores are checked against zoo.decoding.generate by the search-equality tests, fixed lengths
+    included."""
     out, _ = exported("transformer")
     runtime = export.load(out, threads=1)
     src = padded(runtime.encode_texts(["Ja.", "Das Haus ist klein und alt, aber es hat einen Garten."]), runtime.pad_id)

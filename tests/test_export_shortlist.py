@@ -28,7 +28,7 @@ from export.shortlist import ShortlistSettings, build_shortlist, count_pairs
 from tests.export_testing import TRAINED_ENTRIES, export_config
 from tests.zoo_testing import REPO
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
-from zoo.generate import generate as torch_generate
+from zoo.decoding.generate import generate as torch_generate
 
 
 # ---------------------------------------------------------------------------------------------- the builder

@@ -18,10 +18,10 @@ from tests.zoo_testing import ENTRIES, tiny_model
 from zoo.api import Translator
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint
 from zoo.data import Tokenizer
+from zoo.decoding.generate import generate as torch_generate
+from zoo.decoding.generate import score_targets
 from zoo.entries import CONF_DIR
 from zoo.evaluate import evaluate
-from zoo.generate import generate as torch_generate
-from zoo.generate import score_targets
 
 
 def generate(model, src: torch.Tensor, cfg: Search, use_cache: bool = True) -> list[list[int]]:

@@ -268,7 +268,7 @@ def test_the_runtime_is_the_ground_floor() -> None:
     assert package and all(_within(t, RUNTIME) or t == "export.runtime" for t in package), package
     # and the layers above do import it (the direction is downward, not absent)
     graph = import_graph(modules)
-    for above in ("zoo.data.tokenizer", "zoo.generate", "export.exporter", "serve.model_config"):
+    for above in ("zoo.data.tokenizer", "zoo.decoding.generate", "export.exporter", "serve.model_config"):
         assert any(_within(t, RUNTIME) for t in graph[above]), above
 
 
@@ -287,14 +287,15 @@ def test_triton_models_import_only_the_runtime_of_the_project() -> None:
 def test_importing_the_runtime_runs_nothing_above_it() -> None:
     """A fresh `import export.runtime` (what the served models and a serving host do) loads no torch, no zoo, no
     exporter and no onnxruntime (sessions import it when they are made); and the torch commands that take the
-    runtime's search types (zoo.train, zoo.generate, zoo.evaluation) never load onnxruntime with them."""
+    runtime's search types (zoo.train, zoo.decoding.generate, zoo.decoding.evaluation) never load onnxruntime with
+    them."""
     code = (
         "import sys\n"
         "def loaded(*roots):\n"
         "    return sorted(m for m in sys.modules if m.split('.')[0] in roots or m.startswith('export.exporter'))\n"
         "import export.runtime\n"
         "print(loaded('torch', 'zoo', 'serve', 'onnxruntime', 'onnx', 'hydra'))\n"
-        "import zoo.train, zoo.generate, zoo.evaluation\n"
+        "import zoo.train, zoo.decoding.generate, zoo.decoding.evaluation\n"
         "print(loaded('onnxruntime'))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=180)

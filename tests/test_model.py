@@ -59,7 +59,7 @@ def test_exported_decoding_step_equals_full_forward(entry: str, monkeypatch: pyt
 def test_cross_caches_shared_by_beams_equal_replicated_ones(entry: str) -> None:
     """The export's decoder keeps one cross-attention cache row per source and groups each source's beams
     against it (zoo.attention.base.per_source_step); the logits must equal those of a cache replicated per
-    beam row, as zoo.generate keeps it, for every mechanism."""
+    beam row, as zoo.decoding.generate keeps it, for every mechanism."""
     model = tiny_model(entry)
     src, tgt = random_batch()  # [B, S], [B, T]
     beams = 3

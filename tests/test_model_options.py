@@ -26,8 +26,8 @@ from zoo.api import Translator
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from zoo.data import DataError
 from zoo.data import load_tokenizer as zoo_load_tokenizer
-from zoo.generate import generate as torch_generate
-from zoo.generate import score_targets
+from zoo.decoding.generate import generate as torch_generate
+from zoo.decoding.generate import score_targets
 from zoo.model import FeedForward, ModelConfig, build_model, marian_positions, sinusoidal_positions
 
 

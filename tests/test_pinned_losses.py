@@ -32,7 +32,7 @@ import torch
 from tests.conftest import smoke_overrides
 from tests.zoo_testing import compose_train
 from zoo.train import train
-from zoo.trainer import Trainer
+from zoo.training.trainer import Trainer
 
 UPDATES = 20
 LOSS_ATOL = 3e-5

@@ -11,8 +11,8 @@ import torch
 
 from tests.conftest import smoke_overrides
 from tests.zoo_testing import compose_train
-from zoo.optim import budget_left, budget_reached, inverse_sqrt_schedule, linear_decay_schedule
 from zoo.train import UsageError, train
+from zoo.training.optim import budget_left, budget_reached, inverse_sqrt_schedule, linear_decay_schedule
 
 PEAK, INIT, WARMUP, TOTAL = 1e-3, 1e-7, 4, 12
 
@@ -99,7 +99,7 @@ def test_the_progress_bar_counts_to_the_update_the_run_stops_at() -> None:
     """Issue 63: the CPU preset's bar said `0/3000 … 50:50 left` while its 16-minute budget ended the run near update
     1000. The total is now the update the run stops at: max_updates, or where the wall-clock budget runs out at the
     measured rate, whichever comes first."""
-    from zoo.progress import TrainingBar, projected_stop
+    from zoo.training.progress import TrainingBar, projected_stop
 
     # 16 minutes at 0.95 s per update, 100 updates (95 s) in: 960 − 95 = 865 s left → 910 more → stops at 1010
     assert projected_stop(100, 3000, 95.0, 16, 0.95) == 1010

@@ -17,18 +17,18 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from tests.conftest import smoke_overrides
 from tests.zoo_testing import REPO, compose_train, tiny_model
-from zoo.allocator import tunable
-from zoo.optim import OPTIMIZER_KERNELS, build_optimizer
 from zoo.profile_render import render_profiles
 from zoo.profiling import OTHER, PHASE_CATEGORIES, summarize_profile
-from zoo.trainer_config import TrainerConfig
+from zoo.training.allocator import tunable
+from zoo.training.config import TrainerConfig
+from zoo.training.optim import OPTIMIZER_KERNELS, build_optimizer
 
 # Minor page faults per malloc-write-free of a 64 MB block in a fresh process (torch's CPU tensors come from this
 # malloc): whether a freed block is reused depends on what else the heap holds, and a test process's heap holds
 # whatever earlier tests left. One thread, libc's own calls: nothing else allocates between the rounds.
 FAULTS = """
 import ctypes, ctypes.util, json, resource, sys
-from zoo.allocator import set_cpu_allocator
+from zoo.training.allocator import set_cpu_allocator
 
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 libc.malloc.restype = ctypes.c_void_p

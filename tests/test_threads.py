@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import zoo.trainer
+import zoo.training.trainer
 from tests.conftest import smoke_overrides
 from tests.zoo_testing import REPO, compose_train
-from zoo.threads import choose_threads, describe, torch_threads
-from zoo.throughput import ThroughputMonitor, contention_hint
 from zoo.train import UsageError, train
+from zoo.training.threads import choose_threads, describe, torch_threads
+from zoo.training.throughput import ThroughputMonitor, contention_hint
 
 HINT = contention_hint("cpu", cores=2, threads=2)
 QUIET, SLOW = 0.8, 2.5  # seconds per update; 2.5 / 0.8 = 3.1×
@@ -160,7 +160,7 @@ class _SlowAtSecondUpdate(ThroughputMonitor):
 
 
 def test_training_logs_threads_records_them_and_warns_without_a_bar(tmp_path, smoke_corpus, monkeypatch, caplog):
-    monkeypatch.setattr(zoo.trainer, "ThroughputMonitor", _SlowAtSecondUpdate)
+    monkeypatch.setattr(zoo.training.trainer, "ThroughputMonitor", _SlowAtSecondUpdate)
     caplog.set_level(logging.INFO, logger="zoo.train")
     overrides = smoke_overrides("transformer", smoke_corpus, tmp_path) + [
         "trainer.threads=1",

@@ -297,7 +297,7 @@ def test_bad_checkpoint_is_a_clear_error(tmp_path) -> None:
 
 
 def test_spread_sample_covers_the_whole_split() -> None:
-    from zoo.trainer import spread_sample
+    from zoo.training.trainer import spread_sample
 
     assert spread_sample(list(range(10)), 3) == [0, 3, 6]
     assert spread_sample(list(range(3)), 5) == [0, 1, 2]
@@ -309,7 +309,7 @@ def test_checkpoint_average_is_kept_only_if_it_validates_at_least_as_well_as_bes
     from zoo.checkpoint import REQUIRED_KEYS, model_from_checkpoint, save_checkpoint
     from zoo.data import Example, Tokenizer
     from zoo.data.batching import encode_examples
-    from zoo.trainer import Trainer
+    from zoo.training.trainer import Trainer
 
     payload = load_checkpoint(smoke_run("transformer") / "checkpoints" / "last.pt")
     model = model_from_checkpoint(payload)

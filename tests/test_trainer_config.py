@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from tests.zoo_testing import REPO, compose_train
 from zoo.entries import CONF_DIR
 from zoo.train import UsageError, train
-from zoo.trainer_config import TrainerConfig
+from zoo.training.config import TrainerConfig
 
 PRESETS = sorted(p.stem for p in (CONF_DIR / "trainer").glob("*.yaml"))
 

@@ -9,13 +9,15 @@ How the code is laid out (tests/test_imports.py fails on any module-level import
   pretrained model's directory → a checkpoint; its library is the package, its `__main__` the thin command).
 * **Layers import downward only.** `zoo.attention` is the leaf: the contract (`base.py`), one file per mechanism, the
   mixture-of-keys base they share and their FLOP helpers. Above it `zoo.model` (the encoder-decoder from a
-  `ModelConfig`), then `zoo.data`, `zoo.generate`, `zoo.trainer`, `zoo.ght`, `zoo.checkpoint`, `zoo.metrics`,
+  `ModelConfig`), then `zoo.data`, `zoo.decoding.generate`, `zoo.training.trainer`, `zoo.ght`, `zoo.checkpoint`,
+  `zoo.metrics`,
   `zoo.flops`, `zoo.pretrained` (a run started from a checkpoint: `init=`); `zoo.convert` (on zoo.model,
   zoo.checkpoint, zoo.flops and the runtime's tokenizer) and the commands sit on top.
 * **The runtime is the ground floor.** `export.runtime` (numpy, onnxruntime, sentencepiece) imports nothing of
   zoo, serve or the exporter, and importing it loads neither torch nor onnxruntime (its backend imports onnxruntime
   when it makes sessions); the `export` package only re-exports it. It owns the search's settings, results and
-  errors and the tokenizers, and `zoo.data`, `zoo.generate`, `zoo.evaluation`, `zoo.convert` import them from it.
+  errors and the tokenizers, and `zoo.data`, `zoo.decoding.generate`, `zoo.decoding.evaluation`, `zoo.convert` import
+  them from it.
 * **The exporter builds on `zoo` and the runtime.** `export.exporter` and the verifier import zoo (model, data,
   generation) to prune and check; a serving host needs only the export directory.
 * **`serve` builds on `export.runtime`**, never on the model code (its nginx fetch reuses `zoo.data`'s Debian

@@ -12,7 +12,7 @@ from export.runtime import generation
 from export.runtime.search import Scored, Search, Translation
 from zoo.checkpoint import CheckpointPayload, load_checkpoint, model_from_checkpoint
 from zoo.data import TextTokenizer, load_tokenizer
-from zoo.generate import TorchEngine
+from zoo.decoding.generate import TorchEngine
 from zoo.model import Transformer
 
 SUMMARY_LENGTH_MARGIN = 1.1  # a summarizer's max_len_b: this × the 99th percentile of its training summaries

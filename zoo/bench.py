@@ -38,7 +38,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from zoo.attention import causal_mask
 from zoo.model import ModelConfig, Transformer, build_model, count_parameters, sinusoidal_positions
-from zoo.threads import wait_policy
+from zoo.training.threads import wait_policy
 
 PAD, BOS, EOS = 0, 2, 3
 TARGET_RATIO = 1.25

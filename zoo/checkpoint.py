@@ -70,7 +70,7 @@ class CheckpointPayload(StoredKeys, total=False):
     rebuilt_from: str
     optimizer: dict[str, Any]
     scheduler: dict[str, Any]
-    train_state: dict[str, Any]  # zoo.trainer.TrainState as a dict
+    train_state: dict[str, Any]  # zoo.training.trainer.TrainState as a dict
     rng: dict[str, torch.Tensor]
     procedure: dict[str, Any]  # the training procedure's state (GHT's stage)
 

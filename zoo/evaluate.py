@@ -1,7 +1,7 @@
 """`python -m zoo.evaluate checkpoint=… split=test` (or `src=… ref=…`): BLEU/chrF or ROUGE with beam
 search, per data source, sentences/s, model size — printed and written as JSON + hypotheses; with `nbest=N`
 also the N best hypotheses per source with their scores, as `<split>_nbest.txt` in the Moses/fairseq
-format `i ||| hypothesis ||| score` (i counts sources from 0; best first; the score is zoo.generate's)."""
+format `i ||| hypothesis ||| score` (i counts sources from 0; best first; the score is zoo.decoding.generate's)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from omegaconf import DictConfig
 from export.runtime.search import Search, SearchError
 from zoo.checkpoint import CheckpointPayload, load_checkpoint, model_from_checkpoint
 from zoo.data import DataError, Example, build_splits, load_tokenizer
+from zoo.decoding.evaluation import Translation, evaluate_examples
 from zoo.errors import one_line_errors
-from zoo.evaluation import Translation, evaluate_examples
 from zoo.flops import format_size_summary, size_summary
 
 

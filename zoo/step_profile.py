@@ -36,7 +36,6 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from torch.profiler import ProfilerActivity, profile
 
-from zoo.allocator import cpu_allocator
 from zoo.data import build_splits, train_run_tokenizer
 from zoo.errors import ZooError, one_line_errors
 from zoo.machine import describe_machine
@@ -44,9 +43,10 @@ from zoo.model import build_model
 from zoo.profile_render import render_profiles, write_profile
 from zoo.profiling import median_and_spread, roofline_ms, summarize_profile
 from zoo.runs import git_sha
-from zoo.threads import choose_threads, torch_threads
 from zoo.train import RunData, entry_procedure, model_config_from, prepare_data, trainer_config_from
-from zoo.trainer import Trainer
+from zoo.training.allocator import cpu_allocator
+from zoo.training.threads import choose_threads, torch_threads
+from zoo.training.trainer import Trainer
 
 log = logging.getLogger("zoo.step_profile")
 

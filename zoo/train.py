@@ -25,23 +25,23 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from export.runtime.search import Search, SearchError
-from zoo import distributed as dist
-from zoo.allocator import cpu_allocator
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
 from zoo.data import Splits, TextTokenizer, build_splits, load_tokenizer, train_run_tokenizer
 from zoo.data.batching import encode_examples
+from zoo.decoding.evaluation import evaluate_examples
 from zoo.entries import entry_model_config, missing_model_message
 from zoo.errors import ZooError, one_line_errors
-from zoo.evaluation import evaluate_examples
 from zoo.flops import format_size_summary, size_summary
 from zoo.ght.options import GHTOptions
 from zoo.ght.procedure import GHTProcedure
 from zoo.model import ModelConfig, Transformer, build_model
 from zoo.pretrained import Pretrained, load_pretrained, read_init, write_init
 from zoo.runs import DONE_MARKER, RunBusyError, lock_run_dir, new_run_dir, resolve_resume, write_provenance
-from zoo.threads import ThreadChoice, choose_threads, describe, torch_threads
-from zoo.trainer import Trainer
-from zoo.trainer_config import TrainerConfig
+from zoo.training import distributed as dist
+from zoo.training.allocator import cpu_allocator
+from zoo.training.config import TrainerConfig
+from zoo.training.threads import ThreadChoice, choose_threads, describe, torch_threads
+from zoo.training.trainer import Trainer
 
 log = logging.getLogger("zoo.train")
 

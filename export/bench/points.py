@@ -27,8 +27,8 @@ from export.graph import ExportError
 from export.runtime import ExportedModel, Search
 from export.runtime.generation import best_tokens, padded
 from zoo.data import build_splits
+from zoo.decoding.generate import generate
 from zoo.flops import model_flops
-from zoo.generate import generate
 from zoo.model import Transformer
 
 

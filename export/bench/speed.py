@@ -12,7 +12,7 @@ the runtime — on the same export.
     git worktree add /tmp/old X
     python -m export.bench --export exports/transformer-deen --baseline-runtime /tmp/old --no-torch
 
-Why this shape (zoo/DESIGN.md §3c): the baseline is our best torch path — `zoo.generate` with the
+Why this shape (zoo/DESIGN.md §3c): the baseline is our best torch path — `zoo.decoding.generate` with the
 incremental cache, the same beam size, batch and thread count — and the engines run interleaved
 (torch, ORT, ORT, torch, …) on identical pre-tokenised, length-sorted batches, so drift hits all of
 them; we report medians and ratios. Every engine gets the same token ids and must return the same

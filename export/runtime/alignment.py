@@ -1,5 +1,6 @@
 """Word alignments from piece alignments: the models align each target *piece* to a source *piece* position (the
-argmax of one decoder layer's cross-attention, zoo/alignment.py); markup transfer and terminology checks want words.
+argmax of one decoder layer's cross-attention, zoo/decoding/alignment.py); markup transfer and terminology checks want
+words.
 
 The caveat: a "word" is what the tokenizer splits into pieces, not a span of the raw text —
 * sentencepiece (zoo.train's joint model; Marian's source and target models): a piece beginning with ▁ starts a

@@ -1,5 +1,5 @@
 """The one decoding driver: texts or token ids in, n-best `Translation`s out, for any model that opens decoding
-states — the exported graphs (`ExportedModel`) and the torch models (zoo/generate.py `TorchEngine`) alike.
+states — the exported graphs (`ExportedModel`) and the torch models (zoo/decoding/generate.py `TorchEngine`) alike.
 
 Why one driver: everything around the search loop (search_loop.py) — checking a call's inputs, batching by length,
 sampling keys, the greedy/beam/sampling dispatch, prefixes, alignments, building the results — is the same for both

@@ -145,7 +145,7 @@ class ShortlistInfo(TypedDict):
 
 
 class AlignmentInfo(TypedDict):
-    """Where an export's word alignments come from (export/graph.py's `alignment` output; zoo/alignment.py)."""
+    """Where an export's word alignments come from (export/graph.py's `alignment` output; zoo/decoding/alignment.py)."""
 
     output: str | None  # the decoder output holding them (ALIGNMENT_OUTPUT); None: the mechanism has no weights
     layer: int | None  # the decoder layer (0-based) whose cross-attention they are

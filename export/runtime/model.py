@@ -1,6 +1,7 @@
 """`ExportedModel`: an export directory's tokenizer, search and stores around a backend that runs its two graphs.
 
-Texts in, texts out as zoo.evaluation does it (same truncation, same batches, the search of `search_loop.py`), plus
+Texts in, texts out as zoo.decoding.evaluation does it (same truncation, same batches, the search of `search_loop.py`),
+plus
 n-best lists with scores and teacher-forced scoring. Where the graphs run is the backend's business (`backend.py`):
 in-process onnxruntime sessions (`loading.load`), or other Triton models (serve/triton/bls_model.py).
 """

@@ -1,6 +1,7 @@
 """The runtime's greedy and beam search over a step function — the one search loop of both engines.
 
-zoo.generate runs these loops over a torch `Step` (its `TorchStep`), the runtime over the exported graph's, so every
+zoo.decoding.generate runs these loops over a torch `Step` (its `TorchStep`), the runtime over the exported graph's, so
+every
 rule of the search is the same in both by construction and engine parity is the parity of two steppers. The rules:
 pad and bos are banned (bos not where it is eos: fairseq's models start from eos), eos is banned before `min_len`
 and forced at each sentence's length limit (`max_lengths`), a sentence's given target prefix is forced token by

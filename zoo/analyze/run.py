@@ -25,7 +25,7 @@ from zoo.data import DataError, Example, SharedVocabTokenizer, Tokenizer, build_
 from zoo.data.batching import collate, encode_examples
 from zoo.errors import ZooError
 from zoo.model import Transformer
-from zoo.threads import torch_threads
+from zoo.training.threads import torch_threads
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 Batches = list[tuple[torch.Tensor, torch.Tensor]]  # (src [B, S], tgt_in [B, T]) per batch

@@ -37,7 +37,7 @@ class Attention(nn.Module):
     #: names of the linear layers producing per-head key-side tensors (sliced on head removal).
     key_projections: tuple[str, ...] = ("k_proj", "v_proj")
     #: why a cached cross-attention step of this mechanism has no weight per source position ("" = it has them:
-    #: its `attend` captures them as "A"); word alignments (zoo/alignment.py) are refused with this reason
+    #: its `attend` captures them as "A"); word alignments (zoo/decoding/alignment.py) are refused with this reason
     no_step_weights: str = ""
 
     def __init__(
@@ -239,7 +239,7 @@ def cache_rows(cache: Cache) -> int:
 def per_source_step(q: Tensor, sources: int, attend: Callable[[Tensor], Tensor]) -> Tensor:
     """One decoding step's cross-attention when the cross cache holds one row per *source* and the queries
     q [N, H, 1, dh] come in N = sources × G consecutive rows per source (G beams; G = 1 when the cache has a row
-    per query, as in zoo.generate). Each source's G queries attend to its cache together — `attend` maps
+    per query, as in zoo.decoding.generate). Each source's G queries attend to its cache together — `attend` maps
     [sources, H, G, dh] → [sources, H, G, dv] — instead of replicating the cache G times: the ONNX runtime keeps
     one cross cache per sentence (a beam of 5 over 32 sentences held 165 MB of copies) and the G query rows
     become one small matrix product per head. Exact: cross-attention queries never see each other. Queries of

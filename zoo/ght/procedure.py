@@ -13,7 +13,6 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from zoo import distributed as dist
 from zoo.checkpoint import save_checkpoint
 from zoo.data.batching import Batch, collate
 from zoo.ght.constraint import compactness, group_constraint_loss
@@ -22,9 +21,10 @@ from zoo.ght.kmeans import group_means, kmeans
 from zoo.ght.options import GHTOptions, Stage
 from zoo.ght.voting import fixed_groups, head_votes, plot_votes, select_heads
 from zoo.model import Transformer
-from zoo.optim import budget_reached
-from zoo.trainer import Trainer, spread_sample
-from zoo.training_procedure import Procedure
+from zoo.training import distributed as dist
+from zoo.training.optim import budget_reached
+from zoo.training.procedure import Procedure
+from zoo.training.trainer import Trainer, spread_sample
 
 log = logging.getLogger("zoo.ght")
 

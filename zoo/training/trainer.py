@@ -22,14 +22,16 @@ from torch import Tensor, nn
 from torch.profiler import record_function
 
 from export.runtime.search import Search
-from zoo import distributed as dist
 from zoo.checkpoint import average_weights, load_checkpoint, save_checkpoint
 from zoo.data import Example, TextTokenizer
 from zoo.data.batching import TokenBatchSampler, collate
-from zoo.evaluation import evaluate_examples
+from zoo.decoding.evaluation import evaluate_examples
 from zoo.metrics import output_stats
 from zoo.model import Transformer
-from zoo.optim import (
+from zoo.plots import plot_learning_curve
+from zoo.training import distributed as dist
+from zoo.training.config import TrainerConfig
+from zoo.training.optim import (
     LR_SCHEDULES,
     budget_left,
     budget_reached,
@@ -38,13 +40,11 @@ from zoo.optim import (
     label_smoothed_loss,
     linear_decay_schedule,
 )
-from zoo.plots import plot_learning_curve
-from zoo.progress import TrainingBar
-from zoo.stop_request import StopRequest
-from zoo.threads import usable_cores
-from zoo.throughput import ThroughputMonitor, contention_hint
-from zoo.trainer_config import TrainerConfig
-from zoo.training_procedure import Procedure
+from zoo.training.procedure import Procedure
+from zoo.training.progress import TrainingBar
+from zoo.training.stop_request import StopRequest
+from zoo.training.threads import usable_cores
+from zoo.training.throughput import ThroughputMonitor, contention_hint
 
 log = logging.getLogger("zoo.train")
 
@@ -161,7 +161,8 @@ class Trainer:
         raise ValueError(f"trainer.lr_schedule={kind!r} is not a schedule; use one of {', '.join(LR_SCHEDULES)}")
 
     def budget_left(self, step: int) -> float:
-        """What the linear schedule decays by: zoo.optim.budget_left, its wall-clock part from warm-up's end."""
+        """What the linear schedule decays by: zoo.training.optim.budget_left, its wall-clock part from warm-up's
+        end."""
         cfg, st = self.cfg, self.state
         if st.warmup_end_s is None and step >= cfg.warmup_updates:
             st.warmup_end_s = st.elapsed_s

@@ -17,7 +17,7 @@ from export.runtime.search import (
 )
 from zoo.data import Example, TextTokenizer
 from zoo.data import remove_bpe as strip_bpe
-from zoo.generate import TorchEngine
+from zoo.decoding.generate import TorchEngine
 from zoo.metrics import quality_report, tokenized_bleu
 from zoo.model import Transformer
 

@@ -1,4 +1,4 @@
-"""`Procedure`: the hooks a training procedure implements around the plain updates of `zoo.trainer.Trainer`.
+"""`Procedure`: the hooks a training procedure implements around the plain updates of `zoo.training.trainer.Trainer`.
 
 Kept apart from the loop so that a procedure (zoo.ght.procedure) is written against these hooks alone.
 """
@@ -16,11 +16,11 @@ from zoo.data.batching import Batch
 
 
 class Trainer(Protocol):
-    """What a procedure reads of the trainer it belongs to (zoo.trainer.Trainer): not the class itself, so the
+    """What a procedure reads of the trainer it belongs to (zoo.training.trainer.Trainer): not the class itself, so the
     trainer can import its hooks and no module imports the other back."""
 
     bare: nn.Module  # the model, unwrapped
-    state: Any  # zoo.trainer.TrainState: update, epoch, …
+    state: Any  # zoo.training.trainer.TrainState: update, epoch, …
     cfg: DictConfig
     device: torch.device
     tokenizer: Any

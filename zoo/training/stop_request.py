@@ -1,6 +1,6 @@
 """`StopRequest`: SIGINT/SIGTERM as a flag the training loop checks between updates, so a stop never splits one.
 
-The loop then saves `last.pt` and exits (exact resume: zoo.trainer); a second signal aborts at once.
+The loop then saves `last.pt` and exits (exact resume: zoo.training.trainer); a second signal aborts at once.
 """
 
 from __future__ import annotations

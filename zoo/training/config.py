@@ -1,6 +1,7 @@
 """The trainer's settings (TrainerConfig): the `trainer` node of a run's config, checked once when the run starts.
 
-Why apart from the loop (zoo/trainer.py): a run's config is read and refused — an unknown, missing or mistyped key,
+Why apart from the loop (zoo/training/trainer.py): a run's config is read and refused — an unknown, missing or mistyped
+key,
 a value outside its choices — before any model or data is built, by zoo.train and by the tests, without the loop.
 """
 
@@ -13,12 +14,12 @@ from dataclasses import MISSING, dataclass, fields
 from difflib import get_close_matches
 from typing import Any, get_args, get_origin, get_type_hints
 
-from zoo.allocator import CPU_ALLOCATORS
-from zoo.optim import (
+from zoo.training.allocator import CPU_ALLOCATORS
+from zoo.training.optim import (
     LR_SCHEDULES,
     OPTIMIZER_KERNELS,
 )
-from zoo.threads import AUTO
+from zoo.training.threads import AUTO
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 BEST_METRICS = ("quality", "loss")
@@ -78,7 +79,7 @@ class TrainerConfig:
             ]
             raise ValueError(
                 f"unknown trainer key {', '.join(named)}: the keys are those of conf/trainer/cpu.yaml (a new one "
-                "needs a field in zoo.trainer_config.TrainerConfig)"
+                "needs a field in zoo.training.config.TrainerConfig)"
             )
         required = [f.name for f in fields(cls) if f.default is MISSING]
         missing = [k for k in required if k not in raw]

@@ -42,7 +42,7 @@ from export.runtime.search import (
 )
 from export.runtime.search_loop import SearchVocab
 from export.runtime.tokenizer import TextTokenizer
-from zoo.alignment import CrossAttentionWeights, check_alignments
+from zoo.decoding.alignment import CrossAttentionWeights, check_alignments
 from zoo.model import Transformer
 
 __all__ = ["TorchEngine", "TorchStep", "generate", "score_targets"]
@@ -68,7 +68,8 @@ class TorchStep:
         self.state = model.init_state() if use_cache else None
         self.prefix: Tensor | None = None  # [N, t+1] tokens so far, kept only to recompute without a cache
         self.outside = outside
-        # alignments (zoo/alignment.py): with `alignment_layer`, each call leaves that decoder layer's cross-attention
+        # alignments (zoo/decoding/alignment.py): with `alignment_layer`, each call leaves that decoder layer's
+        # cross-attention
         # weights of the step, averaged over its kept heads, in `attention` [N, S] f32 (rows in the current order);
         # SearchError here for a layer the decoder lacks or a mechanism without such weights (linear, MLK)
         self.weights = None if alignment_layer is None else CrossAttentionWeights(model, alignment_layer)
@@ -121,7 +122,8 @@ class TorchEngine:
     """A zoo model as the runtime's decoding driver's engine (export/runtime/generation.py): the driver batches,
     checks and searches; this says how a batch is encoded and stepped. `use_cache=False`: the reference full
     recompute; `vocab_rows`: a shortlist's token ids [C] for searches with shortlist=1; `alignment_layer`: the
-    decoder layer alignments come from (None: zoo/alignment.py's default); `progress`: a bar over the batches."""
+    decoder layer alignments come from (None: zoo/decoding/alignment.py's default); `progress`: a bar over the
+    batches."""
 
     def __init__(
         self,

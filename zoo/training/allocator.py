@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-log = logging.getLogger("zoo.allocator")
+log = logging.getLogger("zoo.training.allocator")
 
 CPU_ALLOCATORS = ("retain", "system")
 
