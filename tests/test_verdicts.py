@@ -25,9 +25,6 @@ from zoo.report.claims import (
     INCONCLUSIVE,
     DeltaTest,
     Question,
-    climbing,
-    compaction,
-    compaction_text,
     decision_p,
     delta_test,
     judge,
@@ -35,6 +32,7 @@ from zoo.report.claims import (
     with_state,
 )
 from zoo.report.records import convergence
+from zoo.report.run_state import climbing, compaction, compaction_text
 from zoo.report.stats import TwoComponents, t_cdf, t_quantile
 from zoo.report.suite import SuiteError, suite_from_config
 
@@ -451,7 +449,7 @@ def test_each_claim_says_whether_its_pairs_share_cpu_and_commit() -> None:
     design no longer controlled machine or code and nothing said so. A claim's pairing names the seeds across CPUs
     (and their machines), those with a CPU model unrecorded (records before the signature), and those across
     commits."""
-    from zoo.report.claims import pairing, pairing_text, same_machine
+    from zoo.report.run_state import pairing, pairing_text, same_machine
 
     xeon, epyc = "cpu:Intel(R) Xeon(R) Processor (family 6 model 207, AMX)", "cpu:AMD EPYC (family 25 model 1, AVX2)"
     assert same_machine(epyc, epyc) and same_machine(xeon, epyc) is False

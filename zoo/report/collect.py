@@ -22,9 +22,10 @@ from zoo.metrics import (
     sentence_stats,
 )
 from zoo.report.budget_probe import probe_choice
-from zoo.report.claims import Stats, climbing, collect_claims
+from zoo.report.claims import Stats, collect_claims
 from zoo.report.pairing import above_floor, input_dependence
 from zoo.report.records import References, convergence
+from zoo.report.run_state import climbing
 from zoo.report.suite import Suite
 
 Records = Mapping[tuple[str, int], Mapping[str, Any]]
@@ -236,7 +237,7 @@ def collect(
     """The report's data: per entry, per-seed summaries, mean ± std over seeds, bootstrap, speed, size, claims.
     `epoch` (`epoch_length` of other records of the same budget) sizes an epoch when these records cannot;
     `floor_outputs` (a summarization suite's constant baseline, one output per document) is the score every run is
-    measured against (`above_constant`), which a claim's runs must clear (claims.degenerate_outputs)."""
+    measured against (`above_constant`), which a claim's runs must clear (run_state.degenerate_outputs)."""
     epoch = epoch_length(records) or epoch
     stats: dict[tuple[str, int], np.ndarray] = {}
 

@@ -20,24 +20,21 @@ import matplotlib.pyplot as plt
 from zoo.flops import format_count, format_flops
 from zoo.plots import save_report_figure as _save
 from zoo.report.budget_probe import plot_probe, probe_section
-from zoo.report.claims import (
-    ALPHA,
-    CLIMBING_GAIN,
-    CLIMBING_LOSS_FALL,
-    COMPACT_SILHOUETTE,
-    DEGENERATE_DISTINCT,
-    LEVEL,
-    MIN_SEEDS,
-    budget_words,
-    climbing_words,
-    compaction_text,
-    pairing_text,
-    percent,
-)
+from zoo.report.claims import ALPHA, LEVEL, MIN_SEEDS, percent
 from zoo.report.render_curves import plot_learning_curves
 from zoo.report.render_ght import compaction_table, ght_section, plot_compaction, plot_vote_maps
 from zoo.report.render_outputs import outputs_section
 from zoo.report.render_speed import plot_quality_vs_speed, readme_speed_column, speed_section, widest_file
+from zoo.report.run_state import (
+    CLIMBING_GAIN,
+    CLIMBING_LOSS_FALL,
+    COMPACT_SILHOUETTE,
+    DEGENERATE_DISTINCT,
+    budget_words,
+    climbing_words,
+    compaction_text,
+    pairing_text,
+)
 
 LABELS = {"bleu": "BLEU", "chrf": "chrF", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}
 

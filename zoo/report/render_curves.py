@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from zoo.plots import save_report_figure
-from zoo.report.claims import DEGENERATE_DISTINCT
+from zoo.report.run_state import DEGENERATE_DISTINCT
 
 
 class Curve(NamedTuple):

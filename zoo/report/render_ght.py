@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 
 from zoo.ght.voting import plot_votes
 from zoo.plots import save_report_figure as _save
-from zoo.report.claims import COMPACT_SILHOUETTE
+from zoo.report.run_state import COMPACT_SILHOUETTE
 
 
 def _runs(data: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from zoo.report.claims import DEGENERATE_DISTINCT
 from zoo.report.pairing import SHUFFLES, dependence_text
+from zoo.report.run_state import DEGENERATE_DISTINCT
 
 
 def outputs_section(data: dict[str, Any]) -> list[str]:
