@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from serve.errors import ServerError
-from serve.gate import start_gate
+from serve.gate import GATE_LOG, start_gate
 from serve.gate_config import GateConfig
 from serve.launch import (
     ADMIN_HEADER,
@@ -255,7 +255,7 @@ class Server:
             max_body_bytes=int(proxy.max_body_mb * 1024 * 1024),
             upstream_timeout_s=float(proxy.upstream_timeout_s),
             models=models,
-            log=str(Path(self.info.state_dir) / "gate.log"),
+            log=str(Path(self.info.state_dir) / GATE_LOG),
             nginx_log_port=free_udp_port(),
             nginx_log=str(Path(self.info.state_dir) / PROXY_DIR / "error.log"),
             metrics_port=ports.gate_metrics,

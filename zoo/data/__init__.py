@@ -5,7 +5,7 @@ Typical use by the trainer::
     splits = build_splits(cfg.data)                      # cached Debian corpora or user files
     tok = Tokenizer.train((t for ex in splits.train for t in (ex.src, ex.tgt)), cfg.data.vocab_size)
     pairs, dropped = encode_examples(splits.train, tok, cfg.data.max_len)   # from zoo.data.batching
-    sampler = TokenBatchSampler.from_pairs(pairs, max_tokens=4096, seed=cfg.seed)
+    sampler = TokenBatchSampler([len(s) for s, _ in pairs], [len(t) for _, t in pairs], max_tokens=4096)
     for idx in sampler.batches(epoch):
         batch = collate([pairs[i] for i in idx], tok.pad_id, tok.bos_id, tok.eos_id)
 

@@ -112,31 +112,6 @@ class TokenBatchSampler:
         self.epoch = 0
         self._cached: tuple[int, list[list[int]]] | None = None
 
-    @classmethod
-    def from_pairs(
-        cls,
-        pairs: Sequence[Pair],
-        max_tokens: int,
-        max_sentences: int | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        remainder: Literal["drop", "pad"] = "drop",
-        rank: int = 0,
-        world_size: int = 1,
-    ) -> TokenBatchSampler:
-        """Sampler over encoded pairs as returned by :func:`encode_examples`."""
-        return cls(
-            [len(s) for s, _ in pairs],
-            [len(t) for _, t in pairs],
-            max_tokens,
-            max_sentences=max_sentences,
-            shuffle=shuffle,
-            seed=seed,
-            remainder=remainder,
-            rank=rank,
-            world_size=world_size,
-        )
-
     def __len__(self) -> int:
         return len(self.batches(self.epoch, self.rank, self.world_size))
 
