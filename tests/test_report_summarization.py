@@ -15,13 +15,13 @@ from tests.zoo_testing import REPO
 from zoo.metrics import reordered_rouge_l, rouge
 from zoo.report.baselines import choose_constant, choose_lead, lead, oracle, score_baselines, sentences
 from zoo.report.budget_probe import plot_probe, probe_choice, probe_section
-from zoo.report.claims import HOLDS
 from zoo.report.collect import collect
 from zoo.report.pairing import dependence_text, derangements, input_dependence
 from zoo.report.records import BASELINES_FILE, RecordError, References, write_json_gz
 from zoo.report.render import markdown, readme_block
 from zoo.report.render_curves import Curve, curves, plot_learning_curves
 from zoo.report.render_outputs import baselines_section
+from zoo.report.stats import HOLDS
 from zoo.report.suite import BudgetProbe, SuiteError, suite_from_config
 
 WORDS = "package tool library daemon server client plugin data files for the manage network python debian".split()

@@ -20,9 +20,6 @@ from zoo.metrics import bleu_from_stats, corpus_bleu, sentence_stats
 from zoo.report import render
 from zoo.report.claims import (
     ALPHA,
-    FAILS,
-    HOLDS,
-    INCONCLUSIVE,
     DeltaTest,
     Question,
     decision_p,
@@ -33,7 +30,7 @@ from zoo.report.claims import (
 )
 from zoo.report.records import convergence
 from zoo.report.run_state import climbing, compaction, compaction_text
-from zoo.report.stats import TwoComponents, t_cdf, t_quantile
+from zoo.report.stats import FAILS, HOLDS, INCONCLUSIVE, TwoComponents, t_cdf, t_quantile
 from zoo.report.suite import SuiteError, suite_from_config
 
 PAPERS = REPO.parent / "shared" / "papers"

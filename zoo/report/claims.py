@@ -56,10 +56,9 @@ from zoo.report.run_state import (
     degenerate_outputs,
     pairing,
 )
-from zoo.report.stats import TwoComponents, holm, holm_levels, t_quantile
+from zoo.report.stats import FAILS, HOLDS, INCONCLUSIVE, TwoComponents, holm, holm_levels, t_quantile, verdict_kind
 from zoo.report.suite import Claim, Suite
 
-HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
 ALPHA = 0.05  # family-wise, per paper and suite (Holm)
 LEVEL = 0.95  # the plain interval shown beside each claim
 MIN_SEEDS = 3
@@ -281,7 +280,7 @@ def with_state(verdict: str, state: Mapping[str, Any], validation: str = "BLEU")
     `validation`, the metric training validated on) when they were — "does not hold at 2400 updates ≈ 1.10 epochs
     — 12 of 12 runs still climbing (…)": the words say what was measured (issue 86). An untested claim's words
     are left as they are."""
-    kind = next((k for k in (FAILS, HOLDS, INCONCLUSIVE) if verdict.startswith(k)), None)
+    kind = verdict_kind(verdict)
     if kind is None:
         return verdict
     if state.get("updates"):
@@ -404,9 +403,6 @@ def _delta(test: DeltaTest | None) -> dict[str, Any] | None:
 
 __all__ = [
     "ALPHA",
-    "FAILS",
-    "HOLDS",
-    "INCONCLUSIVE",
     "MIN_SEEDS",
     "OURS_FAMILY",
     "DeltaTest",

@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from zoo.report.stats import holm, t_cdf, t_quantile
+from zoo.report.stats import FAILS, HOLDS, INCONCLUSIVE, holm, t_cdf, t_quantile
 
 MARGIN = 1.05  # a speed-up must exceed 5 % to count: a practical margin (the negative controls' own spread, shown
 # beside the claims in every report, has been wider: intervals to ×0.78–×1.27 on this shared 2-core machine)
@@ -27,7 +27,6 @@ ALPHA = 0.025  # one-sided, per direction: the 95 % interval's ends
 MIN_ROUNDS = 5
 MAX_ROUNDS_HINT = 60  # beyond this many rounds, "more rounds" is no practical advice: the mean sits on the margin
 
-HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
 NOT_MEASURED = "not measured"
 CONTROL_OK, CONTROL_WIDE, CONTROL_FAILED = "passes", "passes, but wide", "FAILS"
 
@@ -198,9 +197,6 @@ __all__ = [
     "CONTROL_FAILED",
     "CONTROL_OK",
     "CONTROL_WIDE",
-    "FAILS",
-    "HOLDS",
-    "INCONCLUSIVE",
     "MARGIN",
     "MIN_ROUNDS",
     "NOT_MEASURED",

@@ -158,4 +158,25 @@ def holm_levels(p_values: Sequence[float], alpha: float) -> list[float]:
     return levels
 
 
-__all__ = ["TwoComponents", "beta_inc", "holm", "holm_levels", "t_cdf", "t_quantile"]
+# The verdicts both rules answer with (claims.py for quality, speed_rule.py for speed), and how a verdict's words
+# are read back as one of them: "does not hold" is tried before "holds", neither being a prefix of the other
+HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
+
+
+def verdict_kind(verdict: str) -> str | None:
+    """HOLDS, FAILS or INCONCLUSIVE as the verdict's words begin, else None (too few seeds, not measured)."""
+    return next((kind for kind in (FAILS, HOLDS, INCONCLUSIVE) if verdict.startswith(kind)), None)
+
+
+__all__ = [
+    "FAILS",
+    "HOLDS",
+    "INCONCLUSIVE",
+    "TwoComponents",
+    "beta_inc",
+    "holm",
+    "holm_levels",
+    "t_cdf",
+    "t_quantile",
+    "verdict_kind",
+]

@@ -16,17 +16,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from zoo.report.claims import FAILS, HOLDS, INCONCLUSIVE
 from zoo.report.render_speed import judge_speed_claims
+from zoo.report.stats import FAILS, HOLDS, INCONCLUSIVE, verdict_kind
 
 KINDS = (HOLDS, FAILS, INCONCLUSIVE, "untested")
 
 
 def _kind(verdict: str) -> str:
-    for kind in (FAILS, HOLDS, INCONCLUSIVE):  # "does not hold" before "holds": neither is a prefix of the other
-        if verdict.startswith(kind):
-            return kind
-    return "untested"  # too few seeds / rounds, not measured
+    return verdict_kind(verdict) or "untested"  # too few seeds / rounds, not measured
 
 
 def verdict_counts(data: dict[str, Any]) -> dict[str, dict[str, int]]:
