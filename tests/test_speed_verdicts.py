@@ -30,15 +30,13 @@ from zoo.report.speed_results import (
 )
 from zoo.report.speed_rule import (
     ALPHA,
-    FAILS,
-    HOLDS,
-    INCONCLUSIVE,
     MARGIN,
     RatioTest,
     judge_claims,
     judge_control,
     judge_family,
 )
+from zoo.report.stats import FAILS, HOLDS, INCONCLUSIVE
 from zoo.report.suite import suite_from_config
 
 PAPERS = REPO.parent / "shared" / "papers"
