@@ -89,6 +89,7 @@ class TorchStep:
         logits = self._logits(last, t)  # [N, V]
         return logits.cpu().numpy(), torch.log_softmax(logits, dim=-1).cpu().numpy(), None
 
+    @torch.inference_mode()  # the step's own: whoever drives it, no autograd graph is built
     def _logits(self, last: np.ndarray, t: int) -> Tensor:
         """last [N] tokens at position t → next-token logits [N, V] f32 (-inf outside a shortlist)."""
         tokens = torch.from_numpy(np.ascontiguousarray(last, dtype=np.int64)).to(self.memory.device)[:, None]  # [N, 1]
@@ -106,6 +107,7 @@ class TorchStep:
             logits = logits.masked_fill(self.outside, -torch.inf)
         return logits
 
+    @torch.inference_mode()
     def select(self, rows: np.ndarray) -> None:
         """Continue from these rows of the last step: of the memory, the cache or prefix (beam reordering,
         finished sentences leaving)."""
@@ -166,9 +168,7 @@ class TorchEngine:
 
     def map(self, run: Callable[[TorchEngine, list[int]], T], batches: list[list[int]]) -> Iterator[T]:
         shown = tqdm(batches, desc="decode", unit="batch", leave=False) if self.progress else batches
-        with torch.inference_mode():
-            for idx in shown:
-                yield run(self, idx)
+        return (run(self, idx) for idx in shown)
 
     def check_alignments(self) -> None:
         check_alignments(self.model, self.alignment_layer)
@@ -203,8 +203,7 @@ def generate(
     """Per sentence of src [B, S] its `search.num_hypotheses` best hypotheses, best first — the runtime driver's
     `search_batch` over this model (`prefixes`: per sentence its given first output tokens, unchecked; `engine`:
     TorchEngine's options, e.g. use_cache=False, vocab_rows=…)."""
-    with torch.inference_mode():
-        return search_batch(TorchEngine(model, **engine), src.cpu().numpy(), search, prefixes=prefixes)
+    return search_batch(TorchEngine(model, **engine), src.cpu().numpy(), search, prefixes=prefixes)
 
 
 @torch.inference_mode()
