@@ -23,6 +23,7 @@ from zoo.report.render_curves import Curve, curves, plot_learning_curves
 from zoo.report.render_outputs import baselines_section
 from zoo.report.stats import HOLDS
 from zoo.report.suite import BudgetProbe, SuiteError, suite_from_config
+from zoo.report.verdict import Verdict
 
 WORDS = "package tool library daemon server client plugin data files for the manage network python debian".split()
 
@@ -85,8 +86,9 @@ def test_the_claims_get_verdicts_not_incomplete(report: dict) -> None:
     claims = {c["system"] + "/" + c["baseline"]: c for c in report["claims"]}
     better = claims["ght_summ/transformer"]
     assert better["delta"]["seeds"] == 3 and better["delta"]["low"] > 0
-    assert better["verdict"].startswith(HOLDS)
-    assert claims["ght_ps_summ/transformer"]["verdict"].startswith("too few seeds (0)")  # no records: no verdict
+    assert better["verdict"]["kind"] == HOLDS
+    untested = Verdict.from_json(claims["ght_ps_summ/transformer"]["verdict"])
+    assert untested.kind is None and untested.words() == "too few seeds (0)"  # no records: no verdict
 
 
 def test_the_tables_name_rouge_l(report: dict) -> None:
@@ -111,10 +113,9 @@ def test_a_summarizer_at_the_constant_summarys_level_renders_degenerate_outputs(
         suite, References(tuple(refs), ("summ",) * len(refs)), records, bootstrap_samples=100, floor_outputs=constant
     )
     claim = next(c for c in data["claims"] if (c["system"], c["baseline"]) == ("ght_summ", "transformer"))
-    assert (
-        claim["verdict"].startswith("degenerate outputs (`ght_summ`: ")
-        and "over the constant summary" in claim["verdict"]
-    )
+    words = Verdict.from_json(claim["verdict"]).words()
+    assert claim["verdict"]["kind"] is None
+    assert words.startswith("degenerate outputs (`ght_summ`: ") and "over the constant summary" in words
     run = data["entries"]["ght_summ"]["seeds"][1]
     assert run["outputs"]["distinct"] == 100 and run["above_constant"]["gain"] - run["above_constant"]["ci95"] <= 0
     good = data["entries"]["transformer"]["seeds"][1]["above_constant"]
@@ -132,11 +133,11 @@ def test_a_near_constant_summarizer_renders_degenerate_outputs_not_a_verdict() -
     records |= {("ght_summ", s): _record("ght_summ", s, constant, refs) for s in (1, 2, 3)}
     data = collect(suite, References(tuple(refs), ("summ",) * len(refs)), records, bootstrap_samples=100)
     claim = next(c for c in data["claims"] if (c["system"], c["baseline"]) == ("ght_summ", "transformer"))
-    assert (
-        claim["verdict"] == "degenerate outputs (`ght_summ`: 1, 1, 1 distinct of 100; near-constant below 2% distinct, "
+    assert Verdict.from_json(claim["verdict"]).words() == (
+        "degenerate outputs (`ght_summ`: 1, 1, 1 distinct of 100; near-constant below 2% distinct, "
         "or not above the constant summary beyond its 95% interval)"
     )
-    assert claim["p"] is None and claim["delta"]["seeds"] == 3  # the numbers are still shown, untested
+    assert claim["verdict"]["p"] is None and claim["delta"]["seeds"] == 3  # the numbers are still shown, untested
     outputs = data["entries"]["ght_summ"]["seeds"][1]["outputs"]
     assert outputs == {"documents": 100, "distinct": 1, "top_share": 1.0, "mean_words": 5.0}
     expected_refs = round(sum(len(r.split()) for r in refs) / len(refs), 2)

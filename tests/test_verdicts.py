@@ -26,12 +26,12 @@ from zoo.report.claims import (
     delta_test,
     judge,
     region,
-    with_state,
 )
 from zoo.report.records import convergence
 from zoo.report.run_state import climbing, compaction, compaction_text
 from zoo.report.stats import FAILS, HOLDS, INCONCLUSIVE, TwoComponents, t_cdf, t_quantile
 from zoo.report.suite import SuiteError, suite_from_config
+from zoo.report.verdict import Decide, Verdict, verdict_cell
 
 PAPERS = REPO.parent / "shared" / "papers"
 PAPER_FILES = {  # the claims' `paper` -> its text in ../shared/papers (README.md there)
@@ -64,7 +64,7 @@ def runs(offsets: list[float], noise: float, sentences: int, seed: int = 0) -> l
 
 def verdict(expect: str, pairs, margin: float | None = None) -> str:
     test = delta_test(pairs, score=mean_score, samples=1000) if len(pairs) >= 2 else None
-    return judge([Question(expect, len(pairs), test, margin)])[0].verdict
+    return judge([Question(expect, len(pairs), test, margin)])[0].words()
 
 
 def test_a_real_effect_holds() -> None:
@@ -148,11 +148,11 @@ def test_holm_correction_turns_a_lone_significant_claim_inconclusive() -> None:
     alone = seeds_only(t_quantile(1 - 0.015, 2) * se, se, (0.5, 0.6, 0.7))
     assert decision_p(alone, "better")[0] == pytest.approx(0.03, abs=1e-6)
     null = seeds_only(0.05, 0.07, (0.0, 0.05, 0.1))
-    assert judge([Question("better", 3, alone)])[0].verdict == HOLDS
+    assert judge([Question("better", 3, alone)])[0].kind == HOLDS
     judged = judge([Question("better", 3, alone), *(Question("better", 3, null) for _ in range(3))])
     assert judged[0].p_holm == pytest.approx(0.12, abs=1e-6)
     assert judged[0].level == pytest.approx(1 - ALPHA / 4)  # the first Holm step: α/m
-    assert judged[0].verdict.startswith(f"{INCONCLUSIVE}: the 98.8% interval crosses 0; ")
+    assert judged[0].words().startswith(f"{INCONCLUSIVE}: the 98.8% interval crosses 0; ")
 
 
 def test_holm_families_are_per_paper() -> None:
@@ -224,16 +224,18 @@ def test_convergence_and_the_state_in_the_verdict() -> None:
     stalled = {"convergence": {"last20_gain": 0.3, "best_at_last": True, "last25_loss_fall": 0.01}}
     assert climbing([learning, stalled]) == {"runs": 2, "climbing": 1, "max_gain": 0.3, "max_loss_fall": 0.12}
     state = {"updates": [2400, 2400], "epochs": [1.1, 1.1], **climbing([learning, stalled])}
-    assert with_state(FAILS, state, "ROUGE-L") == (
+    assert verdict_cell(Verdict(FAILS, 3), state, "ROUGE-L") == (
         "does not hold at 2400 updates ≈ 1.10 epochs — 1 of 2 runs still climbing (validation loss down up to "
         "0.12 nats over the last quarter; ROUGE-L up to +0.3 over the last 20%)"
     )
     done = {"updates": [4800, 4800], "epochs": None, **climbing([stalled])}
-    assert (
-        with_state(INCONCLUSIVE + ": the interval crosses 0", done)
-        == "inconclusive at 4800 updates: the interval crosses 0"
+    decide = Decide(bound=0, gap=0.3, floor=0.1, spread=0.5, seeds=5)
+    crossing = Verdict(INCONCLUSIVE, 3, 0.2, 0.4, 0.95, (-0.1, 0.7), 1, crosses=(0.0,), decide=decide)
+    assert verdict_cell(crossing, done) == (
+        "inconclusive at 4800 updates: the 95% interval crosses 0; ≈ 5 seeds would decide it if Δ̄ and the seeds' "
+        "spread (s = 0.50) stay"
     )
-    assert with_state("too few seeds (2)", done) == "too few seeds (2)"  # no verdict: no budget to say
+    assert verdict_cell(Verdict(None, 2), done) == "too few seeds (2)"  # no verdict: no budget to say
 
 
 def test_new_records_store_their_convergence(tmp_path) -> None:
@@ -287,8 +289,8 @@ def _suites():
 def test_the_delta_cell_shows_every_number_the_words_are_made_from() -> None:
     delta = {"mean": 0.31, "low": -1.2, "high": 1.9, "seeds": 3}
     delta = {**delta, "df": 2.4}
-    tested = {"delta": {**delta, "level": 0.975, "adj_low": -1.5, "adj_high": 2.2}, "p": 0.2, "p_holm": 0.4}
-    assert render._delta_cell({**tested, "family_size": 2}) == (
+    verdict = Verdict(INCONCLUSIVE, 3, p=0.2, p_holm=0.4, level=0.975, interval=(-1.5, 2.2), family_size=2)
+    assert render._delta_cell({"delta": delta, "verdict": verdict.to_json()}) == (
         "+0.31 [-1.20, +1.90] (df 2); at the Holm level 97.5%: [-1.50, +2.20]; p=0.200, Holm 0.400"
     )
 
@@ -360,7 +362,7 @@ def test_a_definite_verdict_alone_is_the_95_percent_interval_off_the_bound() -> 
         test = delta_test(shared_runs(rng, offsets, 0.2, 2.0, 2.0, 200), score=mean_score, samples=200, seed=i)
         low, high = test.interval(0.95)
         judged = judge([Question("better", 3, test)])[0]
-        assert (judged.verdict in (HOLDS, FAILS)) == (low > 0 or high < 0), (offsets, judged, low, high)
+        assert (judged.kind in (HOLDS, FAILS)) == (low > 0 or high < 0), (offsets, judged, low, high)
 
 
 def test_a_consistent_effect_with_small_seed_variance_holds_beside_seven_null_claims() -> None:
@@ -373,51 +375,54 @@ def test_a_consistent_effect_with_small_seed_variance_holds_beside_seven_null_cl
         for s in range(7)
     ]
     judged = judge([Question("worse", 3, real), *(Question("worse", 3, t) for t in nulls)])
-    assert judged[0].verdict == HOLDS, judged[0]
+    assert judged[0].kind == HOLDS, judged[0]
     assert judged[0].interval is not None and judged[0].interval[1] < 0 < 1 - judged[0].level
 
 
 def test_a_shift_of_one_seed_does_not_hold() -> None:
     rng = np.random.default_rng(3)
     pairs = shared_runs(rng, [0.0, 0.0, 3.0], 0.0, 2.0, 2.0, 1420)
-    assert judge([Question("better", 3, delta_test(pairs, score=mean_score))])[0].verdict.startswith(INCONCLUSIVE)
+    assert judge([Question("better", 3, delta_test(pairs, score=mean_score))])[0].kind == INCONCLUSIVE
 
 
 # ---------------------------------------------------------------------------------------------- rendered words
-def word_problem(c: dict) -> str | None:
-    """Why a rendered claim's verdict words disagree with the numbers shown beside it (None: they agree)."""
-    words = c["verdict"]
+def verdict_problem(c: dict) -> str | None:
+    """Why a stored claim's verdict disagrees with the numbers it carries, or its words with its kind (None: they
+    agree)."""
+    v = Verdict.from_json(c["verdict"])
+    words = v.words()
     if "no significant difference" in words:
         return "a null-sounding verdict"
-    if c.get("p") is None:
-        ok = words.startswith(("too few seeds", "degenerate outputs"))
+    if v.p is None or v.p_holm is None or v.interval is None:
+        ok = v.kind is None and words.startswith(("too few seeds", "degenerate outputs"))
         return None if ok else "no test, yet a verdict"
-    d = c["delta"]
+    if not words.startswith(v.kind or "?"):
+        return "words that do not begin with the kind"
     lo, hi = region(c["expect"], c.get("margin"))
-    low, high = d["adj_low"], d["adj_high"]
+    low, high = v.interval
     inside, outside = lo < low and high < hi, high < lo or low > hi
-    if words.startswith(HOLDS):
-        return None if c["p_holm"] < ALPHA and inside else "holds without the numbers for it"
-    if words.startswith(FAILS):
-        return None if c["p_holm"] < ALPHA and outside else "does not hold without the numbers for it"
-    if words.startswith(INCONCLUSIVE):
-        if c["p_holm"] < ALPHA:
+    if v.kind == HOLDS:
+        return None if v.p_holm < ALPHA and inside else "holds without the numbers for it"
+    if v.kind == FAILS:
+        return None if v.p_holm < ALPHA and outside else "does not hold without the numbers for it"
+    if v.kind == INCONCLUSIVE:
+        if v.p_holm < ALPHA:
             return "inconclusive with an adjusted p below α"
-        if "Holm stops" in words:
-            return None
-        return None if not (inside or outside) and "crosses" in words else "inconclusive, but the interval decides"
-    return "unknown verdict words"
+        if v.holm_stops:
+            return None if v.p < 1 - (v.level or 1) else "Holm stops, yet its own test failed"
+        return None if not (inside or outside) and v.crosses else "inconclusive, but the interval decides"
+    return "unknown verdict kind"
 
 
-def test_every_rendered_verdict_agrees_with_its_interval_and_adjusted_p() -> None:
+def test_every_stored_verdict_agrees_with_its_interval_and_adjusted_p() -> None:
     import json
 
     checked = 0
     for path in sorted((REPO / "results").glob("*/report.json")):
         for c in json.loads(path.read_text()).get("claims") or []:
-            problem = word_problem(c)
+            problem = verdict_problem(c)
             assert problem is None, (path.parent.name, c["claim"], c["verdict"], problem)
-            checked += c.get("p") is not None
+            checked += c["verdict"]["p"] is not None
     assert checked >= 10  # the committed suites do have tested claims
 
 
@@ -475,9 +480,9 @@ def test_the_results_status_block_is_generated_from_every_report(tmp_path) -> No
 
     results = REPO / "results"
     assert read_block((results / "README.md").read_text(), STATUS_BLOCK) == status_table(read_reports(results))
-    climbing = {"paper": "GHT", "verdict": "does not hold at 2400 updates — 6 of 6 runs …", "state": {"climbing": 6}}
-    settled = {"paper": "GHT", "verdict": "holds at 9600 updates", "state": {"climbing": 0}}
-    ours = {"paper": "ours", "verdict": "too few seeds (2)", "state": {}}
+    climbing = {"paper": "GHT", "verdict": Verdict(FAILS, 6).to_json(), "state": {"climbing": 6}}
+    settled = {"paper": "GHT", "verdict": Verdict(HOLDS, 3).to_json(), "state": {"climbing": 0}}
+    ours = {"paper": "ours", "verdict": Verdict(None, 2).to_json(), "state": {}}
     reports = {"a": {"claims": [climbing, ours]}, "b": {"claims": [settled]}}
     counts = status_counts(reports)
     assert list(counts) == ["GHT", "ours"]  # our questions last
@@ -504,4 +509,19 @@ def test_a_claim_written_after_the_records_cannot_move_the_declared_verdicts() -
         for name in ("ght_4800", "heads")
     }
     late = [c for claims in rows.values() for c in claims if c["family"].endswith("written after the records")]
-    assert len(late) == 2 and all(c["family_size"] == 1 for c in late)
+    assert len(late) == 2 and all(c["verdict"]["family_size"] == 1 for c in late)
+
+
+def test_a_verdict_is_stored_as_fields_and_an_old_report_of_words_is_refused(tmp_path) -> None:
+    """Issue 87: report.json stores each verdict's fields (kind, p, Holm p, interval, reason) and the words are
+    rendered from them; a report.json of the older format (words) is refused with the command that rewrites it."""
+    from zoo.report.records import RecordError
+    from zoo.report.tally import read_reports
+
+    decide = Decide(bound=0.0, gap=0.31, floor=0.12, spread=0.69, seeds=4)
+    v = Verdict(INCONCLUSIVE, 3, 0.026, 0.052, 0.975, (-0.06, 4.9), 3, crosses=(0.0,), decide=decide)
+    assert Verdict.from_json(json.loads(json.dumps(v.to_json()))) == v
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "report.json").write_text(json.dumps({"claims": [{"paper": "GHT", "verdict": "holds"}]}))
+    with pytest.raises(RecordError, match=r"stores its verdicts as words .* python -m zoo.devtools.render_all"):
+        read_reports(tmp_path)

@@ -41,29 +41,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from zoo.metrics import bleu_from_stats
-from zoo.report.run_state import (
-    budget,
-    budget_words,
-    climbing,
-    climbing_words,
-    compaction,
-    degenerate_outputs,
-    pairing,
-)
-from zoo.report.stats import FAILS, HOLDS, INCONCLUSIVE, TwoComponents, holm, holm_levels, t_quantile, verdict_kind
+from zoo.report.run_state import budget, climbing, compaction, degenerate_outputs, pairing
+from zoo.report.stats import FAILS, HOLDS, INCONCLUSIVE, TwoComponents, holm, holm_levels, t_quantile
 from zoo.report.suite import Claim, Suite
+from zoo.report.verdict import HINT_MAX_SEEDS, MIN_SEEDS, Decide, Verdict
 
 ALPHA = 0.05  # family-wise, per paper and suite (Holm)
 LEVEL = 0.95  # the plain interval shown beside each claim
-MIN_SEEDS = 3
-HINT_MAX_SEEDS = 30  # "≈ n seeds would decide it" is said up to this many
-RESOLUTION = 0.005  # a Δ̄ this close to a region bound sits on it: half the tables' last printed digit
 BOOTSTRAP_SEED = 12345  # one fixed stream: a re-render reproduces every number
 OURS_FAMILY = "our questions"
 
@@ -191,17 +181,7 @@ class Question:
     degenerate: str | None = None  # why the outputs cannot carry a verdict ("degenerate outputs (…)")
 
 
-@dataclass(frozen=True)
-class Judgement:
-    verdict: str
-    p: float | None = None  # the claim's own p-value (None: not tested)
-    p_holm: float | None = None  # Holm-adjusted over its family's tested claims
-    level: float | None = None  # the confidence level of the interval the test ran at (1 − Holm step level)
-    interval: tuple[float, float] | None = None  # Δ̄'s interval at `level`
-    family_size: int = 0  # tested claims in its Holm family
-
-
-def judge(questions: Sequence[Question], alpha: float = ALPHA) -> list[Judgement]:
+def judge(questions: Sequence[Question], alpha: float = ALPHA) -> list[Verdict]:
     """The verdicts of one Holm family (one paper's claims in a suite): the claims with ≥ MIN_SEEDS seeds and
     outputs that depend on their inputs are tested; a definite verdict needs the adjusted p below α."""
     tested = {
@@ -216,78 +196,45 @@ def judge(questions: Sequence[Question], alpha: float = ALPHA) -> list[Judgement
     out = []
     for i, q in enumerate(questions):
         if i not in tested:
-            few = f"too few seeds ({q.seeds})" if q.seeds < MIN_SEEDS else None
-            out.append(Judgement("; ".join(t for t in (q.degenerate, few) if t) or f"too few seeds ({q.seeds})"))
+            out.append(Verdict(None, q.seeds, degenerate=q.degenerate))
             continue
         test, (p, side) = tested[i], decisions[i]
-        level = 1.0 - steps[i]
-        interval = test.interval(level)
-        words = _verdict(q, side, p, adjusted[i], steps[i], interval, alpha)
-        out.append(Judgement(words, p, adjusted[i], level, interval, len(tested)))
+        numbers = Verdict(side, q.seeds, p, adjusted[i], 1.0 - steps[i], test.interval(1.0 - steps[i]), len(tested))
+        out.append(_reason(numbers, q, test, steps[i], alpha))
     return out
 
 
-def _verdict(
-    q: Question, side: str, p: float, p_holm: float, step: float, interval: tuple[float, float], alpha: float
-) -> str:
-    """The verdict's words, from the numbers shown beside it: the adjusted p, and the interval at the step level."""
-    assert q.test is not None
-    if p_holm < alpha:
-        if side == FAILS and q.expect == "match":
-            return f"{FAILS} (Δ {'above' if q.test.mean > 0 else 'below'} the ±{q.margin:g} margin)"
-        return side
-    if p < step:  # its own test passed at its step, but Holm stopped at a smaller p of the family before it
-        return f"{INCONCLUSIVE}: Holm stops at a claim of this paper with a smaller p (adjusted p {p_holm:.3f})"
+def _reason(v: Verdict, q: Question, test: DeltaTest, step: float, alpha: float) -> Verdict:
+    """The verdict's kind and the reason its words give, from the numbers it carries: the adjusted p, and the
+    interval at the step level."""
+    assert v.p is not None and v.p_holm is not None and v.interval is not None
+    if v.p_holm < alpha:
+        if v.kind == FAILS and q.expect == "match":
+            return replace(v, outside="above" if test.mean > 0 else "below", margin=q.margin)
+        return v
+    if v.p < step:  # its own test passed at its step, but Holm stopped at a smaller p of the family before it
+        return replace(v, kind=INCONCLUSIVE, holm_stops=True)
     lo, hi = region(q.expect, q.margin)
-    crossed = [b for b in (lo, hi) if not math.isinf(b) and interval[0] < b < interval[1]]
-    bound = min(crossed or [b for b in (lo, hi) if not math.isinf(b)], key=lambda b: abs(q.test.mean - b))
-    where = " and ".join(_bound(b) for b in crossed) or _bound(bound)
-    return f"{INCONCLUSIVE}: the {percent(1 - step)} interval crosses {where}; {what_would_decide(q.test, bound, step)}"
+    crossed = tuple(b for b in (lo, hi) if not math.isinf(b) and v.interval[0] < b < v.interval[1])
+    bound = min(crossed or [b for b in (lo, hi) if not math.isinf(b)], key=lambda b: abs(test.mean - b))
+    return replace(v, kind=INCONCLUSIVE, crosses=crossed or (bound,), decide=what_would_decide(test, bound, step))
 
 
-def _bound(b: float) -> str:
-    return "0" if b == 0 else f"{b:+g}"
-
-
-def percent(level: float) -> str:
-    """0.9875 → `98.8%`, 0.95 → `95%`: an interval's level as the tables print it."""
-    return f"{level:.1%}".replace(".0%", "%")
-
-
-def what_would_decide(test: DeltaTest, bound: float, step: float) -> str:
+def what_would_decide(test: DeltaTest, bound: float, step: float) -> Decide:
     """What would move the interval (at level 1 − step) off `bound`, if Δ̄ and the seeds' spread stayed: the seeds
     needed, or that the test set's shared sampling error alone is wider than the distance to the bound."""
     u = 1.0 - step / 2
     gap = abs(test.mean - bound)
     floor = t_quantile(u, test.sentences - 1) * math.sqrt(test.sentence_var)
-    if gap < RESOLUTION:
-        return f"Δ̄ sits on {_bound(bound)} (within {RESOLUTION:g}), so no number of seeds decides it"
-    if gap <= floor:
-        return (
-            f"the test set's sampling error alone (±{floor:.2f}) exceeds |Δ̄ − ({bound:+g})| = {gap:.2f}, so no "
-            "number of seeds decides it: a larger effect, budget or test set would"
-        )
     s2 = test.seed_var * test.seeds
-    for n in range(test.seeds + 1, HINT_MAX_SEEDS + 1):
-        comp = TwoComponents(s2 / n, n - 1, test.sentence_var, test.sentences - 1)
-        if comp.critical(u) * math.sqrt(comp.total) < gap:
-            return f"≈ {n} seeds would decide it if Δ̄ and the seeds' spread (s = {math.sqrt(s2):.2f}) stay"
-    return f"more than {HINT_MAX_SEEDS} seeds: Δ̄ is small against the seeds' spread (s = {math.sqrt(s2):.2f})"
-
-
-def with_state(verdict: str, state: Mapping[str, Any], validation: str = "BLEU") -> str:
-    """The verdict cell: the verdict at the budget it was measured at, and that its runs were still climbing (in
-    `validation`, the metric training validated on) when they were — "does not hold at 2400 updates ≈ 1.10 epochs
-    — 12 of 12 runs still climbing (…)": the words say what was measured (issue 86). An untested claim's words
-    are left as they are."""
-    kind = verdict_kind(verdict)
-    if kind is None:
-        return verdict
-    if state.get("updates"):
-        verdict = f"{kind} at {budget_words(state)}{verdict[len(kind) :]}"
-    if not state.get("climbing"):
-        return verdict
-    return f"{verdict} — {climbing_words(state, validation)}"
+    needed = None
+    if gap > floor:
+        for n in range(test.seeds + 1, HINT_MAX_SEEDS + 1):
+            comp = TwoComponents(s2 / n, n - 1, test.sentence_var, test.sentences - 1)
+            if comp.critical(u) * math.sqrt(comp.total) < gap:
+                needed = n
+                break
+    return Decide(bound, gap, floor, math.sqrt(s2), needed)
 
 
 # ---------------------------------------------------------------------------------------------- claim rows
@@ -313,11 +260,8 @@ def collect_claims(
     rows = [_claim_row(c, entries, seeds, bootstrap, stats, score, samples, epoch_batches) for c in suite.claims]
     for name in dict.fromkeys(r["family"] for r in rows):
         family = [r for r in rows if r["family"] == name]
-        for row, judged in zip(family, judge([r.pop("question") for r in family]), strict=True):
-            verdict = with_state(judged.verdict, row["state"], "BLEU" if suite.task == "translation" else "ROUGE-L")
-            row.update(verdict=verdict, p=judged.p, p_holm=judged.p_holm, family_size=judged.family_size)
-            if row["delta"] and judged.interval is not None:
-                row["delta"].update(level=judged.level, adj_low=judged.interval[0], adj_high=judged.interval[1])
+        for row, verdict in zip(family, judge([r.pop("question") for r in family]), strict=True):
+            row["verdict"] = verdict.to_json()
     return rows
 
 
@@ -403,18 +347,14 @@ def _delta(test: DeltaTest | None) -> dict[str, Any] | None:
 
 __all__ = [
     "ALPHA",
-    "MIN_SEEDS",
     "OURS_FAMILY",
     "DeltaTest",
-    "Judgement",
     "Question",
     "collect_claims",
     "decision_p",
     "delta_test",
     "family_of",
     "judge",
-    "percent",
     "region",
     "what_would_decide",
-    "with_state",
 ]

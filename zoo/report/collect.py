@@ -24,11 +24,11 @@ from zoo.metrics import (
 from zoo.report.budget_probe import probe_choice
 from zoo.report.claims import Stats, collect_claims
 from zoo.report.pairing import above_floor, input_dependence
-from zoo.report.records import References, convergence
+from zoo.report.records import Record, References, convergence
 from zoo.report.run_state import climbing
 from zoo.report.suite import Suite
 
-Records = Mapping[tuple[str, int], Mapping[str, Any]]
+Records = Mapping[tuple[str, int], Record]
 
 
 def mean_std(values: Sequence[float | None]) -> dict[str, float] | None:

@@ -48,10 +48,12 @@ def publish(
     write: bool = True,
     readme: bool = False,
     readme_path: Path = README,
+    status: bool = True,
 ) -> Published:
     """Collect the suite's records and render them; `write` puts REPORT.md, report.json and plots into the
     results dir, `readme` rewrites README.md's block named after the results dir (`results:quick`, or
-    `results:quick-gpu-h200` for a GPU record set of the same suite)."""
+    `results:quick-gpu-h200` for a GPU record set of the same suite); `status` rewrites results/README.md's status
+    block after writing."""
     refs, records = load_records(results_dir, suite)
     epoch = epoch_length(records) or epoch_length(sibling_records(results_dir, suite))
     data = {
@@ -74,7 +76,8 @@ def publish(
     block = readme_block(data, render_command(suite, results_dir, readme=True))
     if write:
         render(results_dir, data, command)
-        write_status(results_dir.parent)
+        if status:
+            write_status(results_dir.parent)
     if readme:
         write_block(results_dir.name, block, readme_path)
     return Published(data=data, report=markdown(data, command), readme_block=block)

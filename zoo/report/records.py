@@ -25,7 +25,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from omegaconf import OmegaConf
 
@@ -37,28 +37,56 @@ RECORD_FORMAT = 1
 REFERENCES_FILE = "references.json.gz"
 BASELINES_FILE = "baselines.json.gz"  # a summarization suite's constant and lead-k outputs (zoo/report/baselines.py)
 RECORD_NAME = re.compile(r"^(?P<entry>[A-Za-z0-9_]+)-seed(?P<seed>\d+)\.json\.gz$")
-REQUIRED_KEYS = (
-    "record_format",
-    "suite",
-    "entry",
-    "seed",
-    "budget",
-    "config",
-    "git_sha",
-    "machine",
-    "updates",
-    "train_minutes",
-    "size",
-    "test",
-    "hypotheses",
-    "references_sha256",
-)
 # The parts of a suite that define "the same budget": records made under other values are another experiment.
 BUDGET_KEYS = ("task", "data", "size", "trainer", "experiment", "overrides")
 # A record's convergence summary: the validation gain over this last fraction of its updates (`last20_gain`) …
 LAST_FRACTION = 0.2
 # … and how far the validation loss fell over this last fraction (`last25_loss_fall`, nats per target token)
 LOSS_FRACTION = 0.25
+
+
+class Convergence(TypedDict):
+    """Had the run stopped climbing (`convergence`)?"""
+
+    last20_gain: float  # validation quality gained over the last LAST_FRACTION of its updates
+    best_at_last: bool  # its best validation quality was its last
+    last25_loss_fall: float | None  # validation loss fallen over the last LOSS_FRACTION (nats per target token)
+
+
+class _RecordKeys(TypedDict):
+    """The keys every record of RECORD_FORMAT has: `read_record` refuses a file that lacks one."""
+
+    record_format: int
+    suite: str
+    entry: str
+    seed: int
+    budget: dict[str, Any]  # budget_of(suite) when it was written
+    config: dict[str, Any]  # the run's resolved model, trainer, data and generation config
+    git_sha: str
+    machine: dict[str, Any]  # zoo.machine.describe_machine
+    updates: int
+    train_minutes: float
+    size: dict[str, Any]  # parameters and FLOPs (zoo.flops)
+    test: dict[str, Any]  # test scores, overall and per data source
+    hypotheses: list[str]  # the test outputs, aligned with the suite's references
+    references_sha256: str
+
+
+class Record(_RecordKeys, total=False):
+    """One finished run as results/<suite>/<entry>-seed<k>.json.gz stores it (schema version RECORD_FORMAT): read and
+    written only in this module; older records may lack these keys."""
+
+    stop_reason: str | None
+    pruned_size: dict[str, Any] | None  # after Voting-to-Stay
+    head_plan: dict[str, list[int]] | None  # the heads each attention module keeps
+    learning_curve: list[dict[str, float | int | None]]  # metrics.csv's validation points
+    convergence: Convergence | None
+    ght: dict[str, Any] | None  # compactness probes and the Voting-to-Stay report
+    speed: None  # format 1 keeps the key; speed is stored in speed-<machine>.json
+    shared_from: str  # `<suite dir>/<file>` of a record adopted from a sibling suite
+
+
+REQUIRED_KEYS = tuple(_RecordKeys.__annotations__)
 
 
 class RecordError(ZooError, ValueError):
@@ -225,7 +253,7 @@ def _at(points: list[tuple[int, float]], fraction: float) -> tuple[float, float]
     return (v0 if s1 == s0 else v0 + (v1 - v0) * (at - s0) / (s1 - s0)), last
 
 
-def convergence(curve: list[dict[str, Any]], fraction: float = LAST_FRACTION) -> dict[str, Any] | None:
+def convergence(curve: list[dict[str, Any]], fraction: float = LAST_FRACTION) -> Convergence | None:
     """Had the run stopped climbing? The validation-quality gain over its last `fraction` of updates, whether its
     best validation was its last, and how far its validation loss fell over its last LOSS_FRACTION (None where
     the curve has no losses) — the quality reads a small greedy sample, the loss the whole validation split, so a
@@ -256,7 +284,7 @@ def _ght(run_dir: Path) -> dict[str, Any] | None:
     return {"probes": probes, "voting": votes}
 
 
-def record_from_run(run_dir: Path, suite: Suite, entry: str, seed: int, refs: References) -> dict[str, Any]:
+def record_from_run(run_dir: Path, suite: Suite, entry: str, seed: int, refs: References) -> Record:
     """The record of one finished run (DONE + summary.json + test_hypotheses.txt)."""
     summary = _read_json(run_dir / "summary.json")
     hyps_path = run_dir / "test_hypotheses.txt"
@@ -309,7 +337,7 @@ def write_record_from_run(results_dir: Path, suite: Suite, entry: str, seed: int
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def read_record(path: Path, suite: Suite, refs: References) -> dict[str, Any]:
+def read_record(path: Path, suite: Suite, refs: References) -> Record:
     """One record, checked against its file name, the suite, the suite's budget and the stored references."""
     match = RECORD_NAME.match(path.name)
     if match is None:
@@ -358,7 +386,7 @@ def record_files(results_dir: Path) -> list[Path]:
     return sorted(p for p in results_dir.glob("*.json.gz") if p.name not in (REFERENCES_FILE, BASELINES_FILE))
 
 
-def load_records(results_dir: Path, suite: Suite) -> tuple[References, dict[tuple[str, int], dict[str, Any]]]:
+def load_records(results_dir: Path, suite: Suite) -> tuple[References, dict[tuple[str, int], Record]]:
     """Every record of the suite's results dir, validated; one quality class (`zoo.machine.quality_class`)."""
     files = record_files(results_dir)
     if not files:
@@ -366,7 +394,7 @@ def load_records(results_dir: Path, suite: Suite) -> tuple[References, dict[tupl
             f"{results_dir} holds no records; train the suite first: python -m zoo.report +suite={suite.name}"
         )
     refs = load_references(results_dir, suite)
-    records: dict[tuple[str, int], dict[str, Any]] = {}
+    records: dict[tuple[str, int], Record] = {}
     first: tuple[Path, str] | None = None
     for path in files:
         rec = read_record(path, suite, refs)
@@ -417,7 +445,7 @@ def shared_record(results_dir: Path, suite: Suite, entry: str, seed: int) -> Pat
     return None
 
 
-def sibling_records(results_dir: Path, suite: Suite) -> dict[tuple[str, str, int], dict[str, Any]]:
+def sibling_records(results_dir: Path, suite: Suite) -> dict[tuple[str, str, int], Record]:
     """The records of the other suites' results dirs measured under this suite's budget, keyed (dir, entry, seed):
     what they measured of the shared setting (e.g. how many batches an epoch has) holds here too. A sibling file
     that does not read is skipped — its own suite's render reports it."""
@@ -447,6 +475,8 @@ def adopt_shared_record(source: Path, results_dir: Path, suite: Suite) -> Path:
 __all__ = [
     "LAST_FRACTION",
     "RECORD_FORMAT",
+    "Convergence",
+    "Record",
     "RecordError",
     "References",
     "adopt_shared_record",

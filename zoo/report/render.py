@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt
 from zoo.flops import format_count, format_flops
 from zoo.plots import save_report_figure as _save
 from zoo.report.budget_probe import plot_probe, probe_section
-from zoo.report.claims import ALPHA, LEVEL, MIN_SEEDS, percent
+from zoo.report.claims import ALPHA, LEVEL
 from zoo.report.render_curves import plot_learning_curves
 from zoo.report.render_ght import compaction_table, ght_section, plot_compaction, plot_vote_maps
 from zoo.report.render_outputs import outputs_section
@@ -35,6 +35,7 @@ from zoo.report.run_state import (
     compaction_text,
     pairing_text,
 )
+from zoo.report.verdict import MIN_SEEDS, Verdict, percent, verdict_cell
 
 LABELS = {"bleu": "BLEU", "chrf": "chrF", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}
 
@@ -273,19 +274,19 @@ def _size_cell(sizes: dict[str, Any]) -> str:
 def _delta_cell(c: dict[str, Any]) -> str:
     """Δ̄ over seeds with its 95% interval and effective df, the interval at the claim's Holm step level, the
     claim's p and its Holm-adjusted p: every number the verdict's words are made from."""
-    d = c.get("delta")
+    d, v = c.get("delta"), Verdict.from_json(c["verdict"])
     if not d:
         return "—"
     if d["low"] is None:
         return f"{d['mean']:+.2f} ({d['seeds']} seeds: no interval)"
     df = f"df {d['df']:.0f}" if d.get("df") is not None else "df ∞"
     plain = f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}] ({df})"
-    if c.get("p") is None:  # an interval, but no test: the verdict cell says why (degenerate outputs)
+    if v.p is None or v.p_holm is None:  # an interval, but no test: the verdict cell says why (degenerate outputs)
         return f"{plain}; not tested"
     adjusted = ""
-    if d.get("level") is not None and c.get("family_size", 0) > 1:
-        adjusted = f"; at the Holm level {percent(d['level'])}: [{d['adj_low']:+.2f}, {d['adj_high']:+.2f}]"
-    return f"{plain}{adjusted}; p={c['p']:.3f}, Holm {c['p_holm']:.3f}"
+    if v.level is not None and v.interval is not None and v.family_size > 1:
+        adjusted = f"; at the Holm level {percent(v.level)}: [{v.interval[0]:+.2f}, {v.interval[1]:+.2f}]"
+    return f"{plain}{adjusted}; p={v.p:.3f}, Holm {v.p_holm:.3f}"
 
 
 def _state_cell(state: dict[str, Any]) -> str:
@@ -323,7 +324,7 @@ def _families(claims: list[dict[str, Any]]) -> str:
     parts = []
     for name in names:
         members = [c for c in claims if c["family"] == name]
-        tested = sum(c.get("p") is not None for c in members)
+        tested = sum(c["verdict"]["p"] is not None for c in members)
         parts.append(f"{name}: {len(members)} claim{'s' * (len(members) != 1)}, {tested} tested")
     return "; ".join(parts)
 
@@ -430,7 +431,8 @@ def _claims_table(
             short = [f"{c['paper']} ({_source_cell(c['source'], quote=False)})"] if source else []
             budget = budget_words(c["state"]) + _compaction_cell(c) + _pairing_cell(c)
             row = [*short, c["claim"], pair, _bootstrap_cell(c["bootstrap"]), _delta_cell(c), budget]
-        lines.append("| " + " | ".join(row) + f" | **{c['verdict']}** |")
+        words = verdict_cell(Verdict.from_json(c["verdict"]), c["state"], "BLEU" if _translation(data) else "ROUGE-L")
+        lines.append("| " + " | ".join(row) + f" | **{words}** |")
     return [*lines, ""]
 
 

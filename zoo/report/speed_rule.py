@@ -97,10 +97,15 @@ def ratio_test(values: Sequence[float], base: Sequence[float]) -> RatioTest | No
 class SpeedJudgement:
     """A speed claim's verdict, the words that qualify it, and its p-values (None: not tested)."""
 
-    verdict: str
+    verdict: str  # HOLDS, FAILS, INCONCLUSIVE, or why there is none ("too few rounds (3)", NOT_MEASURED)
     detail: str = ""
     p: float | None = None
     p_holm: float | None = None
+
+    @property
+    def kind(self) -> str | None:
+        """HOLDS, FAILS or INCONCLUSIVE; None where the claim was not tested."""
+        return self.verdict if self.verdict in (HOLDS, FAILS, INCONCLUSIVE) else None
 
 
 def rounds_to_decide(test: RatioTest) -> int | None:

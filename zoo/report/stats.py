@@ -158,14 +158,8 @@ def holm_levels(p_values: Sequence[float], alpha: float) -> list[float]:
     return levels
 
 
-# The verdicts both rules answer with (claims.py for quality, speed_rule.py for speed), and how a verdict's words
-# are read back as one of them: "does not hold" is tried before "holds", neither being a prefix of the other
+# The verdicts both rules answer with (claims.py for quality, speed_rule.py for speed)
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
-
-
-def verdict_kind(verdict: str) -> str | None:
-    """HOLDS, FAILS or INCONCLUSIVE as the verdict's words begin, else None (too few seeds, not measured)."""
-    return next((kind for kind in (FAILS, HOLDS, INCONCLUSIVE) if verdict.startswith(kind)), None)
 
 
 __all__ = [
@@ -178,5 +172,4 @@ __all__ = [
     "holm_levels",
     "t_cdf",
     "t_quantile",
-    "verdict_kind",
 ]

@@ -16,26 +16,27 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from zoo.report.records import RecordError
 from zoo.report.render_speed import judge_speed_claims
-from zoo.report.stats import FAILS, HOLDS, INCONCLUSIVE, verdict_kind
+from zoo.report.stats import FAILS, HOLDS, INCONCLUSIVE
 
 KINDS = (HOLDS, FAILS, INCONCLUSIVE, "untested")
 
 
-def _kind(verdict: str) -> str:
-    return verdict_kind(verdict) or "untested"  # too few seeds / rounds, not measured
+def _kind(kind: str | None) -> str:
+    return kind or "untested"  # too few seeds / rounds, not measured
 
 
 def verdict_counts(data: dict[str, Any]) -> dict[str, dict[str, int]]:
     """{"quality": {kind: n}, "speed": {kind: n}} over the suite's claims; speed counts only a file of the current
     rule (an old-rule file judges nothing: its claims count as untested)."""
-    quality = Counter(_kind(c["verdict"]) for c in data.get("claims") or [])
+    quality = Counter(_kind(c["verdict"]["kind"]) for c in data.get("claims") or [])
     claims = data.get("speed_claims") or []
     current = next((s for s in data.get("speed") or [] if s.get("judged")), None)
     if current is None:
         speed = Counter({"untested": len(claims)}) if claims else Counter()
     else:
-        speed = Counter(_kind(j.verdict) for j in judge_speed_claims(current, claims)[1])
+        speed = Counter(_kind(j.kind) for j in judge_speed_claims(current, claims)[1])
     return {name: {k: n[k] for k in KINDS} for name, n in (("quality", quality), ("speed", speed))}
 
 
@@ -61,7 +62,7 @@ def status_counts(reports: dict[str, dict[str, Any]]) -> dict[str, Counter]:
     counts: dict[str, Counter] = {}
     for data in reports.values():
         for claim in data.get("claims") or []:
-            kind = _kind(claim["verdict"])
+            kind = _kind(claim["verdict"]["kind"])
             if kind in (HOLDS, FAILS):
                 kind += " (climbing)" if (claim.get("state") or {}).get("climbing") else " (settled)"
             counts.setdefault(claim["paper"], Counter())[kind] += 1
@@ -87,8 +88,16 @@ def status_table(reports: dict[str, dict[str, Any]]) -> str:
 
 
 def read_reports(results_root: Path) -> dict[str, dict[str, Any]]:
-    """Every suite's report.json under `results_root`, by suite directory name."""
-    return {p.parent.name: json.loads(p.read_text()) for p in sorted(results_root.glob("*/report.json"))}
+    """Every suite's report.json under `results_root`, by suite directory name; one written before verdicts were
+    stored as fields (issue 87) is refused with the command that rewrites it."""
+    reports = {p.parent.name: json.loads(p.read_text()) for p in sorted(results_root.glob("*/report.json"))}
+    for name, data in reports.items():
+        if any(not isinstance(c.get("verdict"), dict) for c in data.get("claims") or []):
+            raise RecordError(
+                f"{results_root / name / 'report.json'} stores its verdicts as words (an older format); re-render "
+                f"every results dir: python -m zoo.devtools.render_all {results_root}"
+            )
+    return reports
 
 
 __all__ = ["KINDS", "STATUS_BLOCK", "counts_text", "read_reports", "status_counts", "status_table", "verdict_counts"]
