@@ -77,6 +77,7 @@ REPRESENTATIVES = (
     "smlk_4head",
     "mixhead_a",
     "mixhead_avg",
+    "gqa",
     "mixhead_b",
     "mgk_4head",
     "ght_ps",

@@ -138,7 +138,8 @@ def test_export_with_pruning_verifies_for_every_signature(entry: str, exported, 
         module = f"decoder.layers.{cache['layer']}.{'self_attn' if cache['kind'] == 'self' else 'cross_attn'}"
         # self caches: a row per hypothesis; cross caches: a row per source, shared by its beams
         assert cache["shape"][0] == ("batch" if cache["kind"] == "self" else "sources")
-        assert cache["shape"][1] == manifest["heads"][module]["num_heads"], cache
+        shared = manifest["model_config"]["attention_options"].get("kv_heads")  # GQA / MQA: the key/value heads
+        assert cache["shape"][1] == (shared or manifest["heads"][module]["num_heads"]), cache
         # growing self caches come as the host's store: [cells·a, b], b the sizes after the position axis
         store = cache["kind"] == "self" and "steps" in cache["shape"]
         after = cache["shape"][cache["shape"].index("steps") + 1 :] if store else []

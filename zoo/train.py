@@ -25,6 +25,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from export.runtime.search import Search, SearchError
+from zoo.attention import pool_key_value_heads
 from zoo.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
 from zoo.data import Splits, TextTokenizer, build_splits, load_tokenizer, train_run_tokenizer
 from zoo.data.batching import encode_examples
@@ -246,7 +247,8 @@ def _check_options(cfg: DictConfig) -> Pretrained | None:
     if cfg.get("init_from"):
         raise UsageError(
             "init= and init_from= both given: init= fine-tunes a pretrained checkpoint from the entry's first "
-            "stage, init_from= starts GHT-PS at voting on trained GHT weights — choose one"
+            "stage, init_from= starts from a run's weights (GHT-PS at voting on a GHT; GQA/MQA uptrained from a "
+            "transformer) — choose one"
         )
     if "name" not in cfg.model:
         raise UsageError(missing_model_message())
@@ -333,7 +335,7 @@ def _trainer(
     """The trainer with the entry's procedure, from init_from's weights on a fresh run, or at last.pt's update
     when resuming."""
     if cfg.get("init_from") and not resuming:
-        _init_weights(model, cfg.init_from)
+        _init_weights(model, cfg.init_from, data.tokenizer)
     procedure = entry_procedure(cfg, started_from_weights=bool(cfg.get("init_from")))
     trainer = Trainer(
         model,
@@ -392,11 +394,22 @@ def entry_procedure(cfg: DictConfig, started_from_weights: bool) -> GHTProcedure
     return GHTProcedure(options, started_from_weights=started_from_weights)
 
 
-def _init_weights(model, location: str) -> None:
-    """Start from another run's weights (same architecture), e.g. GHT-PS voting on a trained GHT."""
+def _init_weights(model, location: str, tokenizer: TextTokenizer) -> None:
+    """Start from another run's weights (same architecture), e.g. GHT-PS voting on a trained GHT; a grouped-query
+    entry takes a multi-head run's weights with each group's key/value heads mean-pooled (uptraining). The weights'
+    embedding rows must mean this run's tokens: the run that wrote them must have trained the same tokenizer."""
     payload = load_checkpoint(location)
+    stored = payload.get("tokenizer")
+    if stored is not None and bytes(stored) != tokenizer.to_bytes():
+        raise UsageError(
+            f"init_from={location}: that run's tokenizer differs from this run's (another seed, corpus or "
+            "vocab_size), so its embeddings would mean other tokens; start from the run of the same seed and data"
+        )
+    state = dict(payload["model"])
+    if pool_key_value_heads(model.attention_modules(), state):
+        log.info("init_from: key/value heads mean-pooled per group into the grouped-query modules (uptraining)")
     try:
-        model.load_state_dict(payload["model"])
+        model.load_state_dict(state)
     except RuntimeError as exc:
         raise UsageError(f"init_from={location}: weights do not fit this entry's architecture ({exc})") from exc
     log.info("initialised weights from %s (entry %s)", payload["path"], payload.get("entry"))

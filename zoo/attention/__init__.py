@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from zoo.attention.base import FEATURE_MAPS, Attention, Cache, HeadPruningUnsupported, causal_mask, reorder_cache
+from zoo.attention.gqa import GroupedQueryAttention, pool_key_value_heads
 from zoo.attention.linear import LinearAttention, MixtureOfLinearKeys
 from zoo.attention.mgk import MixtureOfGaussianKeys
 from zoo.attention.mha import MultiHeadAttention
@@ -17,6 +18,7 @@ ATTENTION_REGISTRY: dict[str, type[Attention]] = {
     "mlk": MixtureOfLinearKeys,
     "linear": LinearAttention,
     "mixhead": MixheadAttention,
+    "gqa": GroupedQueryAttention,
 }
 
 
@@ -41,5 +43,6 @@ __all__ = [
     "HeadPruningUnsupported",
     "build_attention",
     "causal_mask",
+    "pool_key_value_heads",
     "reorder_cache",
 ]
