@@ -202,6 +202,19 @@ def test_a_format_2_file_renders_its_controls_and_verdicts(tmp_path: Path) -> No
     assert "`b5` 900 (9.0 per sentence)" in text
 
 
+def test_a_speed_question_of_ours_quotes_nothing_and_is_a_family_of_its_own(tmp_path: Path) -> None:
+    """Issue 89: a question of this project (`paper: ours`, e.g. GQA vs the transformer) is judged by the same rule,
+    cites no paper, and is Holm-corrected apart from the papers' claims."""
+    ours = {**CLAIM, "paper": "ours", "claim": "GQA decodes faster", "system": "ght", "source": None}
+    (tmp_path / "speed-cpu-x.json").write_text(json.dumps(_speed_file(SPEED_FORMAT, [200.0] * 5, {"ght": 1.4})))
+    speeds = [summarize(f) for f in read_speed_files(tmp_path, "x", "transformer")]
+    text = "\n".join(speed_section(speeds, "transformer", [CLAIM, ours]))
+    row = next(line for line in text.splitlines() if line.startswith("| ours | GQA decodes faster |"))
+    assert row.endswith("| our question |") and "**holds**" in row
+    node = OmegaConf.load(REPO / "conf" / "suite" / "gqa_4800.yaml")
+    assert all(c.source is None for c in suite_from_config(node, REPO / "conf").speed_claims)
+
+
 def test_a_failed_control_is_said_in_words(tmp_path: Path) -> None:
     base = [200.0, 190.0, 210.0, 205.0, 195.0]
     text = _render(tmp_path, _speed_file(SPEED_FORMAT, base, {"ght": 1.15, "ght_ps": 1.4}))

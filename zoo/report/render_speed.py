@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from zoo.flops import format_count
+from zoo.report.claims import OURS_FAMILY
 from zoo.report.speed_results import PRECISIONS
 from zoo.report.speed_rule import (
     CONTROL_FAILED,
@@ -215,9 +216,10 @@ def _p_text(p: float | None) -> str:
 def judge_speed_claims(
     speed: dict[str, Any], claims: Sequence[dict[str, Any]]
 ) -> tuple[list[RatioTest | None], list[SpeedJudgement]]:
-    """Each claim's test at its point of this file and the rule's verdicts, Holm per source paper."""
+    """Each claim's test at its point of this file and the rule's verdicts, Holm per source paper (our questions:
+    one more family)."""
     tests = [pair_test(speed, c["system"], c["baseline"], c["point"]) for c in claims]
-    return tests, judge_claims(tests, [c["source"]["paper"] for c in claims])
+    return tests, judge_claims(tests, [(c["source"] or {}).get("paper", OURS_FAMILY) for c in claims])
 
 
 def control_checks(speed: dict[str, Any]) -> list[tuple[dict[str, Any], str, RatioTest | None, str, str]]:
@@ -284,11 +286,12 @@ def efficiency_claims(
     ]
     for c, test, j in zip(claims, tests, judgements, strict=True):
         src = c["source"]
+        cited = f"{src['paper']}, {src['where']}: “{src['quote']}”" if src else "our question"
         verdict = _verdict_text(j) if speed["judged"] else NOT_JUDGED
         lines.append(
             f"| {c['paper']} | {c['claim']} | `{c['system']}` vs `{c['baseline']}` | {c['point']} | "
             f"{_ratios_text(test)} | {_interval_text(test)} | {_p_text(j.p)} | {_p_text(j.p_holm)} | {verdict} | "
-            f"{src['paper']}, {src['where']}: “{src['quote']}” |"
+            f"{cited} |"
         )
     return [*lines, ""]
 

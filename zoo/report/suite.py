@@ -94,15 +94,15 @@ class Claim:
 
 @dataclass(frozen=True)
 class SpeedClaim:
-    """A paper's efficiency claim ("system decodes faster than baseline"), judged at one speed point
-    (`<setting>/<fp32|int8>` or `served`) from the per-round ratios."""
+    """A paper's efficiency claim ("system decodes faster than baseline"), or a question of ours (`paper: ours`, no
+    source), judged at one speed point (`<setting>/<fp32|int8>` or `served`) from the per-round ratios."""
 
     paper: str
     claim: str
     system: str
     baseline: str
     point: str
-    source: Source
+    source: Source | None
 
 
 @dataclass(frozen=True)
@@ -392,7 +392,7 @@ def _claims(
 def _speed_claims(
     suite: str, raw: list[Any], settings: tuple[SpeedSetting, ...], entries: list[str]
 ) -> tuple[SpeedClaim, ...]:
-    """`speed.claims`: each names two entries, a measured point and the paper's quoted sentence."""
+    """`speed.claims`: each names two entries, a measured point and the paper's quoted sentence (ours: none)."""
     points = {f"{s.name}/{p}" for s in settings for p in ("fp32", "int8")} | {"served"}
     claims = []
     for i, c in enumerate(raw):
@@ -402,8 +402,6 @@ def _speed_claims(
         if c["point"] not in points:
             raise SuiteError(f"suite {suite}: speed.claims[{i}].point={c['point']!r}; choose from {sorted(points)}")
         source = _source(suite, i, c)
-        if source is None:
-            raise SuiteError(f"suite {suite}: speed.claims[{i}] is a paper's claim: give its source")
         if c["system"] in entries and c["baseline"] in entries:
             claims.append(SpeedClaim(*(str(c[k]) for k in keys), source=source))
     return tuple(claims)
