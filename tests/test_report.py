@@ -480,6 +480,18 @@ def test_interrupted_report_resumes_the_unfinished_run(tmp_path: Path, smoke_rep
         (run / "DONE.bak").rename(run / "DONE")
 
 
+def test_an_uptrained_variant_starts_from_its_source_entrys_run_of_the_same_seed(smoke_report: Path) -> None:
+    """Issue 89's uptraining in a suite: `{entry: gqa, init_from: transformer, updates: N}` trains gqa from the
+    transformer's finished run of the same seed (its key/value heads mean-pooled by zoo.train), N more updates."""
+    from zoo.report.training import train_command
+
+    variants = {"gqa_up": {"entry": "gqa", "init_from": "transformer", "updates": 5}}
+    suite = _suite(variants=variants, entries=["transformer", "gqa_up"])
+    cmd = train_command(smoke_report, suite, "gqa_up", 1)
+    assert cmd[-1] == f"init_from={_runs(smoke_report)[('transformer', 1)]}"
+    assert "+model=gqa" in cmd and cmd.index("model.name=gqa_up") < cmd.index("trainer.max_updates=5")
+
+
 def _suite(**changes):
     from omegaconf import OmegaConf
 
@@ -503,6 +515,11 @@ def _suite(**changes):
         (
             {"variants": {"t2": {"entry": "transformer", "overrides": ["trainer.max_updates=1"]}}},
             "model.<key>=<value>, trainer.precision",
+        ),
+        ({"variants": {"up": {"entry": "gqa", "init_from": "transformer"}}}, "gives both init_from"),
+        (
+            {"variants": {"up": {"entry": "gqa", "init_from": "fixhead", "updates": 5}}, "entries": ["up", "fixhead"]},
+            "init_from='fixhead' must be an entry of suite.entries listed before up",
         ),
         (
             {

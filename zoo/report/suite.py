@@ -55,11 +55,14 @@ class SpeedSetting:
 @dataclass(frozen=True)
 class Variant:
     """A sweep point: `entry` trained with `overrides` (model.* keys, trainer.precision / lr_schedule), recorded
-    under `name`."""
+    under `name`; an uptrained one starts from the finished run of `init_from` (an entry of the suite, the same seed)
+    and trains `updates` more (e.g. GQA from a trained transformer, its key/value heads mean-pooled)."""
 
     name: str
     entry: str
     overrides: tuple[str, ...]
+    init_from: str | None = None
+    updates: int | None = None
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,7 @@ class Suite:
         args += [f"trainer.seed={seed}", f"runs_root={runs_root}", *self.overrides]
         if variant:
             args += [f"model.name={variant.name}", *variant.overrides]
+            args += [f"trainer.max_updates={variant.updates}"] if variant.updates else []
         return args
 
 
@@ -237,6 +241,13 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
         raw["entries"] = [raw["baseline"], *raw["entries"]]
     if len(set(raw["entries"])) != len(raw["entries"]):
         raise SuiteError("suite.entries lists an entry twice")
+    for v in variants.values():
+        listed = raw["entries"]
+        if v.init_from and v.name in listed and v.init_from not in listed[: listed.index(v.name)]:
+            raise SuiteError(
+                f"suite.variants.{v.name}: init_from={v.init_from!r} must be an entry of suite.entries listed before "
+                f"{v.name} (its run of the same seed is trained first)"
+            )
     seeds = tuple(int(s) for s in raw["seeds"])
     if len(set(seeds)) != len(seeds):
         raise SuiteError(f"suite.seeds={list(seeds)} repeats a seed")
@@ -352,7 +363,16 @@ def _variants(raw: dict[str, Any], entries_on_file: list[str]) -> dict[str, Vari
                 "trainer.precision=<fp32|bf16|fp16>, trainer.lr_schedule=<inverse_sqrt|linear> or trainer.lr=<peak> "
                 "only (its name is the variant's; the rest of trainer.* is the suite's budget: suite.overrides)"
             )
-        out[str(name)] = Variant(str(name), str(spec["entry"]), overrides)
+        init_from, updates = spec.get("init_from"), spec.get("updates")
+        if (init_from is None) != (updates is None) or (
+            init_from is not None and (isinstance(updates, bool) or not isinstance(updates, int) or updates < 1)
+        ):
+            raise SuiteError(
+                f"suite.variants.{name}: an uptrained variant gives both init_from: <an entry of the suite, listed "
+                f"before it> and updates: <a positive number of further updates>; got init_from={init_from!r}, "
+                f"updates={updates!r}"
+            )
+        out[str(name)] = Variant(str(name), str(spec["entry"]), overrides, init_from, updates)
     return out
 
 

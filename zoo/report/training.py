@@ -64,6 +64,9 @@ def train_command(report_dir: Path, suite: Suite, entry: str, seed: int) -> list
     interrupted = unfinished_run(report_dir, entry, seed)
     if interrupted is not None:
         cmd.append(f"resume={interrupted}")
+    elif (variant := suite.variants.get(entry)) and variant.init_from:
+        source = finished_run(report_dir, variant.init_from, seed)
+        cmd.append(f"init_from={source if source else f'<{variant.init_from} seed {seed} run: trained first>'}")
     return cmd
 
 
@@ -101,10 +104,23 @@ def run_training(
         if dry_run:
             continue
         if done is None:
+            _source_run(report_dir, suite, entry, seed)
             done = _train(report_dir, suite, entry, seed)
         path = write_record_from_run(results_dir, suite, entry, seed, done)
         print(f"[report] recorded {entry} seed {seed}: {path}", flush=True)
     return {(e, s): d for e in suite.entries for s in suite.seeds if (d := finished_run(report_dir, e, s)) is not None}
+
+
+def _source_run(report_dir: Path, suite: Suite, entry: str, seed: int) -> None:
+    """An uptrained variant starts from its source entry's run of the same seed, which must be on this machine: a
+    source whose record was shared from a sibling suite left no checkpoint here, so its run is trained (the same
+    config and seed: the same run; its shared record stays as it is)."""
+    variant = suite.variants.get(entry)
+    if variant is None or variant.init_from is None or finished_run(report_dir, variant.init_from, seed):
+        return
+    source = f"{variant.init_from} seed {seed}"
+    print(f"[report] {entry} seed {seed} starts from {source}'s run, not on this machine: training it", flush=True)
+    _train(report_dir, suite, variant.init_from, seed)
 
 
 def _train(report_dir: Path, suite: Suite, entry: str, seed: int) -> Path:
