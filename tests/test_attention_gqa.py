@@ -164,3 +164,18 @@ def test_uptraining_starts_from_the_transformers_weights_with_key_value_heads_po
     other = smoke_overrides("gqa", smoke_corpus, tmp_path / "other") + ["data.vocab_size=900", f"init_from={source}"]
     with pytest.raises(ZooError, match="tokenizer differs from this run's"):
         train(compose_train(other + one_update))
+
+
+@pytest.mark.parametrize(("entry", "kv_heads"), [("gqa", 2), ("mqa", 1)])
+def test_the_speed_stage_counts_the_cache_a_sentence_holds(entry: str, kv_heads: int, exported) -> None:
+    """zoo.report.speed's cache per sentence, from the export's cache specs: per decoder layer, keys and values of
+    kv_heads × dh floats for every decoder position (self) and every source token (cross) — a quarter / an eighth
+    of what 8 heads hold."""
+    from zoo.report.speed import cache_bytes
+
+    manifest = exported(entry)[1]
+    cfg = manifest["model_config"]
+    dh = cfg["d_model"] // cfg["num_heads"]
+    for steps, src_len in ((1, 5), (12, 30)):
+        per_layer = 2 * kv_heads * dh * (steps + src_len) * 4  # k and v, float32
+        assert cache_bytes(manifest["caches"], steps, src_len) == cfg["decoder_layers"] * per_layer

@@ -200,6 +200,16 @@ def test_a_format_2_file_renders_its_controls_and_verdicts(tmp_path: Path) -> No
     assert "×1.40 [1.40, 1.40]" in text and "**holds** (faster than ×1.05)" in text
     assert "false-positive" in text.lower() and "×1.05" in text and "Holm" in text
     assert "`b5` 900 (9.0 per sentence)" in text
+    assert "decoder cache KB" not in text  # a file without cache sizes keeps its table
+
+
+def test_the_table_shows_each_entrys_decoder_cache_per_sentence_where_measured(tmp_path: Path) -> None:
+    data = _speed_file(SPEED_FORMAT, [200.0] * 5, {"ght": 1.0, "ght_ps": 1.4})
+    for name, kb in (("transformer", 96.0), ("ght_ps", 24.0)):
+        data["entries"][name]["points"]["b5/fp32"]["cache_kb"] = kb
+    text = _render(tmp_path, data)
+    assert "decoder cache KB per sentence" in text
+    assert "| `ght_ps` |" in text and "| 24.0 |" in text and "| 96.0 |" in text
 
 
 def test_a_speed_question_of_ours_quotes_nothing_and_is_a_family_of_its_own(tmp_path: Path) -> None:

@@ -198,6 +198,7 @@ def _collect(work: Path, suite: Suite, entry: str) -> dict[str, Any]:
                     "peak_rss_mb": [t["peak_rss_mb"] for t in taken],
                     "output_tokens": taken[0]["output_tokens"],
                     "lengths_sha256": taken[0]["lengths_sha256"],
+                    "cache_kb": taken[0].get("cache_kb"),
                 }
             )
     return points

@@ -68,6 +68,12 @@ def _peak(points: dict[str, Any], precision: str) -> str:
     return f"{max(peaks):.0f}" if peaks else "—"
 
 
+def _cache(point: dict[str, Any] | None) -> str:
+    """One hypothesis's decoder caches at the end of its sentence, the mean over the workload (beam 1's; a beam of
+    k holds k of them)."""
+    return f"{point['cache_kb']:.1f}" if point and point.get("cache_kb") else "—"
+
+
 def _per_flop(rec: dict[str, Any], key: str) -> str:
     """Measured speed-up ÷ FLOP saving (1.00: every FLOP saved became time saved)."""
     point = rec["points"].get(key) or {}
@@ -138,6 +144,8 @@ def _table(speed: dict[str, Any]) -> list[str]:
     first = cols[0][0]
     header = ["entry", "params excl. emb", "FLOPs × base", *(h for _, h in cols)]
     header += ["peak MB fp32 (largest setting)", "peak MB INT8"]
+    caches = any(p.get("cache_kb") for rec in speed["entries"].values() for p in rec["points"].values())
+    header += ["decoder cache KB per sentence"] if caches else []  # files before it have none
     header += [f"speed-up ÷ FLOP saving ({first})"] if speed["judged"] else []
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for entry, rec in speed["entries"].items():
@@ -146,6 +154,7 @@ def _table(speed: dict[str, Any]) -> list[str]:
         row = [f"`{entry}`", format_count(rec["size"]["params_excl_emb"]), f"{rec['flop_ratio']:.2f}"]
         row += [speed_cell(rec["points"].get(k), notes, f"`{entry}` {k}", speed["judged"]) for k, _ in cols]
         row += [_peak(rec["points"], "fp32"), _peak(rec["points"], "int8")]
+        row += [_cache(rec["points"].get(first))] if caches else []
         row += [_per_flop(rec, first)] if speed["judged"] else []
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")

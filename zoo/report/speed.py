@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -39,6 +40,13 @@ def workload_lengths(max_positions: int, encoded: list[list[int]], lengths: Sequ
 def lengths_digest(lengths: Sequence[int]) -> str:
     """Names a list of forced lengths: two measurements with the same digest decoded the same work."""
     return hashlib.sha256(json.dumps([int(n) for n in lengths]).encode()).hexdigest()[:16]
+
+
+def cache_bytes(caches: Sequence[dict[str, Any]], steps: int, src_len: int) -> int:
+    """Bytes of one hypothesis's decoder caches (the manifest's `caches`) after `steps` decoder positions over a source
+    of `src_len` tokens: each tensor's fixed axes times its position axis, at its dtype — what GQA / MQA shrink."""
+    sizes = {"batch": 1, "sources": 1, "steps": steps, "src_len": src_len}
+    return sum(math.prod(sizes.get(d, d) for d in c["shape"]) * np.dtype(c["dtype"]).itemsize for c in caches)
 
 
 def measure(
@@ -96,6 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     encoded = model.encode_texts(texts)
     forced = workload_lengths(model.max_positions, encoded, lengths, search)
+    # one hypothesis's caches at the end of its sentence (bos + its tokens): their mean over the workload is reported
+    held = [cache_bytes(model.manifest["caches"], n + 1, len(e)) for n, e in zip(forced, encoded, strict=True)]
     record = {
         "batch": args.batch,
         "threads": args.threads,
@@ -104,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_len_b": search.max_len_b,
         **measure(model, encoded, forced, search, args.batch),
         "lengths_sha256": lengths_digest(forced),
+        "cache_kb": round(float(np.mean(held)) / 1024, 1),
         "peak_rss_mb": round(vm_hwm() / 2**20, 1),  # VmHWM: ru_maxrss would keep the forking parent's peak
     }
     line = json.dumps(record)

@@ -113,6 +113,7 @@ def _points(rec: dict[str, Any], baseline: dict[str, Any], sentences: int) -> di
         summary = point_summary(point["sentences_per_s"], base.get("sentences_per_s"), per_sentence)
         summary["peak_rss_mb"] = median(point["peak_rss_mb"]) if point.get("peak_rss_mb") else None
         summary["output_tokens"] = point.get("output_tokens")
+        summary["cache_kb"] = point.get("cache_kb")  # files before it lack the key
         points[key] = summary
     served = rec.get("served")
     if served and not served.get("error"):
