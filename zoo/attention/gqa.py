@@ -12,6 +12,8 @@ key and value projection heads (`pool_heads`), then training goes on (`zoo.train
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -22,25 +24,18 @@ from zoo.attention.mha import MultiHeadAttention
 class GroupedQueryAttention(MultiHeadAttention):
     """softmax(q kᵀ / √dh) v with query head h reading key/value head h // (H / kv_heads)."""
 
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        head_dim: int | None = None,
-        dropout: float = 0.0,
-        bias: bool = True,
-        kv_heads: int = 1,
-    ) -> None:
-        if kv_heads < 1 or num_heads % kv_heads:
+    def __init__(self, *base: Any, kv_heads: int = 1, **common: Any) -> None:
+        """`base` / `common`: the contract's (d_model, num_heads, head_dim, dropout, bias); `kv_heads`: GQA's."""
+        super().__init__(*base, **common)
+        if kv_heads < 1 or self.num_heads % kv_heads:
             raise ValueError(
-                f"kv_heads={kv_heads} must be ≥ 1 and divide num_heads={num_heads} (each key/value head serves an "
-                "equal group of query heads); choose a divisor, e.g. model.attention_options.kv_heads=1 (MQA)"
+                f"kv_heads={kv_heads} must be ≥ 1 and divide num_heads={self.num_heads} (each key/value head serves "
+                "an equal group of query heads); choose a divisor, e.g. model.attention_options.kv_heads=1 (MQA)"
             )
-        super().__init__(d_model, num_heads, head_dim=head_dim, dropout=dropout, bias=bias)
         self.kv_heads = kv_heads
-        shared = kv_heads * self.head_dim
-        self.k_proj = nn.Linear(d_model, shared, bias=bias)
-        self.v_proj = nn.Linear(d_model, shared, bias=bias)
+        bias, shared = self.k_proj.bias is not None, kv_heads * self.head_dim
+        self.k_proj = nn.Linear(self.d_model, shared, bias=bias)
+        self.v_proj = nn.Linear(self.d_model, shared, bias=bias)
         self.reset_parameters()
 
     def _grouped(self, q: Tensor) -> Tensor:

@@ -24,6 +24,8 @@ There is no attention matrix to apply dropout to, so `dropout` (attention dropou
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -55,26 +57,15 @@ class MixtureOfLinearKeys(MixtureKeyAttention):
 
     def __init__(
         self,
-        d_model: int,
-        num_heads: int,
-        head_dim: int | None = None,
-        dropout: float = 0.0,
-        bias: bool = True,
+        *base: Any,
         num_components: int = 2,
         shared_key: bool = False,
         chunk_size: int = 64,
         eps: float = 1e-6,
+        **common: Any,
     ) -> None:
-        super().__init__(
-            d_model,
-            num_heads,
-            head_dim=head_dim,
-            dropout=dropout,
-            bias=bias,
-            num_components=num_components,
-            shared_key=shared_key,
-            prior="learned",
-        )
+        """`base` / `common`: the contract's (d_model, num_heads, head_dim, dropout, bias); the rest: MLK's."""
+        super().__init__(*base, num_components=num_components, shared_key=shared_key, prior="learned", **common)
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.chunk_size = chunk_size
@@ -228,27 +219,8 @@ class MixtureOfLinearKeys(MixtureKeyAttention):
 class LinearAttention(MixtureOfLinearKeys):
     """Plain linear attention (the M = 1 case of MLK): the baseline MLK is compared against."""
 
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        head_dim: int | None = None,
-        dropout: float = 0.0,
-        bias: bool = True,
-        chunk_size: int = 64,
-        eps: float = 1e-6,
-    ) -> None:
-        super().__init__(
-            d_model,
-            num_heads,
-            head_dim=head_dim,
-            dropout=dropout,
-            bias=bias,
-            num_components=1,
-            shared_key=False,
-            chunk_size=chunk_size,
-            eps=eps,
-        )
+    def __init__(self, *base: Any, chunk_size: int = 64, eps: float = 1e-6, **common: Any) -> None:
+        super().__init__(*base, num_components=1, shared_key=False, chunk_size=chunk_size, eps=eps, **common)
 
 
 def _mask_keys(fk: Tensor, mask: Tensor | None) -> Tensor:

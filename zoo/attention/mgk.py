@@ -17,6 +17,7 @@ stays finite where the literal exp(−‖q − k‖²/2σ²) underflows.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -44,29 +45,18 @@ class MixtureOfGaussianKeys(MixtureKeyAttention):
 
     def __init__(
         self,
-        d_model: int,
-        num_heads: int,
-        head_dim: int | None = None,
-        dropout: float = 0.0,
-        bias: bool = True,
+        *base: Any,
         num_components: int = 2,
         shared_key: bool = False,
         e_step: str = "learned",
         sigma2: float | None = None,
+        **common: Any,
     ) -> None:
+        """`base` / `common`: the contract's (d_model, num_heads, head_dim, dropout, bias); the rest: MGK's."""
         if e_step not in E_STEPS:
             raise ValueError(f"e_step must be one of {E_STEPS}, got {e_step!r}")
         prior = {"learned": "learned", "soft": "em", "hard": "none"}[e_step]
-        super().__init__(
-            d_model,
-            num_heads,
-            head_dim=head_dim,
-            dropout=dropout,
-            bias=bias,
-            num_components=num_components,
-            shared_key=shared_key,
-            prior=prior,
-        )
+        super().__init__(*base, num_components=num_components, shared_key=shared_key, prior=prior, **common)
         self.e_step = e_step
         self.sigma2 = math.sqrt(self.head_dim) if sigma2 is None else float(sigma2)
         if not self.sigma2 > 0:

@@ -58,17 +58,9 @@ class MixheadAttention(Attention):
     per-head softmax map P before mixing, for comparing ranks before/after mixing.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        head_dim: int | None = None,
-        dropout: float = 0.0,
-        bias: bool = True,
-        variant: str = "a",
-        ortho_lambda: float = 0.0,
-    ) -> None:
-        super().__init__(d_model, num_heads, head_dim=head_dim, dropout=dropout, bias=bias)
+    def __init__(self, *base: Any, variant: str = "a", ortho_lambda: float = 0.0, **common: Any) -> None:
+        """`base` / `common`: the contract's (d_model, num_heads, head_dim, dropout, bias); the rest: Mixhead's."""
+        super().__init__(*base, **common)
         variant = str(variant).lower()
         if variant not in VARIANTS:
             raise ValueError(
@@ -79,7 +71,7 @@ class MixheadAttention(Attention):
             raise ValueError(f"mixhead ortho_lambda must be >= 0, got {ortho_lambda}")
         self.variant = variant
         self.ortho_lambda = float(ortho_lambda)
-        h = num_heads
+        h = self.num_heads
         if variant == "a":
             self.mix = nn.Parameter(torch.empty(h, h))  # [H_in j, H_out i]
         elif variant == "avg":

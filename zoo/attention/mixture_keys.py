@@ -6,6 +6,8 @@ components meet the queries (Gaussian scores or linear features) is each mechani
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -26,22 +28,15 @@ class MixtureKeyAttention(Attention):
     """
 
     def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        head_dim: int | None = None,
-        dropout: float = 0.0,
-        bias: bool = True,
-        *,
-        num_components: int = 2,
-        shared_key: bool = False,
-        prior: str = "learned",
+        self, *base: Any, num_components: int = 2, shared_key: bool = False, prior: str = "learned", **common: Any
     ) -> None:
+        """`base` / `common`: the contract's (d_model, num_heads, head_dim, dropout, bias); the rest: the mixture's."""
         if num_components < 1:
             raise ValueError(f"num_components must be >= 1, got {num_components}")
         if prior not in ("learned", "em", "none"):
             raise ValueError(f"prior must be 'learned', 'em' or 'none', got {prior!r}")
-        super().__init__(d_model, num_heads, head_dim=head_dim, dropout=dropout, bias=bias)
+        super().__init__(*base, **common)
+        bias = self.k_proj.bias is not None
         self.num_components = num_components
         self.shared_key = bool(shared_key)
         self.prior = prior if num_components > 1 else "none"  # one component: π ≡ 1, nothing to learn
@@ -54,7 +49,7 @@ class MixtureKeyAttention(Attention):
         else:
             extra = tuple(f"k_proj{r}" for r in range(1, num_components))
             for name in extra:
-                setattr(self, name, nn.Linear(d_model, inner, bias=bias))
+                setattr(self, name, nn.Linear(self.d_model, inner, bias=bias))
         # names of the projections making component keys (k_proj is component 0), then values
         self.component_projections: tuple[str, ...] = ("k_proj", *extra)
         self.key_projections = (*self.component_projections, "v_proj")
