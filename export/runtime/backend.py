@@ -11,6 +11,7 @@ runtime for its search types and must not load onnxruntime with them.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -41,14 +42,16 @@ DEFAULT_STATE = {"cpu": "host", "cuda": "device"}
 # decoder step slower at beam × batch rows, and no faster at batch 1 (measured again with onnxruntime 1.31 and the
 # fused attention kernel: results/runtime/fused_attention.md). Earlier figures: results/runtime/docstring_figures.md
 CPU_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
-# `spinning`: whose idle threads spin-wait between kernels instead of sleeping — False neither session's (the
-# default: the host does real work between steps and the cores may be shared), True both, "decoder" the decoder's
-# only (a step is a chain of short kernels, each waking a sleeping worker; the encoder runs once per batch, and its
-# spinning threads would compete with the decoder's), "shared" both sessions on one pool of the process whose threads
-# spin (onnxruntime's global thread pools: the decoder's spinning without a second pool competing with it when the
-# next batch's encoder runs). Measured: results/runtime/fused_attention.md
-SPINNING = (False, True, "decoder", "shared")
-SPINNING_TEXT = {"false": False, "true": True, "decoder": "decoder", "shared": "shared"}  # as a text setting
+# `spinning`: whose idle threads spin-wait between kernels instead of sleeping, and only within a run (onnxruntime's
+# `session.force_spinning_stop`: a pool stops spinning when a run returns, so the host's work between steps, the
+# other session's runs and an idle process get the cores) — False neither session's, True both, "decoder" the
+# decoder's only, "shared" both sessions on one pool of the process (onnxruntime's global thread pools: made once per
+# process, so every later load of the process must use it), "auto" (the default) True where the runtime's threads fit
+# the cores this process may run on, else False (`resolve_spinning`). On 2 AMD EPYC cores, greedy batch 1 (ms a
+# sentence): False 31, "decoder" 25 and True 45 before the stop at a run's end, "decoder" 23, True 23, "shared" 21
+# with it. Measured: results/runtime/fast_defaults.md
+SPINNING = (False, True, "decoder", "shared", "auto")
+SPINNING_TEXT = {"false": False, "true": True, "decoder": "decoder", "shared": "shared", "auto": "auto"}  # as a text
 # The size of this process's shared pool once made ("shared" spinning): onnxruntime makes it once per process.
 _shared_pool_threads: list[int] = []
 
@@ -81,6 +84,29 @@ def spinning_from_text(text: str) -> bool | str:
     if text not in SPINNING_TEXT:
         raise ExportRuntimeError(f"spinning={text!r}: choose one of {list(SPINNING_TEXT)} (whose idle threads spin)")
     return SPINNING_TEXT[text]
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity; os.cpu_count where that cannot be read)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def resolve_spinning(spinning: bool | str, threads: int, copies: int = 1) -> bool | str:
+    """A concrete `SPINNING` choice for "auto": "shared" where this process already runs onnxruntime on its shared
+    pool (onnxruntime then refuses pools of a session's own), else "decoder" where `copies` sets of sessions with
+    `threads` intra-op threads each (0: one per core) fit the usable cores — spinning on cores another busy thread
+    of ours needs would slow both — else False. Any other choice is returned as it is. Not "shared" by itself: its
+    pool is the process's for good (another thread count, or a pool of a session's own, is refused after it)."""
+    spinning = check_spinning(spinning)
+    if spinning != "auto":
+        return spinning
+    if _shared_pool_threads:
+        return "shared"
+    cores = usable_cores()
+    return copies * (threads or cores) <= cores
 
 
 def check_spinning(value: bool | str) -> bool | str:
@@ -198,9 +224,9 @@ def session_options(
         raise ExportedModelError(f"unknown graph optimization level {level!r}; use {sorted(OPTIMIZATION_LEVELS)}")
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[level])
     options.log_severity_level = 3
-    # by default no spin-waiting after a run: the host does real work between steps and the cores may be
-    # shared (other processes, torch in the same process); spinning trades that CPU for wake-up latency
+    # spinning trades CPU for wake-up latency between a run's kernels; it stops when the run returns (`SPINNING`)
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    options.add_session_config_entry("session.force_spinning_stop", "1")
     # No memory pattern: every decoder step has new shapes (the past grows by one position, beams finish),
     # so patterns never repeat. On the CPU, both sessions allocate from the one arena of the process
     # (`use_shared_cpu_arena`: see there why an arena, and why one).
@@ -235,7 +261,7 @@ class OrtBackend:
         manifest: Manifest,
         threads: int | None = None,
         optimization: str | None = None,
-        spinning: bool | str = False,
+        spinning: bool | str = "auto",
         provider: str = "cpu",
         device_id: int = 0,
         state: str = "auto",
@@ -245,7 +271,8 @@ class OrtBackend:
 
         if state not in STATES:
             raise ExportRuntimeError(f"state={state!r}: choose one of {list(STATES)} (where a search keeps its caches)")
-        spinning = check_spinning(spinning)
+        spinning = resolve_spinning(spinning, session_threads(manifest, threads))
+        self.spinning = spinning  # the choice the sessions were made with
         if spinning == "shared":
             shared_thread_pool(session_threads(manifest, threads))
         elif _shared_pool_threads:  # onnxruntime's own message would say only "use_per_session_threads must be false"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .backend import OrtBackend
+from .backend import OrtBackend, resolve_spinning, session_threads
 from .errors import ExportRuntimeError
 from .manifest import read_manifest
 from .model import ExportedModel
@@ -22,7 +22,7 @@ def load(
     threads: int | None = None,
     optimization: str | None = None,
     check_files: bool = True,
-    spinning: bool | str = False,
+    spinning: bool | str = "auto",
     provider: str = "cpu",
     device_id: int = 0,
     inter_threads: int = 1,
@@ -33,7 +33,9 @@ def load(
     ORT intra-op threads per search (default: the manifest's, else all cores), `optimization` ORT graph
     optimisation level (disabled|basic|extended|all, default: the manifest's), `check_files` verifies sha256
     checksums, `spinning` lets ORT's idle threads spin (lower latency on dedicated cores: True both sessions',
-    "decoder" the decoder's only, "shared" one spinning pool of the process for both — backend.py `SPINNING`),
+    "decoder" the decoder's only, "shared" one spinning pool of the process for both, False none; the default
+    "auto" is True where the threads of every copy fit this process's cores, else False; a pool spins only while
+    a run lasts — backend.py `SPINNING`),
     `provider` cpu | cuda runs the graphs on ORT's CPU or CUDA execution provider (GPU `device_id`; needs
     onnxruntime-gpu).
     `inter_threads` > 1 is throughput mode (replicas.py): that many copies decode different batches of one
@@ -42,19 +44,20 @@ def load(
     device (I/O binding: device_state.py) | auto (the faster on the provider: backend.py `DEFAULT_STATE`)."""
     if intra_threads is not None and threads is not None and intra_threads != threads:
         raise ExportRuntimeError(f"threads={threads} and intra_threads={intra_threads}: give one (the same setting)")
-    threads = intra_threads if intra_threads is not None else threads
     if isinstance(inter_threads, bool) or not isinstance(inter_threads, int) or not 1 <= inter_threads <= 64:
         raise ExportRuntimeError(
             f"inter_threads={inter_threads!r}: give an integer 1 … 64 (batches decoded at once, each by its own "
             "copy of the sessions; 1 = one search at a time)"
         )
+    threads = intra_threads if intra_threads is not None else threads
+    directory = Path(directory)
+    manifest = read_manifest(directory, check_files=check_files)
+    spinning = resolve_spinning(spinning, session_threads(manifest, threads), inter_threads)
     if inter_threads > 1 and spinning == "shared":  # the copies would take turns on the one pool of the process
         raise ExportRuntimeError(
             f'inter_threads={inter_threads} with spinning="shared": every copy would run on the one thread pool of '
             "the process, so batches would not decode at once; give inter_threads=1, or another spinning setting"
         )
-    directory = Path(directory)
-    manifest = read_manifest(directory, check_files=check_files)
     models = [
         ExportedModel(
             directory,
