@@ -328,3 +328,27 @@ def test_runtime_refuses_a_manifest_that_points_outside_or_lacks_keys(exported, 
     (copy / "manifest.json").write_text("{not json")
     with pytest.raises(rt.ExportedModelError, match="cannot read"):
         export.load(copy)
+
+
+def test_a_batch_of_long_sources_is_encoded_in_slices_with_the_same_outputs(exported, monkeypatch) -> None:
+    """Issue 88: one encoder call's attention scores are kept within ENCODER_SCORE_BYTES by encoding a batch a few
+    sources at a time. Sliced to one source a call, the encoder's outputs (memory, padding mask, every cross cache)
+    equal the batch's in one call, and so do the translations."""
+    from export.runtime import model as model_module
+
+    assert model_module.encoder_rows(8, 256) == 4 and model_module.encoder_rows(8, 2048) == 1  # 8 MB of scores
+    assert model_module.encoder_rows(8, 16) == (8 << 20) // (4 * 8 * 16 * 16)
+    out, _ = exported("transformer")
+    model = rt.load(out, threads=1)
+    texts = json.loads((out / "heldout.json").read_text())["src"][:5]
+    src = padded(model.encode_texts(texts), model.pad_id)
+    whole, expected = model.encode(src, with_memory=True), model.translate(texts, beam_size=3)
+    monkeypatch.setattr(model_module, "ENCODER_SCORE_BYTES", 1)  # one source a call
+    calls, real = [], model.backend.encode
+    monkeypatch.setattr(model.backend, "encode", lambda names, rows: calls.append(len(rows)) or real(names, rows))
+    sliced = model.encode(src, with_memory=True)
+    assert calls == [1] * len(texts) and sliced.keys() == whole.keys()
+    for name, array in whole.items():
+        assert sliced[name].shape == array.shape and sliced[name].dtype == array.dtype, name
+        np.testing.assert_allclose(sliced[name], array, rtol=0, atol=1e-6, err_msg=name)
+    assert model.translate(texts, beam_size=3) == expected

@@ -40,6 +40,12 @@ from .stores import StorePool
 from .tokenizer import SentencePieceTokenizer, SharedVocabTokenizer, load_tokenizer
 
 T = TypeVar("T")
+# The most bytes one encoder call's attention scores [rows, heads, S, S] float32 may take: a batch of long sources is
+# encoded a few rows at a time (`encoder_rows`). Why: onnxruntime's arena keeps a call's largest transients, about
+# five score-sized tensors at once (scores, mask, softmax), so encoding 32 sources of 256 tokens in one call raised
+# the peak RSS by 336 MB for a 67 MB score tensor. The encoder runs once per batch, and a few rows of a long source
+# still make large matmuls. Measured: results/runtime/fast_defaults.md
+ENCODER_SCORE_BYTES = 8 << 20
 
 
 class ExportedModel:
@@ -61,6 +67,8 @@ class ExportedModel:
         self.self_names = [c["name"] for c in self.self_specs]
         self.next_names = [NEXT_PREFIX + n for n in self.self_names]
         self.cross_names = [c["name"] for c in m["caches"] if c["kind"] == "cross"]
+        kept = [len(h["kept"]) for name, h in m.get("heads", {}).items() if name.startswith("encoder.")]
+        self.encoder_heads: int = max(kept, default=0) or int(m["model_config"].get("num_heads", 1))
         # the graph's cross caches are per source (batch axis "sources": exports since it was introduced) and the
         # backend feeds them so (the BLS decoder model's Triton config has one batch axis: a row per hypothesis)
         self.cross_per_source = (
@@ -89,10 +97,21 @@ class ExportedModel:
 
     # ------------------------------------------------------------------ building blocks
     def encode(self, src: np.ndarray, with_memory: bool = False) -> dict[str, np.ndarray]:
-        """src [B, S] int64 (pad-right) → memory_pad_mask [B, S] and every cross cache (+ memory)."""
+        """src [B, S] int64 (pad-right) → memory_pad_mask [B, S] and every cross cache (+ memory), each batch-first:
+        encoded `encoder_rows` rows at a time into arrays of the whole batch (`ENCODER_SCORE_BYTES`)."""
         names = (["memory"] if with_memory else []) + ["memory_pad_mask", *self.cross_names]
-        out = self.backend.encode(names, np.ascontiguousarray(src, dtype=np.int64))
-        return dict(zip(names, out, strict=True))
+        src = np.ascontiguousarray(src, dtype=np.int64)
+        rows = encoder_rows(self.encoder_heads, src.shape[1])
+        if rows >= len(src):
+            return dict(zip(names, self.backend.encode(names, src), strict=True))
+        whole: list[np.ndarray] = []
+        for start in range(0, len(src), rows):
+            part = self.backend.encode(names, src[start : start + rows])
+            if not whole:
+                whole = [np.empty((len(src), *p.shape[1:]), dtype=p.dtype) for p in part]
+            for array, p in zip(whole, part, strict=True):
+                array[start : start + len(p)] = p
+        return dict(zip(names, whole, strict=True))
 
     def stepper(
         self,
@@ -293,3 +312,9 @@ class _Batch:
 
     def step(self, rows: np.ndarray, steps: int, slots: int) -> Stepper:
         return self.model.decoding(self.src, rows, steps, slots, self.vocab_rows, self.alignments)
+
+
+def encoder_rows(heads: int, length: int) -> int:
+    """Sources per encoder call: as many as keep one attention-score tensor [rows, heads, length, length] float32
+    within `ENCODER_SCORE_BYTES`, at least one."""
+    return max(1, ENCODER_SCORE_BYTES // (4 * max(heads, 1) * max(length, 1) ** 2))
