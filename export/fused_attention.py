@@ -39,10 +39,11 @@ OP_VERSION = 1
 # The additive value of a masked key: the lowest float32 rather than onnxruntime's default −10000, so a padded
 # position's weight is exactly 0 as torch's −inf makes it (scores are far from ±3.4e38, so nothing overflows).
 MASK_FILTER_VALUE = float(torch.finfo(torch.float32).min)
-# export config `fused_attention`: which of the decoder step's mha modules run as the fused kernel. "none" is the
-# default: on 2 Zen 3 cores "cross" was level with the written-out graph at every point, and "all" (with the
-# decoder's threads spinning) 1.2× faster at greedy batch 1 but 0.97× at beam 5 × 32 with 121 MB more at its peak,
-# every self-attention's grown-cache output being a copy of the past. Measured: results/runtime/fused_attention.md
+# export config `fused_attention`: which of the decoder step's mha modules run as the fused kernel. "all" is the
+# default: on 2 AMD EPYC cores (family 25 model 17) with the runtime's default spinning it was level with "none" or
+# faster at greedy and beam 5, batch 1 and 32, fp32 and INT8, at most 6 MB more at its peak (results/runtime/
+# fast_defaults.md); on 2 Zen 3 cores it was 0.97× at beam 5 × 32 with 121 MB more, every self-attention's
+# grown-cache output being a copy of the past (results/runtime/fused_attention.md).
 FUSED_CHOICES = ("none", "cross", "all")
 FUSED_BUFFERS = ("fused_qkv_weight", "fused_qkv_bias", "fused_q_bias")  # what the hooks add to a module, and remove
 

@@ -54,12 +54,21 @@ def onnx_weights(out: Path) -> list[np.ndarray]:
 
 
 def holds(weights: list[np.ndarray], w: torch.Tensor) -> bool:
-    """Whether the graphs hold weight `w` exactly, as stored or transposed (MatMul takes [in, out])."""
+    """Whether the graphs hold weight `w` exactly, as stored or transposed (MatMul takes [in, out]), alone or as one
+    block of a fused q/k/v weight ([3I, D] or its MatMul form: export/fused_attention.py, the default export)."""
     a = w.detach().numpy()
-    return any(
-        (x.shape == a.shape and np.array_equal(x, a)) or (x.shape == a.T.shape and np.array_equal(x, a.T))
-        for x in weights
-    )
+    for x in weights:
+        for b in (a, a.T):
+            if x.ndim != 2 or b.ndim != 2:
+                continue
+            rows, cols = b.shape
+            if x.shape[1] == cols and x.shape[0] % rows == 0:  # b alone, or a block of rows
+                if any(np.array_equal(x[i : i + rows], b) for i in range(0, x.shape[0], rows)):
+                    return True
+            if x.shape[0] == rows and x.shape[1] % cols == 0:  # a block of columns
+                if any(np.array_equal(x[:, j : j + cols], b) for j in range(0, x.shape[1], cols)):
+                    return True
+    return False
 
 
 def assert_removed_heads_absent(out: Path, manifest: dict, payload: dict) -> None:
