@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("ctranslate2")
 pytest.importorskip("transformers")
@@ -30,12 +31,14 @@ def test_anchor_times_both_engines_on_the_same_work(plain: Path, tmp_path: Path,
     out = tmp_path / "anchor.json"
     argv = ["--export", str(plain), "--searches", "greedy,beam3", "--batches", "1,4", "--sentences", "6"]
     argv += ["--new-tokens", str(NEW_TOKENS), "--rounds", "1", "--threads", "1", "--work", str(tmp_path / "w")]
+    argv += ["--spinning", "false"]  # ours with another setting than the runtime's default: recorded
     assert ct2_anchor.main([*argv, "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     printed = capsys.readouterr().out
     assert "| search | batch | precision | ours sent/s | CT2 sent/s | ours/CT2 |" in printed
     assert report["machine"]["signature"] == cpu_signature()
     assert report["versions"]["ctranslate2"] and report["new_tokens"] == NEW_TOKENS
+    assert report["ours_spinning"] == "false"
     points = {(p["search"], p["batch"], p["precision"]) for p in report["points"]}
     assert points == {(s, b, "fp32") for s in ("greedy", "beam3") for b in (1, 4)}
     for point in report["points"]:
@@ -63,12 +66,16 @@ def test_both_engines_decode_exactly_n_tokens(plain: Path, tmp_path: Path) -> No
     pieces = ct2_anchor.build_marian(plain, manifest, tmp_path / "marian", seed=0)
     model = ct2_anchor.convert(tmp_path / "marian", tmp_path / "ct2", None, pieces)
     sentences = ct2_anchor.workload(plain, manifest, None, 3)
-    for beam in (1, 3):
-        for engine, path, run in (("ours", plain, ct2_worker.ours), ("ct2", model, ct2_worker.ct2)):
-            work = {"engine": engine, "model": str(path), "threads": 1, "beam": beam, "steps": NEW_TOKENS}
-            decode, counted, _ = run({**work, "sentences": sentences, "batches": [[0, 1, 2]]})
-            assert decode([0, 1, 2]) == [NEW_TOKENS] * 3, (engine, beam)
-            assert counted([0, 1, 2]) == [NEW_TOKENS] * 3, (engine, beam)
+    torch_threads = torch.get_num_threads()
+    try:
+        for beam in (1, 3):
+            for engine, path, run in (("ours", plain, ct2_worker.ours), ("ct2", model, ct2_worker.ct2)):
+                work = {"engine": engine, "model": str(path), "threads": 1, "beam": beam, "steps": NEW_TOKENS}
+                decode, counted, _ = run({**work, "sentences": sentences, "batches": [[0, 1, 2]]})
+                assert decode([0, 1, 2]) == [NEW_TOKENS] * 3, (engine, beam)
+                assert counted([0, 1, 2]) == [NEW_TOKENS] * 3, (engine, beam)
+    finally:  # a CTranslate2 translator in this process sets its OpenMP thread count, which torch shares
+        torch.set_num_threads(torch_threads)
     too_long = {"engine": "ours", "model": str(plain), "threads": 1, "beam": 1, "steps": manifest["max_positions"]}
     with pytest.raises(ct2_worker.MeasurementError, match="did not run the decoder"):
         ct2_worker.measure({**too_long, "sentences": sentences, "batches": [[0]]})

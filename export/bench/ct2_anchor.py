@@ -256,7 +256,7 @@ def plan(
             for batch in args.batches:
                 point = {"search": search, "beam_size": beam, "batch": batch, "precision": precision}
                 base = {"sentences": sentences, "batches": sorted_batches(sentences, batch), "beam": beam,
-                        "steps": args.new_tokens, "threads": args.threads}  # fmt: skip
+                        "steps": args.new_tokens, "threads": args.threads, "spinning": args.spinning}  # fmt: skip
                 files = {e: work / f"{e}-{precision}-{search}-b{batch}.json" for e in ENGINES}
                 for engine, path in files.items():
                     path.write_text(json.dumps({**base, "engine": engine, "model": str(models[engine][precision])}))
@@ -365,6 +365,7 @@ def anchor(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "model_config": {**{k: c[k] for k in DIMENSIONS}, "pre_norm": c.get("pre_norm", False)},
         "differences": differences(manifest),
         "new_tokens": args.new_tokens, "sentences": args.sentences, "rounds": args.rounds, "threads": args.threads,
+        "ours_spinning": args.spinning or "the runtime's default",
         "seed": args.seed, "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "points": run_points(plan(args, {"ours": ours, "ct2": ct2}, sentences, work), args.rounds),
     }  # fmt: skip
@@ -385,6 +386,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--src", help="source sentences, one per line (default: the export's heldout.json)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (each a fresh process per engine)")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads of both engines")
+    ap.add_argument(
+        "--spinning",
+        choices=["false", "true", "decoder", "shared"],
+        help="our runtime's spinning setting (export.load spinning=; default: load's own default)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="seed of the random Marian weights")
     ap.add_argument("--work", help="keep the Marian and CTranslate2 models here (default: a temporary directory)")
     ap.add_argument(

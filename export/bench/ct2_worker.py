@@ -47,7 +47,8 @@ def ours(work: dict[str, Any]) -> tuple[Decode, Decode, dict[str, Any]]:
     import export
     from export.runtime.generation import best_tokens, padded, search_batch
 
-    model = export.load(work["model"], threads=work["threads"])
+    options = {} if work.get("spinning") is None else {"spinning": work["spinning"]}  # a SPINNING text, as given
+    model = export.load(work["model"], threads=work["threads"], **options)
     search, sentences = export.Search(beam_size=work["beam"], shortlist=0), work["sentences"]
 
     def decode(idx: list[int]) -> list[int]:
