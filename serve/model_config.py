@@ -72,7 +72,7 @@ class ModelSettings:
     gpus: list[int] | None = None  # device ids of the GPU instances; None: [0] with provider=cuda (`device_ids`)
     threads: int = 0
     optimization: str | None = None
-    spinning: bool | str = False  # whose ORT threads spin-wait: False | True | "decoder" | "shared" (backend.py)
+    spinning: bool | str = "auto"  # whose ORT threads spin-wait: "auto" | False | True | "decoder" | "shared"
     check_files: bool = True
     max_request_cost: int = DEFAULT_MAX_REQUEST_COST  # rows × beam × max output tokens one request may ask for
     max_execute_cost: int = DEFAULT_MAX_EXECUTE_COST  # the most one lane batch runs at once (the rest waits)
@@ -102,9 +102,9 @@ class ModelSettings:
             self.spinning = export_runtime.check_spinning(self.spinning)  # "decoder" from a CLI: the runtime's own
         except export_runtime.ExportRuntimeError:
             raise RepositoryError(
-                f"spinning={self.spinning!r}; use false, true, decoder or shared (decoder: only the decoder session's "
-                "idle threads spin; shared: one spinning pool of the instance's process runs both sessions — for "
-                "one-sentence latency on cores the instance has to itself)"
+                f"spinning={self.spinning!r}; use auto, false, true, decoder or shared (auto: both sessions' idle "
+                "threads spin within a run where instance_count × threads fit the cores, else none; decoder: only "
+                "the decoder session's; shared: one spinning pool of the instance's process runs both sessions)"
             ) from None
         if self.provider not in export_runtime.PROVIDERS:
             raise RepositoryError(f"provider={self.provider!r}; use cpu or cuda")

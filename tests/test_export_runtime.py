@@ -352,3 +352,24 @@ def test_a_batch_of_long_sources_is_encoded_in_slices_with_the_same_outputs(expo
         assert sliced[name].shape == array.shape and sliced[name].dtype == array.dtype, name
         np.testing.assert_allclose(sliced[name], array, rtol=0, atol=1e-6, err_msg=name)
     assert model.translate(texts, beam_size=3) == expected
+
+
+def test_auto_spinning_spins_only_where_every_copys_threads_fit_the_cores(monkeypatch) -> None:
+    """Issue 88: spinning="auto" (export.load's and the served model's default) is True where copies × threads
+    (0: a thread per core) fit the cores this process may run on, else False; where the process already runs
+    onnxruntime on its shared pool it is "shared" (onnxruntime refuses a session's own pool then); any other choice
+    is kept as given."""
+    from export.runtime import backend
+
+    cores = backend.usable_cores()
+    assert cores == len(os.sched_getaffinity(0))
+    assert rt.resolve_spinning("auto", 1) is True and rt.resolve_spinning("auto", 0) is True
+    assert rt.resolve_spinning("auto", cores, copies=1) is True
+    assert rt.resolve_spinning("auto", cores + 1) is False and rt.resolve_spinning("auto", 0, copies=2) is False
+    assert rt.resolve_spinning("auto", 1, copies=cores) is True and rt.resolve_spinning("auto", 1, cores + 1) is False
+    for kept in (False, True, "decoder", "shared"):
+        assert rt.resolve_spinning(kept, 99, copies=99) is kept
+    monkeypatch.setattr(backend, "_shared_pool_threads", [2])
+    assert rt.resolve_spinning("auto", 1) == "shared"
+    with pytest.raises(rt.ExportRuntimeError, match="choose one of"):
+        rt.resolve_spinning("sometimes", 1)

@@ -366,7 +366,8 @@ def test_spinning_setting_round_trips_through_the_model_config() -> None:
         assert export_runtime.spinning_from_text(config.parameters["spinning"].string_value) is choice
     built = "".join(["deco", "der"])  # a string equal to "decoder" but another object, as a config parser gives
     assert ModelSettings.from_mapping({"spinning": built}).spinning is export_runtime.SPINNING[2]
-    with pytest.raises(RepositoryError, match="use false, true, decoder or shared"):
+    assert ModelSettings().spinning == "auto"  # the runtime's own default: instances × threads decide (below)
+    with pytest.raises(RepositoryError, match="use auto, false, true, decoder or shared"):
         ModelSettings.from_mapping({"spinning": "always"})
     with pytest.raises(export_runtime.ExportRuntimeError, match="choose one of"):
         export_runtime.spinning_from_text("yes")
