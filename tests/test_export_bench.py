@@ -277,11 +277,12 @@ def test_batch1_points_store_per_sentence_latency_and_the_table_renders_it(expor
         bench_table.render_latency({**report, "points": [batched]}, "r.json")
 
 
-def test_ort_spinning_takes_both_or_decoder_and_names_them_otherwise(capsys) -> None:
+def test_ort_spinning_takes_the_runtimes_choices_and_names_them_otherwise(capsys) -> None:
     assert speed.spinning_choice("both") is True and speed.spinning_choice("decoder") == "decoder"
+    assert speed.spinning_choice("false") is False and speed.spinning_choice("auto") == "auto"
     with pytest.raises(SystemExit):
         speed.main(["--export", "unused", "--ort-spinning", "sometimes"])
-    assert "'sometimes': give both or decoder" in capsys.readouterr().err
+    assert "'sometimes': give auto, both, decoder or false" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         speed.main(["--export", "unused", "--ort-spinning", "shared"])
     assert "time it against the others in fresh processes: python -m export.bench.spin_pairs" in capsys.readouterr().err

@@ -412,16 +412,17 @@ def _memory(args: argparse.Namespace, inputs: Inputs, sweep: Sweep, head_batches
 
 
 def spinning_choice(text: str) -> bool | str:
-    """--ort-spinning's value → the runtime's `spinning`: "both" → True, "decoder" → "decoder"; anything else is an
-    argparse error naming the two (it was read as False before, silently)."""
-    choices: dict[str, bool | str] = {"both": True, "decoder": "decoder"}
+    """--ort-spinning's value → the runtime's `spinning`: "both" → True, "decoder" → "decoder", "false" → False,
+    "auto" → "auto" (export.load's default, resolved once for every engine: `main`); anything else is an argparse
+    error naming them (it was read as False before, silently)."""
+    choices: dict[str, bool | str] = {"both": True, "decoder": "decoder", "false": False, "auto": "auto"}
     if text == "shared":  # onnxruntime then refuses every session with a pool of its own: the baseline's, roofline's
         raise argparse.ArgumentTypeError(
             "'shared' is one pool for the whole process, and onnxruntime then refuses the sessions this bench also "
             "makes; time it against the others in fresh processes: python -m export.bench.spin_pairs"
         )
     if text not in choices:
-        raise argparse.ArgumentTypeError(f"{text!r}: give both or decoder (whose idle threads spin)")
+        raise argparse.ArgumentTypeError(f"{text!r}: give auto, both, decoder or false (whose idle threads spin)")
     return choices[text]
 
 
@@ -450,9 +451,10 @@ def main(argv: list[str] | None = None) -> None:
         "--ort-spinning",
         nargs="?",
         const=True,
-        default=False,
+        default="auto",
         type=spinning_choice,
-        help="let ORT's idle threads spin-wait: both sessions' (no value, or `both`), or `decoder` the decoder's only",
+        help="whose ORT idle threads spin-wait: `auto` (the default: export.load's, resolved for --threads), both "
+        "sessions' (no value, or `both`), `decoder` the decoder's only, or `false` none",
     )
     ap.add_argument("--modes", default="natural,fixed", type=lambda s: s.split(","))
     ap.add_argument("--repeats", type=int, default=5)
@@ -489,6 +491,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.pruned_export and not args.checkpoint:
         ap.error("--pruned-export needs --checkpoint (the analytic FLOP ratio is computed on the torch models)")
     with one_line_errors(ExportRuntimeError):
+        # every engine (baseline runtimes included) gets the setting export.load's default resolves to here
+        args.ort_spinning = runtime_package.resolve_spinning(args.ort_spinning, args.threads)
         run(args)
 
 
