@@ -87,7 +87,8 @@ def spinning_from_text(text: str) -> bool | str:
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity; os.cpu_count where that cannot be read)."""
+    """The cores this process may run on (its CPU affinity, which taskset and container CPU sets narrow;
+    os.cpu_count where the OS has none, as on macOS)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -96,7 +97,7 @@ def usable_cores() -> int:
 
 def resolve_spinning(spinning: bool | str, threads: int, copies: int = 1) -> bool | str:
     """A concrete `SPINNING` choice for "auto": "shared" where this process already runs onnxruntime on its shared
-    pool (onnxruntime then refuses pools of a session's own), else "decoder" where `copies` sets of sessions with
+    pool (onnxruntime then refuses pools of a session's own), else True where `copies` sets of sessions with
     `threads` intra-op threads each (0: one per core) fit the usable cores — spinning on cores another busy thread
     of ours needs would slow both — else False. Any other choice is returned as it is. Not "shared" by itself: its
     pool is the process's for good (another thread count, or a pool of a session's own, is refused after it)."""
@@ -272,7 +273,6 @@ class OrtBackend:
         if state not in STATES:
             raise ExportRuntimeError(f"state={state!r}: choose one of {list(STATES)} (where a search keeps its caches)")
         spinning = resolve_spinning(spinning, session_threads(manifest, threads))
-        self.spinning = spinning  # the choice the sessions were made with
         if spinning == "shared":
             shared_thread_pool(session_threads(manifest, threads))
         elif _shared_pool_threads:  # onnxruntime's own message would say only "use_per_session_threads must be false"

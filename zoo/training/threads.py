@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from export.runtime.backend import usable_cores  # one home: the runtime's spinning rule counts the same cores
+
 AUTO = "auto"
 KEY = "trainer.threads"
 
@@ -29,14 +31,6 @@ class ThreadChoice:
 
     threads: int
     reason: str
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (affinity mask; os.cpu_count() where the OS has none)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # macOS has no sched_getaffinity
-        return os.cpu_count() or 1
 
 
 def _positive_int(value: object) -> int | None:
