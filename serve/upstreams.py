@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 
 from serve.crash_memory import ANSWERED, BROKE_OFF, UNREACHABLE, CrashMemory
 
+LOG = logging.getLogger("serve.gate")  # gate.log: the operator reads there which replica was lost and why
 DOWN_S = 1.0  # a replica lost by a call is passed over this long (then tried again: restarted ones come back)
 T = TypeVar("T")
 
@@ -103,6 +105,8 @@ class Upstreams:
                 return await send(replica)
             except UpstreamLost as exc:
                 outcome = BROKE_OFF if exc.broke_off else UNREACHABLE
+                if replica.down_until <= time.monotonic():  # the call that lost it, not every one refused after
+                    LOG.warning("replica %d %s (%d calls there): %s", replica.index, outcome, replica.in_flight, exc)
                 raise
             finally:
                 replica.in_flight -= 1

@@ -38,6 +38,7 @@ import export
 from export import runtime as rt
 from serve.bench.floods import post_raw, render, run_flood
 from serve.bench.prices import ROWS, measure, request_kinds
+from serve.gate import GATE_LOG
 from serve.http_infer import MAX_DEPTH
 from serve.log_collapse import CollapsingLog
 from serve.model_config import DEFAULT_PRICES, ModelSettings, RepositoryError
@@ -314,6 +315,8 @@ def test_a_killed_tritonserver_is_restarted_while_the_other_serves(server) -> No
     assert "tritonserver 0 exited with signal SIGKILL (9) without being stopped; restart 1" in log
     assert "tritonserver 0 restarted and ready" in log
     assert "signal SIGKILL" in (state / "crash.1.log").read_text()
+    lost = [line for line in (state / GATE_LOG).read_text().splitlines() if "replica 0 " in line]
+    assert lost and ("unreachable" in lost[0] or "broke off" in lost[0]), lost  # the gate says which and why
     assert json.loads((state / "server.json").read_text())["state"] == "ready"
     assert server.info.pids[1] == server.info.tritons[1].pid and _translate(server, "http")
     assert not _stubs_of(old.shm_prefix)  # the dead server's stubs do not outlive it
@@ -679,6 +682,17 @@ def test_a_request_in_flight_at_two_crashes_is_refused_and_others_are_served(ser
     status, body = _post(server, slow)
     assert status == 503 and b"crashed" in body and b"refused for" in body, body
     assert server.info.pids == pids and _translate(server, "http") and _translate(server, "grpc")
+    _every_replica_serving(server)
+
+
+def _every_replica_serving(server: Server) -> None:
+    """Wait until the supervisor has every replica back ("ready", not "degraded" or "restarting"): a test that
+    crashed them must not hand the next one a server still loading its models (the flood below once started while
+    both replicas were, under a loaded CI machine, and read their "restarting" refusals as the lanes' verdict)."""
+    deadline = time.monotonic() + RESTART_WITHIN_S
+    while server.info.state != "ready":
+        assert time.monotonic() < deadline, f"replicas not all back within {RESTART_WITHIN_S} s: {server.info.state}"
+        time.sleep(0.2)
 
 
 def _translated_within(server: Server, seconds: float) -> None:
@@ -709,6 +723,7 @@ def test_one_client_at_the_cost_cap_leaves_room_in_the_bulk_lanes_for_another(se
         finally:
             connection.close()
 
+    _every_replica_serving(server)  # the lanes are what is measured, not a restart
     heavy = maximum_cost_body()
     bulk = _infer_body(["Hallo Welt."] * 4, {"beam_size": 5, "min_len": 60, "max_len_a": 0.0, "max_len_b": 60})
     flooding = threading.Event()
