@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from serve import child
 from serve.errors import ServeError
 from serve.gate_config import GateConfig
 from serve.gate_grpc import grpc_server
@@ -125,29 +126,20 @@ def _listening(port: int) -> bool:
 
 def start_gate(state: Path, config: GateConfig, detach: bool = False, timeout: float = 30.0) -> subprocess.Popen:
     """Run the gate as a child process (this interpreter) and wait until both its ports listen."""
-    path = state / GATE_CONFIG
+    path, log = state / GATE_CONFIG, state / "gate.stdout.log"
     config.write(path)
-    with (state / "gate.stdout.log").open("ab") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "serve.gate", str(path)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=memory_returning_env(dict(os.environ)),
-            start_new_session=detach,
-            cwd=Path(__file__).resolve().parent.parent,
-        )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            tail = (state / "gate.stdout.log").read_text(errors="replace").strip()[-500:]
-            raise GateError(f"the request gate exited with code {process.returncode} while starting: {tail}")
-        ports = [p for p in (config.http_port, config.grpc_port, config.metrics_port) if p]
-        if all(_listening(port) for port in ports):
-            return process
-        time.sleep(0.1)
-    process.kill()
-    raise GateError(f"the request gate did not listen within {timeout:.0f} s (log: {state / 'gate.stdout.log'})")
+    cmd = [sys.executable, "-m", "serve.gate", str(path)]
+    here = Path(__file__).resolve().parent.parent
+    process = child.spawn(cmd, log, detach, env=memory_returning_env(dict(os.environ)), cwd=here)
+    ports = [p for p in (config.http_port, config.grpc_port, config.metrics_port) if p]
+    outcome = child.wait_until(process, lambda: all(_listening(port) for port in ports), timeout)
+    if outcome == child.EXITED:
+        tail = log.read_text(errors="replace").strip()[-500:]
+        raise GateError(f"the request gate exited with code {process.returncode} while starting: {tail}")
+    if outcome == child.LATE:
+        process.kill()
+        raise GateError(f"the request gate did not listen within {timeout:.0f} s (log: {log})")
+    return process
 
 
 if __name__ == "__main__":

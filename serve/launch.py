@@ -20,6 +20,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from serve import child
 from serve.errors import ServerError
 from serve.server_settings import ServerSettings, TritonPorts, grpc_proxied
 
@@ -216,17 +217,8 @@ def launch_triton(cmd: list[str], log: Path, detach: bool) -> subprocess.Popen:
 
 
 def relaunch_triton(cmd: list[str], log: Path, detach: bool) -> subprocess.Popen:
-    """Run `cmd` appending to `log` (O_APPEND: the supervisor may truncate it in place when it is too big)."""
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=server_env(),
-            start_new_session=detach,
-            cwd=log.parent,
-        )
+    """Run `cmd` appending to `log` (after a crash: the log holds the crashed start's lines above)."""
+    return child.spawn(cmd, log, detach, env=server_env(), cwd=log.parent)
 
 
 def write_admin_key(state: Path) -> str:

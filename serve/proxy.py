@@ -23,13 +23,14 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from serve import child
 from serve.errors import ServeError
 from zoo.data.cache import resolve_cache_dir  # the corpus tools' cache and Debian fetcher (no torch)
 from zoo.data.debian import DebianArchive
@@ -344,57 +345,27 @@ def _launch(
     check = subprocess.run([*cmd, "-t"], capture_output=True, text=True, check=False)
     if check.returncode != 0:
         raise ProxyError(f"nginx rejected its config {conf}: {check.stderr.strip()[-500:]}")
-    with (state / "stdout.log").open("ab") as out:  # O_APPEND: the supervisor truncates it in place when big
-        process = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=detach
+    process = child.spawn(cmd, state / "stdout.log", detach)
+    outcome = child.wait_until(
+        process, lambda: _listening(host, port) and (not grpc or _listening(host, grpc[0])), timeout
+    )
+    if outcome == child.EXITED:
+        log = (state / "error.log").read_text(errors="replace") if (state / "error.log").is_file() else ""
+        raise ProxyError(
+            f"nginx exited with code {process.returncode} while starting on {host}:{port}: {log.strip()[-500:]}"
         )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            log = (state / "error.log").read_text(errors="replace") if (state / "error.log").is_file() else ""
-            raise ProxyError(
-                f"nginx exited with code {process.returncode} while starting on {host}:{port}: {log.strip()[-500:]}"
-            )
-        if _listening(host, port) and (grpc is None or _listening(host, grpc[0])):
-            return process
-        time.sleep(0.1)
-    process.kill()
-    raise ProxyError(f"nginx did not listen on {host}:{port} within {timeout:.0f} s (log: {state / 'error.log'})")
+    if outcome == child.LATE:
+        process.kill()
+        raise ProxyError(f"nginx did not listen on {host}:{port} within {timeout:.0f} s (log: {state / 'error.log'})")
+    return process
 
 
-def stop_proxy(pid: int, state_dir: Path, timeout: float = 10.0) -> None:
+def stop_proxy(pid: int, state_dir: Path, timeout: float = 10.0, process: subprocess.Popen | None = None) -> None:
     """Stop nginx (SIGQUIT: finish requests in flight, then exit; SIGKILL after `timeout`); remove its buffers."""
     try:
-        _signal_until_gone(pid, timeout)
+        child.stop(pid, timeout, process, program="nginx", sig=signal.SIGQUIT)
     finally:
         _remove_buffers(state_dir / PROXY_DIR)
-
-
-def _signal_until_gone(pid: int, timeout: float) -> None:
-    try:
-        os.kill(pid, 3)  # SIGQUIT = graceful shutdown for nginx
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        _reap(pid)
-        time.sleep(0.1)
-    try:
-        os.kill(pid, 9)
-    except ProcessLookupError:
-        return
-
-
-def _reap(pid: int) -> None:
-    """Reap `pid` if it is our exited child (so it does not linger as a zombie that `kill -0` still finds)."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 __all__ = ["ALLOWED_PATHS", "ProxyError", "ProxySettings", "nginx_binary", "nginx_config", "start_proxy", "stop_proxy"]

@@ -18,15 +18,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from serve import child
 from serve.errors import ServerError
 from serve.gate import GATE_LOG, start_gate
 from serve.gate_config import GateConfig
@@ -45,17 +44,10 @@ from serve.server_settings import Ports, ServerSettings, free_udp_port, pick_por
 from serve.shm import clean_stale_shm, kill_stubs, remove_shm
 from serve.state_lock import StateLock, StateLocked, acquire, request_stop
 from serve.supervisor import PROXY_LOG_BYTES, SERVER_LOG_BYTES, Supervisor
-from serve.triton_replica import (
-    TritonInfo,
-    TritonReplica,
-    fresh_shm_prefix,
-    http_get,
-    is_tritonserver,
-    pid_alive,
-    stop_pid,
-)
+from serve.triton_replica import TritonInfo, TritonReplica, fresh_shm_prefix, http_get
 
 STATE_FILE = "server.json"
+TRITON = "tritonserver"  # what a replica's command line names: a pid that no longer runs it is never signalled
 
 
 @dataclass
@@ -148,7 +140,7 @@ def claim_state_dir(repo: Path, state_dir: str | Path | None) -> tuple[Path, Sta
     except StateLocked as exc:
         raise ServerError(str(exc)) from None
     previous = read_info(state)
-    running = [pid for pid in previous.pids if pid_alive(pid) and is_tritonserver(pid)] if previous else []
+    running = [pid for pid in previous.pids if child.pid_alive(pid) and child.runs(pid, TRITON)] if previous else []
     if previous and running:
         lock.release()
         raise ServerError(
@@ -370,7 +362,7 @@ class Server:
         """Whether any of its tritonservers runs."""
         if self.replicas:
             return any(r.alive() for r in self.replicas)
-        return any(pid_alive(pid) for pid in self.info.pids)
+        return any(child.pid_alive(pid) for pid in self.info.pids)
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """The supervisor first (nothing is restarted; from another process: the stop marker), the proxy (no new
@@ -383,15 +375,13 @@ class Server:
         if self.supervisor is not None:
             self.supervisor.stop(timeout)
         if self.info.proxy_pid:
-            stop_proxy(self.info.proxy_pid, state)
-            if self.proxy_process is not None:
-                self.proxy_process.wait(timeout)
+            stop_proxy(self.info.proxy_pid, state, process=self.proxy_process)
         if self.info.gate_pid:
-            stop_gate(self.info.gate_pid, self.gate_process)
+            child.stop(self.info.gate_pid, 10.0, self.gate_process, program="serve.gate")
         if self.replicas:
             codes = [r.stop(timeout) for r in self.replicas]
         else:  # stopped from another process (serve.stop): what server.json records
-            codes = [stop_pid(t.pid, timeout) for t in self.info.tritons]
+            codes = [child.stop(t.pid, timeout, program=TRITON) for t in self.info.tritons]
             for t in self.info.tritons:
                 kill_stubs(t.shm_prefix)
                 remove_shm(t.shm_prefix)
@@ -422,27 +412,6 @@ def admin_headers(info: ServerInfo, protocol: str = "http") -> dict[str, str]:
             f"cannot read the admin key {info.admin_key_file} ({exc}); run as the user who started the server"
         ) from exc
     return {GRPC_ADMIN_HEADER if protocol == "grpc" else ADMIN_HEADER: key}
-
-
-def stop_gate(pid: int, process: subprocess.Popen | None = None, timeout: float = 10.0) -> None:
-    """SIGTERM to the gate (SIGKILL after `timeout`); a pid no longer running `serve.gate` is never signalled."""
-    if process is None:
-        try:
-            if b"serve.gate" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-                return
-        except OSError:
-            return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (process.poll() is not None) if process is not None else not pid_alive(pid):
-            return
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    if process is not None:
-        process.wait(5)
 
 
 def read_info(state_dir: Path) -> ServerInfo | None:

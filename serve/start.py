@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from types import FrameType
 
 import hydra
 from omegaconf import DictConfig
 
+from serve import child
 from serve.errors import ServeError, ServerError
 from serve.launch import ADMIN_HEADER, RESTRICTED_APIS
 from serve.proxy import ProxySettings
@@ -73,25 +72,19 @@ def run_in_background(cfg: DictConfig, argv: list[str]) -> None:
     state = Path(cfg.state_dir).resolve() if cfg.state_dir else state_dir_for(Path(cfg.repo))
     state.mkdir(parents=True, exist_ok=True)
     log = state / LAUNCHER_LOG
+    log.write_bytes(b"")  # this launch's output only: an earlier launcher's READY must not count
     args = [a for a in argv if not a.startswith(("detach=", "+detach=", "++detach="))]
-    with log.open("wb") as out:
-        launcher = subprocess.Popen(
-            [sys.executable, "-m", "serve.start", *args, "detach=false"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + float(cfg.timeout_s) + 60
-    while time.monotonic() < deadline:
-        text = log.read_text(errors="replace")
-        if READY in text:
-            print(text.rstrip() + f"\n  supervised by pid {launcher.pid} (output: {log})", flush=True)
-            return
-        if launcher.poll() is not None:
-            lines = [ln for ln in text.splitlines() if ln.strip()]
-            raise ServerError(lines[-1].removeprefix("error: ") if lines else f"serve.start exited ({log})")
-        time.sleep(0.2)
+    launcher = child.spawn([sys.executable, "-m", "serve.start", *args, "detach=false"], log, detach=True)
+    outcome = child.wait_until(
+        launcher, lambda: READY in log.read_text(errors="replace"), cfg.timeout_s + 60, every=0.2
+    )
+    text = log.read_text(errors="replace")
+    if outcome == child.READY or READY in text:
+        print(text.rstrip() + f"\n  supervised by pid {launcher.pid} (output: {log})", flush=True)
+        return
+    if outcome == child.EXITED:
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        raise ServerError(lines[-1].removeprefix("error: ") if lines else f"serve.start exited ({log})")
     raise ServerError(f"the background serve.start (pid {launcher.pid}) did not report ready; see {log}")
 
 

@@ -9,17 +9,15 @@ the server stops each replica with its stubs and regions.
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
-import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from serve import child
 from serve.errors import ServerError
 from serve.launch import SHM_PREFIX_ARG, launch_triton, log_errors, relaunch_triton
 from serve.server_settings import TritonPorts
@@ -50,26 +48,6 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
             return r.status, r.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):  # a zombie (exited, not yet reaped) is not alive
-        if Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z"):
-            return False
-    return True
-
-
-def is_tritonserver(pid: int) -> bool:
-    try:
-        return "tritonserver" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
 
 
 class TritonReplica:
@@ -122,46 +100,21 @@ class TritonReplica:
 
     def wait_ready(self, timeout: float, cancelled: Callable[[], bool] | None = None) -> None:
         """Poll readiness; if the process dies, raise with Triton's own reason from its log."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if cancelled is not None and cancelled():
-                raise ServerError("interrupted while waiting for tritonserver to become ready; stopped it")
-            if self.process is not None and self.process.poll() is not None:
-                raise ServerError(
-                    f"{self.name} exited with code {self.process.returncode} while starting "
-                    f"(log: {self.log}):\n{log_errors(self.log)}"
-                )
-            if self.ready():
-                return
-            time.sleep(0.25)
-        raise ServerError(f"{self.name} was not ready after {timeout:.0f} s (log: {self.log}):\n{log_errors(self.log)}")
+        assert self.process is not None
+        outcome = child.wait_until(self.process, self.ready, timeout, cancelled, every=0.25)
+        if outcome == child.READY:
+            return
+        if outcome == child.CANCELLED:
+            raise ServerError("interrupted while waiting for tritonserver to become ready; stopped it")
+        late = f"was not ready after {timeout:.0f} s"
+        why = f"exited with code {self.process.returncode} while starting" if outcome == child.EXITED else late
+        raise ServerError(f"{self.name} {why} (log: {self.log}):\n{log_errors(self.log)}")
 
     def stop(self, timeout: float) -> int | None:
         """SIGTERM (Triton unloads its models and exits), SIGKILL after `timeout`; then its stubs and shm regions,
         of this start and of every earlier one, are removed."""
-        code = stop_pid(self.process.pid, timeout, self.process) if self.process is not None else None
+        code = child.stop(self.process.pid, timeout, self.process) if self.process is not None else None
         for prefix in (*self.old_prefixes, self.shm_prefix):
             kill_stubs(prefix)  # none outlives its server
             remove_shm(prefix)
         return code
-
-
-def stop_pid(pid: int, timeout: float, process: subprocess.Popen | None = None) -> int | None:
-    """SIGTERM, SIGKILL after `timeout`; a pid no longer running tritonserver is never signalled."""
-    if process is None and not (pid_alive(pid) and is_tritonserver(pid)):
-        return None  # gone already (or the pid was reused by something else: never signal that)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None:
-            if process.poll() is not None:
-                return process.returncode
-        elif not pid_alive(pid):
-            return 0
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    if process is not None:
-        return process.wait(10)
-    return -9
