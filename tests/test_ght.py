@@ -463,6 +463,61 @@ def test_ght_ps_resume_across_stage_boundary_is_exact(ght_ps_fast, tmp_path, smo
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
+# the vote at a probe and validation update, after one validation (best.pt) and with the pre-vote interval
+# checkpoint among those the end averages: every piece of state the branch point must carry is exercised
+BRANCHED = [
+    "trainer.max_updates=30",
+    "trainer.validate_every=10",
+    "trainer.average_last=3",
+    "model.ght.check_every=10",
+    "model.ght.vote_at=20",
+    "evaluate_test=false",
+]
+GHT_AS_GHT_PS = ["model.ght.alpha=0.5", "model.ght.beta=0.7", "model.ght.feature_map=O"]  # ght_ps.yaml's GCT options
+
+
+@pytest.fixture(scope="module")
+def ght_at_ps_options(tmp_path_factory, smoke_corpus) -> Path:
+    """A GHT run with GHT-PS's GCT options, past the update where that GHT-PS votes (its branch point)."""
+    root = tmp_path_factory.mktemp("ght_branch")
+    return Path(train(compose_train(smoke_overrides("ght", smoke_corpus, root) + BRANCHED + GHT_AS_GHT_PS))["run_dir"])
+
+
+def test_ght_ps_branched_from_a_ght_run_equals_ght_ps_trained_from_scratch(ght_at_ps_options, tmp_path, smoke_corpus):
+    """Issue 85: GHT-PS's first vote_at of updates are GHT's, so a GHT-PS started at a GHT run's branch point must
+    be the GHT-PS trained from scratch, bit for bit: the head plan, every checkpoint's weights, and every validation
+    row of metrics.csv (the vote falls on a probe and validation update here)."""
+    scratch = train(compose_train(smoke_overrides("ght_ps", smoke_corpus, tmp_path / "scratch") + BRANCHED))
+    branch = f"branch_from={ght_at_ps_options}"
+    branched = train(compose_train([*smoke_overrides("ght_ps", smoke_corpus, tmp_path / "branch"), *BRANCHED, branch]))
+    assert branched["head_plan"] == scratch["head_plan"] and branched["updates"] == scratch["updates"] == 30
+    a, b = Path(scratch["run_dir"]) / "checkpoints", Path(branched["run_dir"]) / "checkpoints"
+    files = sorted(p.name for p in a.glob("*.pt"))
+    assert files == sorted(p.name for p in b.glob("*.pt")) and {"avg.pt", "best.pt", "voted.pt"} <= set(files)
+    for name in files:
+        x, y = _ckpt(a / name), _ckpt(b / name)
+        assert all(torch.equal(x["model"][k], y["model"][k]) for k in x["model"]), name
+
+    def validations(run: dict) -> list[tuple[str, str]]:
+        rows = (Path(run["run_dir"]) / "metrics.csv").read_text().splitlines()
+        header = rows[0].split(",")
+        at = header.index("valid_loss")
+        return [(r.split(",")[0], r.split(",")[at]) for r in rows[1:] if r.split(",")[at]]
+
+    assert validations(branched) == validations(scratch) and len(validations(scratch)) == 3
+
+
+def test_branch_from_refuses_a_ght_run_of_other_settings(ght_at_ps_options, tmp_path, smoke_corpus) -> None:
+    from zoo.train import UsageError
+
+    overrides = smoke_overrides("ght_ps", smoke_corpus, tmp_path) + BRANCHED + [f"branch_from={ght_at_ps_options}"]
+    with pytest.raises(UsageError, match=r"model\.ght\.beta: 0\.7 there, 0\.5 here"):
+        train(compose_train([*overrides, "model.ght.beta=0.5"]))
+    with pytest.raises(UsageError, match="not a run directory"):
+        train(compose_train([*overrides[:-1], f"branch_from={tmp_path}"]))
+    assert not list(tmp_path.glob("*/*/metrics.csv"))  # refused before a run directory was written
+
+
 def test_init_from_ght_starts_at_voting(tmp_path, smoke_corpus) -> None:
     ght = train(
         compose_train(

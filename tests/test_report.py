@@ -492,6 +492,22 @@ def test_an_uptrained_variant_starts_from_its_source_entrys_run_of_the_same_seed
     assert "+model=gqa" in cmd and cmd.index("model.name=gqa_up") < cmd.index("trainer.max_updates=5")
 
 
+def test_a_branched_variant_goes_on_from_its_ght_runs_branch_point_where_it_has_one(tmp_path: Path) -> None:
+    """Issue 85: `{entry: ght_ps, branch_from: ght}` starts GHT-PS at the vote from the GHT run of the same seed when
+    that run (finished or not) kept its branch point; without one it trains from scratch (the same run)."""
+    from zoo.report.training import train_command
+
+    suite = _suite(variants={"ps": {"entry": "ght_ps", "overrides": [], "branch_from": "ght"}}, entries=["ght", "ps"])
+    assert not any(a.startswith("branch_from=") for a in train_command(tmp_path, suite, "ps", 1))
+    run = tmp_path / "runs" / "seed1" / "ght-deen" / "20261207-000000"
+    (run / "checkpoints" / "branch_point").mkdir(parents=True)
+    (run / "config.yaml").write_text("model:\n  name: ght\n")
+    assert not any(a.startswith("branch_from=") for a in train_command(tmp_path, suite, "ps", 1))  # not reached
+    (run / "checkpoints" / "branch_point" / "state.pt").write_bytes(b"")
+    assert train_command(tmp_path, suite, "ps", 1)[-1] == f"branch_from={run}"
+    assert not any(a.startswith("branch_from=") for a in train_command(tmp_path, suite, "ps", 2))  # another seed
+
+
 def _suite(**changes):
     from omegaconf import OmegaConf
 
@@ -517,6 +533,14 @@ def _suite(**changes):
             "model.<key>=<value>, trainer.precision",
         ),
         ({"variants": {"up": {"entry": "gqa", "init_from": "transformer"}}}, "gives both init_from"),
+        (
+            {"variants": {"ps": {"entry": "ght_ps", "branch_from": "ght", "init_from": "ght", "updates": 5}}},
+            "init_from and branch_from both given",
+        ),
+        (
+            {"variants": {"ps": {"entry": "ght_ps", "branch_from": "ght"}}, "entries": ["ps", "ght"]},
+            "branch_from='ght' must be an entry of suite.entries listed before ps",
+        ),
         (
             {"variants": {"up": {"entry": "gqa", "init_from": "fixhead", "updates": 5}}, "entries": ["up", "fixhead"]},
             "init_from='fixhead' must be an entry of suite.entries listed before up",

@@ -33,11 +33,13 @@ from zoo.decoding.evaluation import evaluate_examples
 from zoo.entries import entry_model_config, missing_model_message
 from zoo.errors import ZooError, one_line_errors
 from zoo.flops import format_size_summary, size_summary
+from zoo.ght.branch import check_branch
 from zoo.ght.options import GHTOptions
 from zoo.ght.procedure import GHTProcedure
 from zoo.model import ModelConfig, Transformer, build_model
 from zoo.pretrained import Pretrained, load_pretrained, read_init, write_init
 from zoo.runs import DONE_MARKER, RunBusyError, lock_run_dir, new_run_dir, resolve_resume, write_provenance
+from zoo.training import branch_point
 from zoo.training import distributed as dist
 from zoo.training.allocator import cpu_allocator
 from zoo.training.config import TrainerConfig
@@ -241,6 +243,11 @@ def _check_options(cfg: DictConfig) -> Pretrained | None:
     settings are checked by TrainerConfig before this); returns init='s checkpoint for a new run."""
     if "name" in cfg.model:
         entry_procedure(cfg, started_from_weights=False)
+    if cfg.get("branch_from") and cfg.resume in (None, False):
+        try:
+            check_branch(cfg)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
     search_config(cfg)  # bad generation settings (SearchError), which only the test evaluation reads
     if not cfg.get("init") or cfg.resume not in (None, False):  # a resumed run goes on from its own directory
         return None
@@ -352,6 +359,12 @@ def _trainer(
     )
     if resuming:
         trainer.load_resume(run_dir / "checkpoints" / "last.pt")
+    elif cfg.get("branch_from"):
+        try:
+            branch_point.load(trainer, check_branch(cfg))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+        log.info("branched from %s at update %d", cfg.branch_from, trainer.state.step)
     return trainer
 
 

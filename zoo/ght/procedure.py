@@ -21,6 +21,7 @@ from zoo.ght.kmeans import group_means, kmeans
 from zoo.ght.options import GHTOptions, Stage
 from zoo.ght.voting import fixed_groups, head_votes, plot_votes, select_heads
 from zoo.model import Transformer
+from zoo.training import branch_point
 from zoo.training import distributed as dist
 from zoo.training.optim import budget_reached
 from zoo.training.procedure import Procedure
@@ -50,6 +51,7 @@ class GHTProcedure(Procedure):
         self.final_groups: dict[str, list[int]] = {}  # the groups that voted
         self.groups_source = ""
         self.voting_seconds = 0.0
+        self.branched_at = 0  # GHT: the update whose state it kept as its branch point (0: not reached yet)
 
     # ------------------------------------------------------------------ wiring
     def bind(self, trainer: Trainer) -> None:
@@ -174,30 +176,37 @@ class GHTProcedure(Procedure):
         self.step = trainer.state.step
         if self.stage != Stage.GCT:
             return
+        spent = self._vote_budget_spent(trainer)
+        if spent and not self.options.prune and not self.branched_at:
+            # where a GHT-PS of these options votes: the state before this update's probe, for its branch_from=
+            self.branched_at = self.step
+            branch_point.save(trainer, trainer.ckpt_dir / branch_point.FOLDER)
         checked = self.step % self.options.check_every == 0
         if checked:
             self._probe(trainer)
         if not self.options.prune:
             return
-        # a fractional vote_at is a fraction of the budget, by the trainer's own rule: on the CPU preset the budget
-        # that ends training is wall time (max_minutes), not max_updates — without it GCT never reaches voting there
-        vote_at, cfg = self.options.vote_at, trainer.cfg
-        spent = (
-            ("max_updates" if self.step >= vote_at else "")
-            if vote_at >= 1
-            else budget_reached(vote_at, self.step, cfg.max_updates, trainer.state.elapsed_s, cfg.max_minutes or 0)
-        )
+        vote_at = self.options.vote_at
         if self.options.vote_trigger == "converged" and self.converged_checks >= self.options.patience:
             why = "trained groups' centres converged on the probe batch"
         elif spent == "max_updates":
             why = f"reached vote_at={vote_at}"
         elif spent == "max_minutes":
-            why = f"reached vote_at={vote_at} of max_minutes={cfg.max_minutes or 0}"
+            why = f"reached vote_at={vote_at} of max_minutes={trainer.cfg.max_minutes or 0}"
         else:
             return
         log.info("GCT stage ends at update %d (%s): Voting-to-Stay", self.step, why)
         self.trigger = why
         self._vote(trainer)
+
+    def _vote_budget_spent(self, trainer: Trainer) -> str:
+        """Which budget says it is time to vote ("max_updates", "max_minutes", or ""). A fractional vote_at is a
+        fraction of the budget, by the trainer's own rule: on the CPU preset the budget that ends training is wall
+        time (max_minutes), not max_updates — without it GCT never reaches voting there."""
+        vote_at, cfg = self.options.vote_at, trainer.cfg
+        if vote_at >= 1:
+            return "max_updates" if self.step >= vote_at else ""
+        return budget_reached(vote_at, self.step, cfg.max_updates, trainer.state.elapsed_s, cfg.max_minutes or 0)
 
     def stop_reason(self, trainer: Trainer) -> str:
         fp = self.options.finetune_patience
@@ -406,6 +415,7 @@ class GHTProcedure(Procedure):
             "plan": self.plan,
             "votes": self.votes,
             "step": self.step,
+            "branched_at": self.branched_at,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -426,6 +436,7 @@ class GHTProcedure(Procedure):
         self.plan = {k: list(v) for k, v in state["plan"].items()}
         self.votes = {k: list(v) for k, v in state["votes"].items()}
         self.step = state["step"]
+        self.branched_at = state.get("branched_at", 0)
         if self.plan:
             self._apply_plan(self.trainer.bare)  # weights already restored: re-arm the freeze
         self._set_capture(self.stage == Stage.GCT)

@@ -56,13 +56,16 @@ class SpeedSetting:
 class Variant:
     """A sweep point: `entry` trained with `overrides` (model.* keys, trainer.precision / lr_schedule), recorded
     under `name`; an uptrained one starts from the finished run of `init_from` (an entry of the suite, the same seed)
-    and trains `updates` more (e.g. GQA from a trained transformer, its key/value heads mean-pooled)."""
+    and trains `updates` more (e.g. GQA from a trained transformer, its key/value heads mean-pooled); a GHT-PS one
+    with `branch_from` goes on from that GHT entry's run of the same seed at its vote where this machine has it
+    (zoo/ght/branch.py: the same run as from scratch, which it is trained as otherwise)."""
 
     name: str
     entry: str
     overrides: tuple[str, ...]
     init_from: str | None = None
     updates: int | None = None
+    branch_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -243,11 +246,12 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
         raise SuiteError("suite.entries lists an entry twice")
     for v in variants.values():
         listed = raw["entries"]
-        if v.init_from and v.name in listed and v.init_from not in listed[: listed.index(v.name)]:
-            raise SuiteError(
-                f"suite.variants.{v.name}: init_from={v.init_from!r} must be an entry of suite.entries listed before "
-                f"{v.name} (its run of the same seed is trained first)"
-            )
+        for key, source in (("init_from", v.init_from), ("branch_from", v.branch_from)):
+            if source and v.name in listed and source not in listed[: listed.index(v.name)]:
+                raise SuiteError(
+                    f"suite.variants.{v.name}: {key}={source!r} must be an entry of suite.entries listed before "
+                    f"{v.name} (its run of the same seed is trained first)"
+                )
     seeds = tuple(int(s) for s in raw["seeds"])
     if len(set(seeds)) != len(seeds):
         raise SuiteError(f"suite.seeds={list(seeds)} repeats a seed")
@@ -372,7 +376,11 @@ def _variants(raw: dict[str, Any], entries_on_file: list[str]) -> dict[str, Vari
                 f"before it> and updates: <a positive number of further updates>; got init_from={init_from!r}, "
                 f"updates={updates!r}"
             )
-        out[str(name)] = Variant(str(name), str(spec["entry"]), overrides, init_from, updates)
+        branch_from = spec.get("branch_from")
+        if branch_from is not None and init_from is not None:
+            raise SuiteError(f"suite.variants.{name}: init_from and branch_from both given; a variant starts from one")
+        branch = None if branch_from is None else str(branch_from)
+        out[str(name)] = Variant(str(name), str(spec["entry"]), overrides, init_from, updates, branch)
     return out
 
 

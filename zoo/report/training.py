@@ -19,6 +19,7 @@ from zoo.errors import ZooError
 from zoo.report.records import adopt_shared_record, missing_records, shared_record, write_record_from_run
 from zoo.report.suite import Suite
 from zoo.runs import DONE_MARKER
+from zoo.training.branch_point import FOLDER, STATE
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,15 @@ def train_command(report_dir: Path, suite: Suite, entry: str, seed: int) -> list
     elif (variant := suite.variants.get(entry)) and variant.init_from:
         source = finished_run(report_dir, variant.init_from, seed)
         cmd.append(f"init_from={source if source else f'<{variant.init_from} seed {seed} run: trained first>'}")
+    elif variant and variant.branch_from and (source := branch_source(report_dir, variant.branch_from, seed)):
+        cmd.append(f"branch_from={source}")
     return cmd
+
+
+def branch_source(report_dir: Path, entry: str, seed: int) -> Path | None:
+    """Newest run of (entry, seed), finished or not, that has kept its branch point (a GHT past its vote update)."""
+    kept = [d for d in _runs_of(report_dir, entry, seed) if (d / "checkpoints" / FOLDER / STATE).is_file()]
+    return kept[-1] if kept else None
 
 
 def run_training(

@@ -8,7 +8,6 @@ torch RNG (dropout) is saved with the optimizer and scheduler in `last.pt`; and 
 from __future__ import annotations
 
 import contextlib
-import csv
 import logging
 import math
 import time
@@ -30,6 +29,7 @@ from zoo.metrics import output_stats
 from zoo.model import Transformer
 from zoo.plots import plot_learning_curve
 from zoo.training import distributed as dist
+from zoo.training import metrics_log
 from zoo.training.config import TrainerConfig
 from zoo.training.optim import (
     LR_SCHEDULES,
@@ -51,22 +51,6 @@ log = logging.getLogger("zoo.train")
 
 # the labelled phases of `Trainer.update`, in order (zoo.step_profile attributes every op to one of them)
 PHASES = ("collate", "forward", "loss", "aux_loss", "backward", "optimizer")
-
-
-CSV_FIELDS = [
-    "step",
-    "epoch",
-    "elapsed_s",
-    "lr",
-    "train_loss",
-    "train_nll",
-    "tokens_per_s",
-    "valid_loss",
-    "valid_nll",
-    "valid_ppl",
-    "valid_quality",
-    "valid_distinct",
-]
 
 
 @dataclass
@@ -146,6 +130,7 @@ class Trainer:
             seed=cfg.seed,
         )
         self.state = TrainState()
+        self.after_update_pending = False  # load_resume of a branch point sets it
         self.search = Search.from_generation(
             {"beam_size": 1, "max_len_a": cfg.valid_max_len_a, "max_len_b": cfg.valid_max_len_b}
         )
@@ -169,8 +154,11 @@ class Trainer:
         return budget_left(step, cfg.warmup_updates, cfg.max_updates, st.elapsed_s, cfg.max_minutes, st.warmup_end_s)
 
     # ------------------------------------------------------------------ state I/O
-    def load_resume(self, path: Path) -> None:
-        payload = load_checkpoint(path)
+    def load_resume(self, path: Path, payload: dict[str, Any] | None = None) -> None:
+        """Continue from `path`'s state: last.pt, or a branch point's (zoo.training.branch_point), whose update
+        still has its after-update work (the procedure's stage change, validation) to do when fit() starts."""
+        payload = payload or load_checkpoint(path)
+        self.after_update_pending = bool(payload.get("after_update_pending"))
         self.bare.load_state_dict(payload["model"])
         self.bare.cfg.head_plan = {k: list(v) for k, v in payload["model_config"].get("head_plan", {}).items()}
         self.optimizer.load_state_dict(payload["optimizer"])
@@ -178,7 +166,8 @@ class Trainer:
         self.state = TrainState(**payload["train_state"])
         torch.set_rng_state(payload["rng"]["torch"])
         self.procedure.load_state_dict(payload.get("procedure", {}))
-        self._truncate_metrics(self.state.step)
+        if dist.is_main():
+            metrics_log.truncate(self.run_dir / "metrics.csv", self.state.step)
         log.info(
             "resumed %s at update %d (epoch %d, batch %d)",
             path,
@@ -186,17 +175,6 @@ class Trainer:
             self.state.epoch,
             self.state.batch_in_epoch,
         )
-
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop metric rows written after the checkpoint we resume from (they will be redone)."""
-        path = self.run_dir / "metrics.csv"
-        if not dist.is_main() or not path.exists():
-            return
-        rows = [r for r in csv.DictReader(path.open()) if int(r["step"]) <= step]
-        with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, CSV_FIELDS)
-            writer.writeheader()
-            writer.writerows(rows)
 
     def model_payload(self, weights: dict[str, Tensor] | None = None) -> dict[str, Any]:
         """What a model checkpoint holds (weights, config, tokenizer, step): for best.pt and stage checkpoints."""
@@ -207,13 +185,15 @@ class Trainer:
             "step": self.state.step,
         }
 
-    def save_last(self) -> None:
-        """Write last.pt: everything `resume=` needs (optimizer, scheduler, RNG, the procedure's stage)."""
+    def save_last(self, path: Path | None = None, pending: bool = False) -> None:
+        """Write last.pt (or `path`): everything `resume=` needs (optimizer, scheduler, RNG, the procedure's stage);
+        `pending`: written before this update's after-update work, which load_resume then leaves to fit()."""
         if not dist.is_main():
             return
         save_checkpoint(
-            self.ckpt_dir / "last.pt",
+            path or self.ckpt_dir / "last.pt",
             {
+                "after_update_pending": pending,
                 **self.model_payload(),
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
@@ -349,12 +329,14 @@ class Trainer:
     def fit(self) -> TrainState:
         cfg = self.cfg
         csv_path = self.run_dir / "metrics.csv"
-        if dist.is_main() and not csv_path.exists():
-            with csv_path.open("w", newline="") as f:
-                csv.DictWriter(f, CSV_FIELDS).writeheader()
+        if dist.is_main():
+            metrics_log.start(csv_path)
         shown = dist.is_main() and cfg.progress
         bar = TrainingBar(self.state.step, self.state.elapsed_s, cfg.max_updates, cfg.max_minutes, shown)
         self.procedure.on_start(self)
+        if self.after_update_pending:  # started from a branch point: its update's after-update work comes first
+            self.after_update_pending = False
+            self._after_update(csv_path, False)
         monitor = ThroughputMonitor(contention_hint(self.device.type, usable_cores(), torch.get_num_threads()))
         postfix: dict[str, str] = {}
         window: list[dict[str, float]] = []
@@ -463,9 +445,7 @@ class Trainer:
             "elapsed_s": round(self.state.elapsed_s, 1),
             "lr": self.scheduler.get_last_lr()[0],
         }
-        row.update({k: v for k, v in values.items() if k in CSV_FIELDS})
-        with csv_path.open("a", newline="") as f:
-            csv.DictWriter(f, CSV_FIELDS).writerow(row)
+        metrics_log.append(csv_path, {**row, **values})
 
     def average(self) -> Path | None:
         """avg.pt = mean weights of the last `average_last` interval checkpoints (≥ 2 needed)."""
