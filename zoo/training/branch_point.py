@@ -33,7 +33,7 @@ def save(trainer: Trainer, folder: Path) -> None:
         if (trainer.ckpt_dir / name).is_file():
             shutil.copyfile(trainer.ckpt_dir / name, folder / name)
     for log in [trainer.run_dir / "metrics.csv", *trainer.run_dir.rglob("*.jsonl")]:
-        if log.is_file():
+        if log.is_file() and trainer.ckpt_dir not in log.parents:
             (folder / "logs" / log.relative_to(trainer.run_dir)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(log, folder / "logs" / log.relative_to(trainer.run_dir))
 
