@@ -687,8 +687,7 @@ def test_a_request_in_flight_at_two_crashes_is_refused_and_others_are_served(ser
 
 def _every_replica_serving(server: Server) -> None:
     """Wait until the supervisor has every replica back ("ready", not "degraded" or "restarting"): a test that
-    crashed them must not hand the next one a server still loading its models (the flood below once started while
-    both replicas were, under a loaded CI machine, and read their "restarting" refusals as the lanes' verdict)."""
+    crashed them must not hand the next one a server still loading its models."""
     deadline = time.monotonic() + RESTART_WITHIN_S
     while server.info.state != "ready":
         assert time.monotonic() < deadline, f"replicas not all back within {RESTART_WITHIN_S} s: {server.info.state}"
@@ -706,12 +705,28 @@ def _translated_within(server: Server, seconds: float) -> None:
             time.sleep(0.2)
 
 
-def test_one_client_at_the_cost_cap_leaves_room_in_the_bulk_lanes_for_another(server) -> None:
+@pytest.fixture
+def own_server(exported, tmp_path) -> Iterator[Server]:
+    """A server of its own, as `server` is configured: what the module's earlier tests leave in theirs (the gate's
+    crash memory of requests in flight at their injected crashes, replicas still restarting, calls still running
+    inside Triton) must not decide a test about the lanes."""
+    repo = tmp_path / "repo"
+    write_repository([exported("transformer")[0]], repo, ModelSettings(threads=1, instance_count=2, max_batch_size=16))
+    srv = Server.start(repo, http_port=0, grpc_port=0, metrics_port=0)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_one_client_at_the_cost_cap_leaves_room_in_the_bulk_lanes_for_another(own_server) -> None:
     """Issue 84: one client keeping 40 maximum-cost requests in flight filled every bulk lane, and every other bulk
     request was refused (503, busy). A client now holds at most half of a lane's room and the bulk lane takes the
     clients in turn: client `b`'s bulk requests are answered while `a` floods — and `a` is refused its excess."""
     from serve.bench.floods import _infer_body, maximum_cost_body
     from serve.proxy import CLIENT_KEY_HEADER
+
+    server = own_server
 
     def post(body: bytes, key: str) -> int:
         connection = http.client.HTTPConnection(*server.info.http_url.rsplit(":", 1), timeout=120)
@@ -723,7 +738,6 @@ def test_one_client_at_the_cost_cap_leaves_room_in_the_bulk_lanes_for_another(se
         finally:
             connection.close()
 
-    _every_replica_serving(server)  # the lanes are what is measured, not a restart
     heavy = maximum_cost_body()
     bulk = _infer_body(["Hallo Welt."] * 4, {"beam_size": 5, "min_len": 60, "max_len_a": 0.0, "max_len_b": 60})
     flooding = threading.Event()
