@@ -33,7 +33,7 @@ from zoo.decoding.evaluation import evaluate_examples
 from zoo.entries import entry_model_config, missing_model_message
 from zoo.errors import ZooError, one_line_errors
 from zoo.flops import format_size_summary, size_summary
-from zoo.ght.branch import check_branch
+from zoo.ght.branch import check_branch, point_of
 from zoo.ght.options import GHTOptions
 from zoo.ght.procedure import GHTProcedure
 from zoo.model import ModelConfig, Transformer, build_model
@@ -359,9 +359,9 @@ def _trainer(
     )
     if resuming:
         trainer.load_resume(run_dir / "checkpoints" / "last.pt")
-    elif cfg.get("branch_from"):
+    elif cfg.get("branch_from"):  # checked by _check_options before the run directory was made
         try:
-            branch_point.load(trainer, check_branch(cfg))
+            branch_point.load(trainer, point_of(Path(str(cfg.branch_from))))
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
         log.info("branched from %s at update %d", cfg.branch_from, trainer.state.step)

@@ -59,7 +59,7 @@ def check_branch(cfg: DictConfig) -> Path:
     if cfg.get("init") or cfg.get("init_from"):
         raise ValueError("branch_from= and init=/init_from= both given: a branch starts from the GHT run's state")
     run = Path(str(cfg.branch_from))
-    point = run / "checkpoints" / FOLDER
+    point = point_of(run)
     if not (run / "config.yaml").is_file():
         raise ValueError(f"branch_from={run}: not a run directory (no config.yaml); give the GHT run's directory")
     if not (point / STATE).is_file():
@@ -75,6 +75,11 @@ def check_branch(cfg: DictConfig) -> Path:
             f"({shown}); branch from a GHT run of the same seed, data, budget and GCT options"
         )
     return point
+
+
+def point_of(run: Path) -> Path:
+    """Where a GHT run keeps its branch point."""
+    return run / "checkpoints" / FOLDER
 
 
 def _flat(node: Any) -> dict[str, Any]:
