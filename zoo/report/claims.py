@@ -48,6 +48,7 @@ import numpy as np
 
 from zoo.metrics import bleu_from_stats
 from zoo.report.run_state import budget, climbing, compaction, degenerate_outputs, pairing
+from zoo.report.second_look import DECIDED, PENDING, STOPPED, TAKEN, SecondLook
 from zoo.report.stats import FAILS, HOLDS, INCONCLUSIVE, TwoComponents, holm, holm_levels, t_quantile
 from zoo.report.suite import Claim, Suite
 from zoo.report.verdict import HINT_MAX_SEEDS, MIN_SEEDS, Decide, Verdict
@@ -179,18 +180,35 @@ class Question:
     test: DeltaTest | None = None
     margin: float | None = None
     degenerate: str | None = None  # why the outputs cannot carry a verdict ("degenerate outputs (…)")
+    second: DeltaTest | None = None  # over look 1's and the second look's seeds, once every one is paired
 
 
-def judge(questions: Sequence[Question], alpha: float = ALPHA) -> list[Verdict]:
+@dataclass(frozen=True)
+class _Tested:
+    """A tested claim before Holm: its p (p* under a second look), side, the look whose test carries the interval,
+    the looks' own p-values and the second look's status."""
+
+    p: float
+    side: str
+    look: int = 1
+    looks: tuple[float, ...] = ()
+    status: str | None = None
+
+
+def judge(questions: Sequence[Question], alpha: float = ALPHA, design: SecondLook | None = None) -> list[Verdict]:
     """The verdicts of one Holm family (one paper's claims in a suite): the claims with ≥ MIN_SEEDS seeds and
-    outputs that depend on their inputs are tested; a definite verdict needs the adjusted p below α."""
+    outputs that depend on their inputs are tested; a definite verdict needs the adjusted p below α. Under a
+    declared second look (`design`) each claim's p is its p* over the looks it took (zoo/report/second_look.py)."""
     tested = {
-        i: q.test
+        i: decision_p(q.test, q.expect, q.margin)
         for i, q in enumerate(questions)
         if q.seeds >= MIN_SEEDS and q.test is not None and q.degenerate is None
     }
-    decisions = {i: decision_p(test, questions[i].expect, questions[i].margin) for i, test in tested.items()}
-    ps = [decisions[i][0] for i in tested]
+    if design is None:
+        final = {i: _Tested(p, side) for i, (p, side) in tested.items()}
+    else:
+        final = _looks(questions, tested, alpha, design)
+    ps = [final[i].p for i in tested]
     adjusted = dict(zip(tested, holm(ps), strict=True))
     steps = dict(zip(tested, holm_levels(ps, alpha), strict=True))
     out = []
@@ -198,15 +216,42 @@ def judge(questions: Sequence[Question], alpha: float = ALPHA) -> list[Verdict]:
         if i not in tested:
             out.append(Verdict(None, q.seeds, degenerate=q.degenerate))
             continue
-        test, (p, side) = tested[i], decisions[i]
-        numbers = Verdict(side, q.seeds, p, adjusted[i], 1.0 - steps[i], test.interval(1.0 - steps[i]), len(tested))
+        t = final[i]
+        test = q.test if t.look == 1 else q.second
+        assert test is not None
+        share = design.share(t.look) if design else 1.0
+        level = 1.0 - steps[i] * share  # the look's own test runs at its share of the claim's Holm step level
+        numbers = Verdict(t.side, test.seeds, t.p, adjusted[i], level, test.interval(level), len(tested))
+        numbers = replace(numbers, looks=t.looks, second_look=t.status, share=share, look=t.look)
         out.append(_reason(numbers, q, test, steps[i], alpha))
+    return out
+
+
+def _looks(
+    questions: Sequence[Question], first: Mapping[int, tuple[float, str]], alpha: float, design: SecondLook
+) -> dict[int, _Tested]:
+    """Each tested claim's p* and status under the second look: decided at look 1 (Holm over the look-1 p*s below
+    α: the later looks only lower the others' p*s, so it stays decided), stopped (p₁ above continue_below),
+    pending (its look-2 runs are not all in; p* from look 1 until they are) or taken."""
+    at_first = {i: design.p_value(p) for i, (p, _) in first.items()}
+    decided = dict(zip(first, (p < alpha for p in holm(list(at_first.values()))), strict=True))
+    out = {}
+    for i, (p1, side) in first.items():
+        q = questions[i]
+        status = DECIDED if decided[i] else STOPPED if p1 > design.continue_below else PENDING
+        if status == PENDING and q.second is not None:
+            p2, side2 = decision_p(q.second, q.expect, q.margin)
+            p = design.p_value(p1, p2)
+            second_carries = p2 / design.share(2) <= p1 / design.share(1)
+            out[i] = _Tested(p, side2 if second_carries else side, 2 if second_carries else 1, (p1, p2), TAKEN)
+        else:
+            out[i] = _Tested(at_first[i], side, 1, (p1,), status)
     return out
 
 
 def _reason(v: Verdict, q: Question, test: DeltaTest, step: float, alpha: float) -> Verdict:
     """The verdict's kind and the reason its words give, from the numbers it carries: the adjusted p, and the
-    interval at the step level."""
+    interval at the step level (at the look's share of it under a second look)."""
     assert v.p is not None and v.p_holm is not None and v.interval is not None
     if v.p_holm < alpha:
         if v.kind == FAILS and q.expect == "match":
@@ -217,7 +262,8 @@ def _reason(v: Verdict, q: Question, test: DeltaTest, step: float, alpha: float)
     lo, hi = region(q.expect, q.margin)
     crossed = tuple(b for b in (lo, hi) if not math.isinf(b) and v.interval[0] < b < v.interval[1])
     bound = min(crossed or [b for b in (lo, hi) if not math.isinf(b)], key=lambda b: abs(test.mean - b))
-    return replace(v, kind=INCONCLUSIVE, crosses=crossed or (bound,), decide=what_would_decide(test, bound, step))
+    decide = what_would_decide(test, bound, step * v.share)
+    return replace(v, kind=INCONCLUSIVE, crosses=crossed or (bound,), decide=decide)
 
 
 def what_would_decide(test: DeltaTest, bound: float, step: float) -> Decide:
@@ -256,13 +302,34 @@ def collect_claims(
     budget and state, and the verdict — each paper's claims one Holm family, our questions another.
     `bootstrap(system, seed, baseline)` is the per-seed paired bootstrap, `stats(entry, seed)` a run's
     per-segment statistics (BLEU's, or per-document ROUGE) that `score` turns into a corpus score, `epoch_batches`
-    the training batches in one epoch (None: unknown)."""
-    rows = [_claim_row(c, entries, seeds, bootstrap, stats, score, samples, epoch_batches) for c in suite.claims]
-    for name in dict.fromkeys(r["family"] for r in rows):
-        family = [r for r in rows if r["family"] == name]
-        for row, verdict in zip(family, judge([r.pop("question") for r in family]), strict=True):
-            row["verdict"] = verdict.to_json()
-    return rows
+    the training batches in one epoch (None: unknown). Under a declared second look, look 1 is every seed but the
+    second look's, and a claim's look 2 (all of them) is measured once each of its seeds is paired."""
+    design = suite.second_look
+    first = [s for s in seeds if design is None or s not in design.seeds]
+
+    def look(claim: Claim, look_seeds: Sequence[int]) -> dict[str, Any]:
+        return _look(claim, entries, look_seeds, bootstrap, stats, score, samples, epoch_batches)
+
+    later = [s for s in design.seeds if s in seeds] if design else []
+    rows = []
+    for claim in suite.claims:
+        looks = [look(claim, first)]
+        paired = looks[0]["paired"]
+        if design and len(paired) >= MIN_SEEDS and len(later) == len(design.seeds):
+            both = look(claim, [*paired, *later])
+            looks += [both] if both["paired"] == [*paired, *later] else []
+        rows.append((claim, looks))
+    out = [_claim_row(claim, entries, looks[0]) for claim, looks in rows]
+    for name in dict.fromkeys(r["family"] for r in out):
+        members = [i for i, r in enumerate(out) if r["family"] == name]
+        questions = [
+            replace(rows[i][1][0]["question"], second=rows[i][1][1]["question"].test if len(rows[i][1]) > 1 else None)
+            for i in members
+        ]
+        for i, verdict in zip(members, judge(questions, design=design), strict=True):
+            shown = rows[i][1][-1] if verdict.seeds != rows[i][1][0]["question"].seeds else rows[i][1][0]
+            out[i].update(_shown(shown), verdict=verdict.to_json())
+    return out
 
 
 def family_of(claim: Claim) -> str:
@@ -272,7 +339,7 @@ def family_of(claim: Claim) -> str:
     return f"{family}, written after the records" if claim.post_hoc else family
 
 
-def _claim_row(
+def _look(
     claim: Claim,
     entries: Mapping[str, Mapping[str, Any]],
     seeds: Sequence[int],
@@ -282,8 +349,9 @@ def _claim_row(
     samples: int,
     epoch_batches: float | None,
 ) -> dict[str, Any]:
+    """What a claim's pairs over `seeds` measure: the per-seed bootstraps, Δ over the seeds both runs have, the
+    runs' budget, state, compaction and pairing, and the question the rule judges."""
     system, baseline = entries.get(claim.system), entries.get(claim.baseline)
-    rows = [b for seed in seeds if (b := bootstrap(claim.system, seed, claim.baseline)) is not None]
     paired = [
         (seed, a, b)
         for seed in seeds
@@ -296,24 +364,11 @@ def _claim_row(
         for name, e in ((claim.system, system), (claim.baseline, baseline))
         if e
     ]
-    state = {**budget(runs, epoch_batches), **climbing(runs)}
-    sides = (("system", system), ("baseline", baseline))
     return {
-        "paper": claim.paper,
-        "ours": claim.ours,
-        "family": family_of(claim),
-        "claim": claim.claim,
-        "source": vars(claim.source) if claim.source else None,
-        "design": claim.design,
-        "system": claim.system,
-        "baseline": claim.baseline,
-        "expect": claim.expect,
-        "margin": claim.margin,
-        "quality": {side: (e["quality"] if e else None) for side, e in sides},
-        "size": {side: (e["size"] if e else None) for side, e in sides},
-        "bootstrap": rows,
+        "paired": [seed for seed, _, _ in paired],
+        "bootstrap": [b for seed in seeds if (b := bootstrap(claim.system, seed, claim.baseline)) is not None],
         "delta": _delta(test),
-        "state": state,
+        "state": {**budget(runs, epoch_batches), **climbing(runs)},
         "compaction": compaction(runs),
         "pairing": pairing(
             [
@@ -326,6 +381,33 @@ def _claim_row(
         ),
         "question": Question(claim.expect, len(paired), test, claim.margin, degenerate_outputs(per_side)),
     }
+
+
+SHOWN = ("bootstrap", "delta", "state", "compaction", "pairing")  # a look's parts a claim row shows
+
+
+def _shown(look: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: look[k] for k in SHOWN}
+
+
+def _claim_row(claim: Claim, entries: Mapping[str, Mapping[str, Any]], look: Mapping[str, Any]) -> dict[str, Any]:
+    system, baseline = entries.get(claim.system), entries.get(claim.baseline)
+    sides = (("system", system), ("baseline", baseline))
+    row = {
+        "paper": claim.paper,
+        "ours": claim.ours,
+        "family": family_of(claim),
+        "claim": claim.claim,
+        "source": vars(claim.source) if claim.source else None,
+        "design": claim.design,
+        "system": claim.system,
+        "baseline": claim.baseline,
+        "expect": claim.expect,
+        "margin": claim.margin,
+        "quality": {side: (e["quality"] if e else None) for side, e in sides},
+        "size": {side: (e["size"] if e else None) for side, e in sides},
+    }
+    return {**row, **_shown(look)}
 
 
 def _delta(test: DeltaTest | None) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ from zoo.report.collect import collect, epoch_length
 from zoo.report.readme import README, ReadmeError, write_block
 from zoo.report.records import load_records, sibling_records
 from zoo.report.render import markdown, readme_block, render
+from zoo.report.second_look import second_look_data
 from zoo.report.speed_results import read_speed_files, summarize
 from zoo.report.suite import Suite
 from zoo.report.tally import STATUS_BLOCK, read_reports, status_table, verdict_counts
@@ -71,6 +72,8 @@ def publish(
         "speed_enabled": suite.speed_enabled,
         "baselines": score_baselines(results_dir, refs) if suite.task != "translation" else None,
     }
+    if suite.second_look:
+        data["second_look"] = second_look_data(suite.second_look, results_dir, data["claims"], data["entries"])
     data["verdict_counts"] = verdict_counts(data)
     command = render_command(suite, results_dir)
     block = readme_block(data, render_command(suite, results_dir, readme=True))

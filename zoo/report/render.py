@@ -24,6 +24,7 @@ from zoo.report.claims import ALPHA, LEVEL
 from zoo.report.render_curves import plot_learning_curves
 from zoo.report.render_ght import compaction_table, ght_section, plot_compaction, plot_vote_maps
 from zoo.report.render_outputs import outputs_section
+from zoo.report.render_second_look import second_look_section
 from zoo.report.render_speed import plot_quality_vs_speed, readme_speed_column, speed_section, widest_file
 from zoo.report.run_state import (
     CLIMBING_GAIN,
@@ -286,7 +287,7 @@ def _delta_cell(c: dict[str, Any]) -> str:
     adjusted = ""
     if v.level is not None and v.interval is not None and v.family_size > 1:
         adjusted = f"; at the Holm level {percent(v.level)}: [{v.interval[0]:+.2f}, {v.interval[1]:+.2f}]"
-    return f"{plain}{adjusted}; p={v.p:.3f}, Holm {v.p_holm:.3f}"
+    return f"{plain}{adjusted}; {v.p_words()}"
 
 
 def _state_cell(state: dict[str, Any]) -> str:
@@ -387,7 +388,7 @@ def claims_section(data: dict[str, Any], heading: bool = True) -> list[str]:
         return []
     metric = _headline(data)
     papers, ours = [c for c in claims if not c.get("ours")], [c for c in claims if c.get("ours")]
-    rule = [_rule_text(data, compact=not heading), ""]
+    rule = [_rule_text(data, compact=not heading), "", *second_look_section(data, compact=not heading)]
     lines: list[str] = []
     if papers:
         lines += [*(["## The papers' claims", ""] if heading else []), *rule]

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from export.runtime.search import Search
 from zoo.errors import ZooError
+from zoo.report.second_look import SecondLook, second_look_from
 
 TASK_METRICS = {"translation": ("bleu", "chrf"), "summarization": ("rouge1", "rouge2", "rougeL")}
 VARIANT_NAME = re.compile(r"^[A-Za-z0-9_]+$")  # a variant names run dirs and record files
@@ -185,6 +186,7 @@ class Suite:
     equivalence_margin: float | None = None
     compaction: CompactionRule | None = None
     probe: BudgetProbe | None = None
+    second_look: SecondLook | None = None  # declared before its seeds run (zoo/report/second_look.py)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -269,6 +271,10 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
         for s in speed.get("settings", [])
     )
     speed_seed = int(speed.get("seed", seeds[0]))
+    try:
+        second_look = second_look_from(raw.get("second_look"))
+    except ValueError as exc:
+        raise SuiteError(str(exc)) from exc
     return Suite(
         name=str(raw["name"]),
         task=str(raw["task"]),
@@ -294,6 +300,7 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
         equivalence_margin=margin,
         compaction=_compaction(raw.get("compaction"), known, list(raw["entries"])),
         probe=_probe(raw.get("probe")),
+        second_look=second_look,
     )
 
 

@@ -12,10 +12,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from zoo.report.run_state import budget_words, climbing_words
+from zoo.report.second_look import DECIDED, PENDING, STOPPED, TAKEN
 from zoo.report.stats import FAILS, INCONCLUSIVE
 
 MIN_SEEDS = 3  # a verdict needs this many seeds on both sides
 HINT_MAX_SEEDS = 30  # "≈ n seeds would decide it" is said up to this many
+SECOND_LOOK_FIELDS = ("looks", "second_look", "share", "look")  # stored only under a declared second look
 RESOLUTION = 0.005  # a Δ̄ this close to a region bound sits on it: half the tables' last printed digit
 
 
@@ -48,9 +50,17 @@ class Verdict:
     holm_stops: bool = False  # inconclusive although its own test passed: Holm stopped at a smaller p before it
     crosses: tuple[float, ...] = ()  # inconclusive: the bounds its interval crosses (else the nearest)
     decide: Decide | None = None
+    # under a declared second look (zoo/report/second_look.py): `p` is the claim's p*, `looks` the looks' own
+    # p-values, `second_look` what became of the claim, `share` the part of its Holm step level its look ran at
+    looks: tuple[float, ...] = ()
+    second_look: str | None = None
+    share: float = 1.0
+    look: int = 1  # the look whose test gives the interval (and `seeds`)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Its fields; those of a second look only where the suite declared one."""
+        fields = asdict(self)
+        return fields if self.second_look else {k: v for k, v in fields.items() if k not in SECOND_LOOK_FIELDS}
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Verdict:
@@ -60,25 +70,48 @@ class Verdict:
                 **raw,
                 "interval": tuple(interval) if interval else None,
                 "crosses": tuple(raw.get("crosses") or ()),
+                "looks": tuple(raw.get("looks") or ()),
                 "decide": Decide(**decide) if decide else None,
             }
         )
+
+    def p_words(self) -> str:
+        """`p=0.026, Holm 0.052`; under a second look the looks' own p-values and p*: `p₁=0.026, p₂=0.004, p*=0.005,
+        Holm 0.010`."""
+        looks = "".join(f"p{'₁₂'[i]}={p:.3f}, " for i, p in enumerate(self.looks))
+        return f"{looks}{'p*' if self.looks else 'p'}={self.p:.3f}, Holm {self.p_holm:.3f}"
 
     def words(self) -> str:
         """The verdict alone: `holds`, `inconclusive: the 98.8% interval crosses 0; ≈ 5 seeds would …`."""
         if self.kind is None:
             few = f"too few seeds ({self.seeds})" if self.seeds < MIN_SEEDS else None
             return "; ".join(t for t in (self.degenerate, few) if t) or f"too few seeds ({self.seeds})"
+        look = _look_words(self)
         if self.outside is not None:
-            return f"{FAILS} (Δ {self.outside} the ±{self.margin:g} margin)"
+            return f"{FAILS} (Δ {self.outside} the ±{self.margin:g} margin){look}"
         if self.kind != INCONCLUSIVE:
-            return self.kind
+            return f"{self.kind}{look}"
+        if self.second_look == PENDING:
+            return f"{INCONCLUSIVE} after look 1 ({self.seeds} seeds): the declared second look decides it"
+        if self.second_look == STOPPED:
+            return (
+                f"{INCONCLUSIVE}: p₁ = {self.looks[0]:.3f} at look 1 is above the second look's threshold, so it "
+                "stops there (declared)"
+            )
         if self.holm_stops:
             stops = "Holm stops at a claim of this paper with a smaller p"
-            return f"{INCONCLUSIVE}: {stops} (adjusted p {self.p_holm:.3f})"
+            return f"{INCONCLUSIVE}: {stops} (adjusted p {self.p_holm:.3f}){look}"
         where = " and ".join(_bound(b) for b in self.crosses)
         hint = _decide_words(self.decide) if self.decide else ""
-        return f"{INCONCLUSIVE}: the {percent(self.level or 0.0)} interval crosses {where}; {hint}"
+        return f"{INCONCLUSIVE}: the {percent(self.level or 0.0)} interval crosses {where}{look}; {hint}"
+
+
+def _look_words(v: Verdict) -> str:
+    """' (at the second look: 5 seeds)' / ' (decided at look 1)' under a second look, else ''."""
+    if v.second_look == TAKEN:
+        carried = f": {v.seeds} seeds" if v.look == 2 else f", carried by look 1's {v.seeds} seeds"
+        return f" (at the second look{carried})"
+    return f" ({DECIDED})" if v.second_look == DECIDED else ""
 
 
 def _decide_words(d: Decide) -> str:
