@@ -506,6 +506,8 @@ def test_a_branched_variant_goes_on_from_its_ght_runs_branch_point_where_it_has_
     (run / "checkpoints" / "branch_point" / "state.pt").write_bytes(b"")
     assert train_command(tmp_path, suite, "ps", 1)[-1] == f"branch_from={run}"
     assert not any(a.startswith("branch_from=") for a in train_command(tmp_path, suite, "ps", 2))  # another seed
+    alone = _suite(variants={"ps": {"entry": "ght_ps", "overrides": [], "branch_from": "ght"}}, entries=["ps"])
+    assert train_command(tmp_path, alone, "ps", 1)[-1] == f"branch_from={run}"  # GHT-PS alone, its GHT run here
 
 
 def _suite(**changes):

@@ -247,9 +247,12 @@ def suite_from_config(node: DictConfig, conf_dir: Path) -> Suite:
     if len(set(raw["entries"])) != len(raw["entries"]):
         raise SuiteError("suite.entries lists an entry twice")
     for v in variants.values():
+        # init_from needs its source's run; branch_from only saves updates (a GHT-PS without its GHT run on this
+        # machine trains from scratch, the same run), so its source may be left out — but not listed after it
         listed = raw["entries"]
         for key, source in (("init_from", v.init_from), ("branch_from", v.branch_from)):
-            if source and v.name in listed and source not in listed[: listed.index(v.name)]:
+            optional = key == "branch_from" and source not in listed
+            if source and v.name in listed and not optional and source not in listed[: listed.index(v.name)]:
                 raise SuiteError(
                     f"suite.variants.{v.name}: {key}={source!r} must be an entry of suite.entries listed before "
                     f"{v.name} (its run of the same seed is trained first)"
