@@ -10,9 +10,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from zoo.metrics import mean_from_stats as mean_score
 from zoo.report.claims import ALPHA, DeltaTest, Question, collect_claims, judge
 from zoo.report.second_look import DECIDED, PENDING, STOPPED, TAKEN, SecondLook, second_look_from
-from zoo.report.simulate import mean_score, shared_runs, two_look_rates
+from zoo.report.simulate import shared_runs, two_look_rates
 from zoo.report.stats import HOLDS, INCONCLUSIVE
 from zoo.report.suite import Claim, Suite, SuiteError
 

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from tests.zoo_testing import REPO
 from zoo.metrics import bleu_from_stats, corpus_bleu, sentence_stats
+from zoo.metrics import mean_from_stats as mean_score
 from zoo.report import render
 from zoo.report.claims import (
     ALPHA,
@@ -29,7 +30,7 @@ from zoo.report.claims import (
 )
 from zoo.report.records import convergence
 from zoo.report.run_state import climbing, compaction, compaction_text
-from zoo.report.simulate import SCENARIOS, mean_score, shared_runs
+from zoo.report.simulate import SCENARIOS, shared_runs
 from zoo.report.stats import FAILS, HOLDS, INCONCLUSIVE, TwoComponents, t_cdf, t_quantile
 from zoo.report.suite import SuiteError, suite_from_config
 from zoo.report.verdict import Decide, Verdict, verdict_cell

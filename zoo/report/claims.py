@@ -327,8 +327,7 @@ def collect_claims(
             for i in members
         ]
         for i, verdict in zip(members, judge(questions, design=design), strict=True):
-            shown = rows[i][1][-1] if verdict.seeds != rows[i][1][0]["question"].seeds else rows[i][1][0]
-            out[i].update(_shown(shown), verdict=verdict.to_json())
+            out[i].update(_shown(rows[i][1][verdict.look - 1]), verdict=verdict.to_json())
     return out
 
 

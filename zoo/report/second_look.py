@@ -53,13 +53,6 @@ class SecondLook:
         """The share of a claim's Holm step level its look-`look` test runs at (its interval's level)."""
         return self.first_share if look == 1 else 1.0 - self.first_share
 
-    def words(self) -> str:
-        return (
-            f"a second look with seed{'s' * (len(self.seeds) > 1)} {', '.join(map(str, self.seeds))}: "
-            f"p* = min(p₁/{self.first_share:g}, p₂/{1 - self.first_share:g}), continuing when p₁ ≤ "
-            f"{self.continue_below:g}"
-        )
-
 
 def second_look_from(raw: Mapping[str, Any] | None) -> SecondLook | None:
     """`suite.second_look: {seeds, first_share, continue_below}`, refused unless it names its seeds once each and

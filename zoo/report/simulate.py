@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from zoo.metrics import mean_from_stats
 from zoo.report.claims import ALPHA, Question, decision_p, delta_test, judge
 from zoo.report.second_look import SIMULATION_FILE, SecondLook
 
@@ -25,11 +26,6 @@ from zoo.report.second_look import SIMULATION_FILE, SecondLook
 SCENARIOS = {"seeds": (0.5, 0.0, 2.0), "comparable": (0.4, 2.0, 2.0), "sentences": (0.1, 5.0, 2.0)}
 SENTENCES = 200
 BOOTSTRAP = 200  # resamples per simulated Δ test (the reports use 1000)
-
-
-def mean_score(stats: np.ndarray) -> np.ndarray:
-    """A corpus score that is the mean of per-sentence scores: stats [..., 2] = (score sum, count)."""
-    return stats[..., 0] / stats[..., 1]
 
 
 def shared_runs(
@@ -59,8 +55,8 @@ def two_look_rates(
     first = designed = naive = 0
     for i in range(simulations):
         pairs = shared_runs(rng, [0.0] * total, seed_sd, shared_sd, noise, SENTENCES)
-        look1 = delta_test(pairs[:first_seeds], score=mean_score, samples=BOOTSTRAP, seed=i)
-        both = delta_test(pairs, score=mean_score, samples=BOOTSTRAP, seed=i)
+        look1 = delta_test(pairs[:first_seeds], score=mean_from_stats, samples=BOOTSTRAP, seed=i)
+        both = delta_test(pairs, score=mean_from_stats, samples=BOOTSTRAP, seed=i)
         p1, p2 = decision_p(look1, "better")[0], decision_p(both, "better")[0]
         first += p1 < ALPHA
         naive += p1 < ALPHA or p2 < ALPHA
@@ -101,4 +97,4 @@ def simulate_second_look(results_dir: Path, design: SecondLook, first_seeds: int
     return path
 
 
-__all__ = ["SCENARIOS", "mean_score", "shared_runs", "simulate_second_look", "two_look_rates"]
+__all__ = ["SCENARIOS", "shared_runs", "simulate_second_look", "two_look_rates"]
