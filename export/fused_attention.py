@@ -15,10 +15,16 @@ and of the new position apart, a Concat, a Softmax, two Slices, …). Export con
   (checked: without them it ignores the past), so the node returns them, unread; that copy of every row's past per
   layer is what makes "all" slower at beam × batch rows. The new position's k and v go out as before (`next.*`).
 
-Only while the decoder graph is exported, and only for modules whose class is exactly `MultiHeadAttention` (each with
-its own head count, so non-uniform pruned heads keep working). Numerics: the kernel sums in its own order, so outputs
-differ from torch's in the last bits; the export's verification compares them with its usual tolerance. Not yet run
-on onnxruntime's CUDA provider, which has the same operator.
+Grouped-query modules (`GroupedQueryAttention`, H query heads over Hkv key/value heads, g = H / Hkv per group) run as
+the same kernel with num_heads = Hkv: a group's g query heads become g query *positions* of their key/value head
+([N, 1, H·dh] → [N, g, Hkv·dh], head kv·g + j at position j), which is what grouped attention computes — no key or
+value repeated per query head, the cache read once per group. Exact because the kernel masks no query position
+(`unidirectional` 0): every position sees every key, as one step's query does.
+
+Only while the decoder graph is exported, and only for modules whose class is exactly `MultiHeadAttention` or
+`GroupedQueryAttention` (each with its own head count, so non-uniform pruned heads keep working). Numerics: the
+kernel sums in its own order, so outputs differ from torch's in the last bits; the export's verification compares
+them with its usual tolerance. Not yet run on onnxruntime's CUDA provider, which has the same operator.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from zoo.attention.base import Attention
+from zoo.attention.gqa import GroupedQueryAttention
 from zoo.attention.mha import MultiHeadAttention
 from zoo.model import Transformer
 
@@ -49,13 +56,13 @@ FUSED_BUFFERS = ("fused_qkv_weight", "fused_qkv_bias", "fused_q_bias")  # what t
 
 
 class FusedSelfStep:
-    """One decoding step of an mha self-attention module as one MultiHeadAttention kernel (module docstring)."""
+    """One decoding step of an mha or gqa self-attention module as one MultiHeadAttention kernel (module docstring)."""
 
     def __init__(self, module: MultiHeadAttention) -> None:
         self.module = module
         m = module
-        # [3I, D] and [3I]: q, k, v rows in that order — one MatMul and Add where there were three. Buffers while
-        # the hook is installed, so the graph names them
+        # [I + 2·Ikv, D] and [I + 2·Ikv]: q, k, v rows in that order — one MatMul and Add where there were three.
+        # Buffers while the hook is installed, so the graph names them
         weight = torch.cat([m.q_proj.weight, m.k_proj.weight, m.v_proj.weight]).detach().clone()
         m.register_buffer("fused_qkv_weight", weight, persistent=False)
         m.register_buffer("fused_qkv_bias", qkv_bias(m.q_proj.bias, m.k_proj.bias, m.v_proj.bias), persistent=False)
@@ -66,68 +73,100 @@ class FusedSelfStep:
         if memory is not None or key_padding_mask is not None or not cache or m.capture or m.training:
             return None
         n = x.shape[0]
-        heads, dh = m.num_heads, m.head_dim
-        inner = heads * dh
-        # [N, 1, I] each, with their biases: the new k, v go out as they are (a Reshape each); the kernel's grown
-        # caches are not read, yet the peak at beam 5 × 32 is still 121 MB above the written-out graph's
-        # (results/runtime/fused_attention.md)
-        q, k, v = F.linear(x, m.fused_qkv_weight, m.fused_qkv_bias).split(inner, dim=-1)
-        past_k, past_v = cache["k"], cache["v"]  # [N, H, t, dh]
+        heads, kv, dh = m.num_heads, key_value_heads(m), m.head_dim
+        group = heads // kv
+        # [N, 1, I], [N, 1, Ikv] twice, with their biases: the new k, v go out as they are (a Reshape each); the
+        # kernel's grown caches are not read, yet the peak at beam 5 × 32 is still 121 MB above the written-out
+        # graph's (results/runtime/fused_attention.md)
+        q, k, v = F.linear(x, m.fused_qkv_weight, m.fused_qkv_bias).split([heads * dh, kv * dh, kv * dh], dim=-1)
+        past_k, past_v = cache["k"], cache["v"]  # [N, Hkv, t, dh]
         t = past_k.shape[2]
         out, _, _ = torch.onnx.ops.symbolic_multi_out(
             OP,
-            [q, k, v, None, None, None, past_k, past_v],
-            {"num_heads": heads},
+            [query_positions(q, group, dh), k, v, None, None, None, past_k, past_v],
+            {"num_heads": kv},
             dtypes=[x.dtype] * 3,
-            shapes=[[n, 1, inner], [n, heads, t + 1, dh], [n, heads, t + 1, dh]],
+            shapes=[[n, group, kv * dh], [n, kv, t + 1, dh], [n, kv, t + 1, dh]],
             version=OP_VERSION,
-        )  # [N, 1, I]; onnxruntime reads the past only when its grown caches are outputs (module docstring)
-        new = {"k": k.reshape(n, heads, 1, dh), "v": v.reshape(n, heads, 1, dh)}  # memory-identical: one position
+        )  # [N, g, Ikv]; onnxruntime reads the past only when its grown caches are outputs (module docstring)
+        new = {"k": k.reshape(n, kv, 1, dh), "v": v.reshape(n, kv, 1, dh)}  # memory-identical: one position
         grown = m.extend_cache(cache, new)  # the graph returns its last position, i.e. `new` (export/rewrites.py)
         cache.clear()
         cache.update(grown)
-        return finish(m, self.gate, out)
+        return finish(m, self.gate, merged_heads(out, group, dh))
 
 
 class FusedCrossStep:
-    """One decoding step of an mha cross-attention module as one MultiHeadAttention kernel (module docstring)."""
+    """One decoding step of an mha or gqa cross-attention module as one MultiHeadAttention kernel (module
+    docstring)."""
 
     def __init__(self, module: MultiHeadAttention) -> None:
         self.module = module
         self.gate = merged_gate(module)
+        self.grouped = key_value_heads(module) < module.num_heads
         bias = module.q_proj.bias
-        zeros = None if bias is None else torch.zeros_like(bias)
-        module.register_buffer("fused_q_bias", qkv_bias(bias, zeros, zeros), persistent=False)  # [3I]: k, v have none
+        if not self.grouped:  # [3I]: k, v have none. A group's query bias differs per position: added before
+            zeros = None if bias is None else torch.zeros_like(bias)
+            module.register_buffer("fused_q_bias", qkv_bias(bias, zeros, zeros), persistent=False)
 
     def __call__(self, x: Tensor, memory: Tensor | None, key_padding_mask: Tensor | None, cache: dict) -> Tensor | None:
         m = self.module
         if memory is None or not cache or set(m.capture) - {"A"} or m.training:
             return None
         n = x.shape[0]
-        k, v = cache["k"], cache["v"]  # [sources, H, S, dh]
+        k, v = cache["k"], cache["v"]  # [sources, Hkv, S, dh]
         sources = k.shape[0]
         torch._check(n % sources == 0)
-        heads, dh = m.num_heads, m.head_dim
-        inner = heads * dh
-        # [sources, G, I]: a source's beams as its query positions; the bias is the kernel's
-        q = F.linear(x, m.q_proj.weight).reshape(sources, n // sources, inner)
+        beams = n // sources
+        heads, kv, dh = m.num_heads, key_value_heads(m), m.head_dim
+        group = heads // kv
+        # [sources, G·g, Ikv]: a source's beams (and each beam's group members) as its query positions
+        q = F.linear(x, m.q_proj.weight, m.q_proj.bias if self.grouped else None)
+        q = query_positions(q.reshape(sources, beams, heads * dh), group, dh)
         keep = None if key_padding_mask is None else (~key_padding_mask).to(torch.int32)  # [sources, S] 1 = a key
         weights = "A" in m.capture  # the alignment layer: its attention weights are recorded
         outputs = torch.onnx.ops.symbolic_multi_out(
             OP,
-            [q, k, v, m.fused_q_bias, keep],
-            {"num_heads": heads, "mask_filter_value": MASK_FILTER_VALUE},
+            [q, k, v, None if self.grouped else m.fused_q_bias, keep],
+            {"num_heads": kv, "mask_filter_value": MASK_FILTER_VALUE},
             dtypes=[x.dtype] * (4 if weights else 1),
             shapes=[
-                [sources, n // sources, inner],
-                *([list(k.shape), list(v.shape), [sources, heads, n // sources, k.shape[2]]] if weights else []),
+                [sources, beams * group, kv * dh],
+                *([list(k.shape), list(v.shape), [sources, kv, beams * group, k.shape[2]]] if weights else []),
             ],
             version=OP_VERSION,
-        )  # [sources, G, I]; with weights also (unread: the export leaves them unnamed) present k and v, and the
-        # scaled, masked scores [sources, H, G, S] (`output_qk`)
-        if weights:
-            m.captured["A"] = outputs[-1].softmax(dim=-1)  # padded keys' scores are the lowest float: weight 0
-        return finish(m, self.gate, outputs[0].reshape(n, 1, inner))
+        )  # [sources, G·g, Ikv]; with weights also (unread: the export leaves them unnamed) present k and v, and
+        # the scaled, masked scores [sources, Hkv, G·g, S] (`output_qk`)
+        if weights:  # [sources, H, G, S] as an mha module's: head kv·g + j
+            scores = outputs[-1].reshape(sources, kv, beams, group, -1).transpose(2, 3)
+            m.captured["A"] = scores.reshape(sources, heads, beams, -1).softmax(dim=-1)  # padded keys: weight 0
+        return finish(m, self.gate, merged_heads(outputs[0], group, dh).reshape(n, 1, heads * dh))
+
+
+def key_value_heads(module: Attention) -> int:
+    """The key/value heads a fusable module projects and caches: a grouped-query module's own count, else one per
+    query head."""
+    return module.kv_heads if isinstance(module, GroupedQueryAttention) else module.num_heads
+
+
+def query_positions(q: Tensor, group: int, dh: int) -> Tensor:
+    """[R, L, H·dh] → [R, L·g, Hkv·dh]: each key/value head's g query heads as g query positions (head kv·g + j of
+    position l at position l·g + j), the kernel's layout for grouped attention; unchanged when g = 1."""
+    if group == 1:
+        return q
+    rows, inner = q.shape[0], q.shape[-1]
+    kv = inner // (group * dh)
+    return q.reshape(rows, -1, kv, group, dh).transpose(2, 3).reshape(rows, -1, kv * dh)
+
+
+def merged_heads(out: Tensor, group: int, dh: int) -> Tensor:
+    """The kernel's [R, L·g, Hkv·dh] → [R, L, H·dh], heads merged in the module's order (`query_positions`'
+    inverse); unchanged when g = 1."""
+    if group == 1:
+        return out
+    rows, inner = out.shape[0], out.shape[-1]
+    kv = inner // dh
+    return out.reshape(rows, -1, group, kv, dh).transpose(2, 3).reshape(rows, -1, group * inner)
 
 
 def qkv_bias(q: Tensor | None, k: Tensor | None, v: Tensor | None) -> Tensor | None:
@@ -150,9 +189,9 @@ def finish(module: Attention, gate: Tensor | None, out: Tensor) -> Tensor:
 
 
 def fusable(module: Attention) -> bool:
-    """Modules whose step the fused kernel computes: exactly `MultiHeadAttention` (not a subclass that may attend
-    otherwise)."""
-    return type(module) is MultiHeadAttention
+    """Modules whose step the fused kernel computes: exactly `MultiHeadAttention` or `GroupedQueryAttention` (not a
+    subclass that may attend otherwise)."""
+    return type(module) in (MultiHeadAttention, GroupedQueryAttention)
 
 
 @contextlib.contextmanager

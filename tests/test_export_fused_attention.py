@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -102,6 +103,40 @@ def test_a_cross_attention_step_groups_each_sources_beams_and_masks_its_padding(
     assert (softmax(scores)[np.broadcast_to(pad[:, None, None, :], weights.shape)] == 0).all()
 
 
+@pytest.mark.parametrize(("kv", "past"), [(2, 0), (2, 3), (1, 3)])
+def test_a_grouped_step_is_the_kernel_over_key_value_heads_with_each_groups_queries_as_positions(
+    kv: int, past: int
+) -> None:
+    """Grouped-query attention (query head h reads key/value head h // g, g = H / Hkv) as the export runs it: the
+    queries laid out by `query_positions` ([N, 1, H·dh] → [N, g, Hkv·dh]), the kernel with num_heads = Hkv over the
+    past and the new key/value head, the output merged back by `merged_heads` — the formula, head by head."""
+    import torch
+
+    from export.fused_attention import merged_heads, query_positions
+
+    rng = np.random.default_rng(past + kv)
+    n, group = 3, H // kv
+    q = rng.standard_normal((n, 1, D), dtype=np.float32)
+    k, v = (rng.standard_normal((n, 1, kv * DH), dtype=np.float32) for _ in range(2))
+    past_k, past_v = (rng.standard_normal((n, kv, past, DH), dtype=np.float32) for _ in range(2))
+    node = helper.make_node(
+        "MultiHeadAttention",
+        ["q", "k", "v", "", "", "", "past_k", "past_v"],
+        ["out", "grown_k", "grown_v"],
+        domain="com.microsoft",
+        num_heads=kv,
+    )
+    laid_out = query_positions(torch.from_numpy(q), group, DH).numpy()  # [N, g, Hkv·dh]
+    feeds = {"q": laid_out, "k": k, "v": v, "past_k": past_k, "past_v": past_v}
+    out = merged_heads(torch.from_numpy(run_node(node, feeds)[0]), group, DH).numpy()  # [N, 1, H·dh]
+    keys = np.concatenate([past_k, k.reshape(n, 1, kv, DH).transpose(0, 2, 1, 3)], axis=2)  # [N, Hkv, t + 1, dh]
+    values = np.concatenate([past_v, v.reshape(n, 1, kv, DH).transpose(0, 2, 1, 3)], axis=2)
+    query = heads(q)  # [N, H, 1, dh]
+    for h in range(H):
+        weights = softmax(query[:, h] @ keys[:, h // group].transpose(0, 2, 1) / np.sqrt(DH))  # [N, 1, t + 1]
+        np.testing.assert_allclose(out[:, :, h * DH : (h + 1) * DH], weights @ values[:, h // group], atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def fused_all(exported) -> tuple:
     """The transformer exported with its test head plan as every test file gets it: fused_attention=all is the
@@ -110,10 +145,15 @@ def fused_all(exported) -> tuple:
 
 
 @pytest.fixture(scope="module")
-def written_out(exported, checkpoint_run, tmp_path_factory) -> tuple:
-    """The same checkpoint and head plan exported with fused_attention=none (every step written out)."""
-    plan_overrides, _ = pruning_overrides(checkpoint_run("transformer"), tmp_path_factory.mktemp("plan"))
-    return exported("transformer", *plan_overrides, "fused_attention=none")
+def written_out(exported, checkpoint_run, tmp_path_factory) -> Callable[[str], tuple]:
+    """entry → the same checkpoint and head plan as `exported(entry)`, exported with fused_attention=none (every step
+    written out)."""
+
+    def get(entry: str) -> tuple:
+        plan_overrides, _ = pruning_overrides(checkpoint_run(entry), tmp_path_factory.mktemp("plan"))
+        return exported(entry, *plan_overrides, "fused_attention=none")
+
+    return get
 
 
 def fused_nodes(directory) -> dict[str, onnx.NodeProto]:
@@ -160,13 +200,14 @@ def test_a_pruned_export_has_one_fused_kernel_per_decoder_attention_with_its_own
     }
 
 
-def test_a_fused_export_decodes_as_the_written_out_one(written_out, fused_all) -> None:
-    """The same pruned checkpoint exported written out (fused_attention=none) and with fused_attention=all (the
-    default): beam-4 n-best lists on the held-out sources give the same texts, tokens and word alignments, and
-    scores equal within float rounding."""
-    written, _ = written_out
-    fused, _ = fused_all
-    assert not fused_nodes(written)
+@pytest.mark.parametrize("entry", ["transformer", "gqa"])
+def test_a_fused_export_decodes_as_the_written_out_one(entry: str, written_out, exported) -> None:
+    """The same pruned (the transformer) or gated (GQA) checkpoint exported written out (fused_attention=none) and
+    with fused_attention=all (the default): beam-4 n-best lists on the held-out sources give the same texts, tokens
+    and word alignments, and scores equal within float rounding."""
+    written, _ = written_out(entry)
+    fused, _ = exported(entry)
+    assert fused_nodes(fused) and not fused_nodes(written)
     sources = json.loads((fused / "heldout.json").read_text())["src"][:4]
     options = {"beam_size": 4, "num_hypotheses": 4, "return_alignments": True}
     a, b = load(fused).translate(sources, **options), load(written).translate(sources, **options)
@@ -174,6 +215,23 @@ def test_a_fused_export_decodes_as_the_written_out_one(written_out, fused_all) -
     for x, y in zip([h for s in a for h in s], [h for s in b for h in s], strict=True):
         assert x.score == pytest.approx(y.score, abs=1e-4)
         assert x.tokens == y.tokens and x.alignment == y.alignment
+
+
+@pytest.mark.parametrize(("entry", "kv_heads"), [("gqa", 2), ("mqa", 1)])
+def test_a_grouped_export_runs_every_decoder_attention_as_one_kernel_over_its_key_value_heads(
+    entry: str, kv_heads: int, exported
+) -> None:
+    """GQA and MQA exports: every decoder self- and cross-attention is one MultiHeadAttention kernel whose head
+    count is the entry's key/value heads (its query heads ride as query positions), and the cross caches it reads
+    have that many heads."""
+    out, manifest = exported(entry)
+    nodes = fused_nodes(out)
+    assert set(nodes) == {name for name in manifest["heads"] if name.startswith("decoder.")}
+    assert {next(a.i for a in node.attribute if a.name == "num_heads") for node in nodes.values()} == {kv_heads}
+    graph = onnx.load(str(out / "decoder.onnx")).graph
+    shapes = {i.name: i.type.tensor_type.shape.dim for i in graph.input}
+    cross_caches = [node.input[1] for name, node in nodes.items() if name.endswith("cross_attn")]
+    assert cross_caches and all(shapes[cache][1].dim_value == kv_heads for cache in cross_caches)
 
 
 def test_an_unknown_fused_attention_choice_is_refused_before_any_work(checkpoint_run, tmp_path) -> None:
