@@ -318,7 +318,14 @@ def test_budget_probe_applies_its_rule_to_the_baselines_curve(tmp_path) -> None:
     text = "\n".join(probe_section({"probe": fallback, "task": "summarization", "baseline": "transformer"}))
     assert "| 2400 | update 2250 | 10.00 | 90% | +4.00 | no |" in text
     assert "**Chosen: 8400 updates** — no smaller budget qualifies; its last quarter still gained +1.50" in text
-    assert "![budget probe](probe.png)" in text
+    assert "![budget probe](probe.png)" in text and "near-constant" not in text
+    # near-constant at every budget (probe_longsumm): the fallback is chosen, and the decision says what it means
+    flat = probe_choice(
+        suite.probe, baseline({2250: (4.0, 0.04), 4750: (9.0, 0.04), 6250: (12.0, 0.0), 8400: (15.0, 0.0)})
+    )
+    flat_text = "\n".join(probe_section({"probe": flat, "task": "summarization", "baseline": "transformer"}))
+    assert flat["chosen"] == 8400 and "But only 0% of its validation outputs are distinct" in flat_text
+    assert "near-constant outputs at every budget probed" in flat_text
     plot_probe({"probe": fallback, "entries": {"t": climbing}, "baseline": "t", "task": "summarization"}, tmp_path)
     assert (tmp_path / "probe.png").read_bytes().startswith(b"\x89PNG")
     running = probe_choice(suite.probe, baseline({2250: (10.0, 0.9), 4750: (14.0, 0.9)}))

@@ -96,6 +96,14 @@ def probe_section(data: Mapping[str, Any]) -> list[str]:
             f"**Chosen: {probe['chosen']} updates** — no smaller budget qualifies; its last quarter still gained "
             f"{probe['last_quarter_gain']:+.2f} validation {metric}."
         )
+        last = probe["rows"][-1]["distinct"]
+        if last is not None and last < rule["min_distinct"]:  # the fallback is not held to the distinct share
+            lines[-1] += (
+                f" But only {last:.0%} of its validation outputs are distinct (a budget that qualifies needs "
+                f"{rule['min_distinct']:.0%}): the baseline gives near-constant outputs at every budget probed, so "
+                'claims judged at this budget would read "degenerate outputs" — the recipe, not the budget, '
+                "is what to change."
+            )
     else:
         lines.append(f"**Chosen: {probe['chosen']} updates.**")
     return [*lines, "", f"![budget probe]({PLOT_FILE})", ""]
