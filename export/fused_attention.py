@@ -103,9 +103,9 @@ class FusedCrossStep:
     def __init__(self, module: MultiHeadAttention) -> None:
         self.module = module
         self.gate = merged_gate(module)
-        self.grouped = key_value_heads(module) < module.num_heads
         bias = module.q_proj.bias
-        if not self.grouped:  # [3I]: k, v have none. A group's query bias differs per position: added before
+        # [3I]: k, v have none. Grouped modules add their query bias before the kernel (it differs per position)
+        if key_value_heads(module) == module.num_heads:
             zeros = None if bias is None else torch.zeros_like(bias)
             module.register_buffer("fused_q_bias", qkv_bias(bias, zeros, zeros), persistent=False)
 
@@ -121,13 +121,13 @@ class FusedCrossStep:
         heads, kv, dh = m.num_heads, key_value_heads(m), m.head_dim
         group = heads // kv
         # [sources, G·g, Ikv]: a source's beams (and each beam's group members) as its query positions
-        q = F.linear(x, m.q_proj.weight, m.q_proj.bias if self.grouped else None)
+        q = F.linear(x, m.q_proj.weight, m.q_proj.bias if group > 1 else None)
         q = query_positions(q.reshape(sources, beams, heads * dh), group, dh)
         keep = None if key_padding_mask is None else (~key_padding_mask).to(torch.int32)  # [sources, S] 1 = a key
         weights = "A" in m.capture  # the alignment layer: its attention weights are recorded
         outputs = torch.onnx.ops.symbolic_multi_out(
             OP,
-            [q, k, v, None if self.grouped else m.fused_q_bias, keep],
+            [q, k, v, None if group > 1 else m.fused_q_bias, keep],
             {"num_heads": kv, "mask_filter_value": MASK_FILTER_VALUE},
             dtypes=[x.dtype] * (4 if weights else 1),
             shapes=[
