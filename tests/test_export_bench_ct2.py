@@ -52,6 +52,12 @@ def test_anchor_times_both_engines_on_the_same_work(plain: Path, tmp_path: Path,
         assert point["ratios"][0] == pytest.approx(
             point["ours"]["runs"][0]["sentences_per_s"] / point["ct2"]["runs"][0]["sentences_per_s"], rel=1e-3
         )
+        # CTranslate2 was tried under both GEMM backends at the one thread allowed, and timed under the fastest
+        setting = point["ct2_setting"]
+        assert [(t["threads"], t["backend"]) for t in setting["tried"]] == [(1, "mkl"), (1, "onednn")]
+        assert max(setting["tried"], key=lambda t: t["sentences_per_s"])["backend"] == setting["backend"]
+        [run] = point["ct2"]["runs"]
+        assert run["ct2_use_mkl"] == {"mkl": "1", "onednn": "0"}[setting["backend"]] and run["threads"] == 1
     # both engines read the same ids: the converted vocabulary is the export's, id for id
     converted = json.loads((tmp_path / "w" / "ct2-fp32" / "shared_vocabulary.json").read_text())
     pieces, _, _ = ct2_anchor.vocabulary(plain, json.loads((plain / "manifest.json").read_text()))

@@ -25,6 +25,13 @@ with `--int8-export` int8. Weights do not matter for speed; dimensions and the n
   length-sorted batches), so its peak RSS (VmHWM) is one engine's alone and neither imports torch; both get the same
   threads (ours `threads`, CTranslate2 `intra_threads`, `inter_threads=1`); rounds are interleaved with the engine
   order alternating, and each point reports the medians and the per-round ratios ours/CT2, whose median is the ratio.
+* The strongest anchor (`--ct2-tuning best`, the default): CTranslate2's own CPU defaults can be far from its best
+  on a machine (on a 2-vCPU Xeon VM its MKL backend at 2 threads ran greedy batch 1 at a fifth of its speed without
+  MKL, and its int8 at 2 threads at a fifth to a ninth of its 1-thread speed). So before the rounds each point times
+  CTranslate2 once on the first sentences under every setting it may use with at most `threads` cores — intra_threads
+  `threads` or 1, GEMM backend Intel MKL or oneDNN (`CT2_USE_MKL=1/0`) — and the rounds time the fastest; every
+  setting's figure is in the report. Ours runs as given: the anchor measures our defaults against CTranslate2 at its
+  best. `--ct2-tuning default` times CTranslate2 as it configures itself.
 
 One measurement is export/bench/ct2_worker.py, started by its path so that a CTranslate2 process never loads the
 project. The report records the machine (export/bench/table.py `machine`) and the library versions; store it as
@@ -53,6 +60,8 @@ ENGINES = ("ours", "ct2")
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "gelu": "gelu"}  # zoo's FFN activation → transformers'
 PAD = "<pad>"  # the piece Marian's converter drops from the end of the vocabulary (with its weight rows)
 DIMENSIONS = ("encoder_layers", "decoder_layers", "d_model", "num_heads", "ffn_dim", "vocab_size", "activation")
+BACKENDS = {"mkl": {"CT2_USE_MKL": "1"}, "onednn": {"CT2_USE_MKL": "0"}}  # CTranslate2's x86 CPU GEMM backends
+TUNING_SENTENCES = 16  # the calibration's workload per setting: the first length-sorted batches, at least this many
 
 
 class AnchorError(Exception):
@@ -189,8 +198,11 @@ def convert(hf_dir: Path, out: Path, quantization: str | None, pieces: list[str]
 
 # ---------------------------------------------------------------------------------------------- one measurement
 def measure(work_file: Path) -> dict[str, Any]:
-    """One measurement in a fresh process (ct2_worker.py by its path, the repository on its import path)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
+    """One measurement in a fresh process (ct2_worker.py by its path, the repository on its import path), with the
+    work file's `env` (a CTranslate2 backend) added to this process's environment."""
+    extra = json.loads(work_file.read_text(encoding="utf-8")).get("env") or {}
+    path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, **extra, "PYTHONPATH": path}
     proc = subprocess.run(
         [sys.executable, str(WORKER), str(work_file)], cwd=REPO, env=env, capture_output=True, text=True
     )
@@ -264,6 +276,41 @@ def plan(
     return planned
 
 
+def ct2_settings(threads: int) -> list[dict[str, Any]]:
+    """The CTranslate2 settings `--ct2-tuning best` tries: every backend at `threads` intra-op threads and at 1."""
+    return [{"threads": t, "backend": b} for t in dict.fromkeys((threads, 1)) for b in BACKENDS]
+
+
+def setting_name(setting: dict[str, Any]) -> str:
+    backend = {"mkl": "MKL", "onednn": "oneDNN", None: "its default backend"}[setting["backend"]]
+    return f"{setting['threads']} thread{'s' if setting['threads'] > 1 else ''}, {backend}"
+
+
+def tune_ct2(planned: list[tuple[dict[str, Any], dict[str, Path]]], settings: list[dict[str, Any]]) -> None:
+    """Per point, CTranslate2 timed once on its first batches (≥ TUNING_SENTENCES sentences; the first is also the
+    warm-up) under each setting; the point's work file then holds the fastest, and the point records every setting's
+    sentences/s."""
+    for point, files in planned:
+        work = json.loads(files["ct2"].read_text(encoding="utf-8"))
+        first, count = [], 0
+        for batch in work["batches"]:
+            first, count = [*first, batch], count + len(batch)
+            if count >= TUNING_SENTENCES:
+                break
+        tried = []
+        for setting in settings:
+            trial = files["ct2"].with_name(files["ct2"].stem + "-tuning.json")
+            env = BACKENDS.get(setting["backend"] or "", {})
+            trial.write_text(json.dumps({**work, "batches": first, "threads": setting["threads"], "env": env}))
+            tried.append({**setting, "sentences_per_s": measure(trial)["sentences_per_s"]})
+        best = max(tried, key=lambda t: t["sentences_per_s"])
+        env = BACKENDS.get(best["backend"] or "", {})
+        files["ct2"].write_text(json.dumps({**work, "threads": best["threads"], "env": env}))
+        point["ct2_setting"] = {"threads": best["threads"], "backend": best["backend"], "tried": tried}
+        figures = ", ".join(f"{setting_name(t)} {t['sentences_per_s']:.1f}" for t in tried)
+        print(f"CT2 setting {point_name(point)}: {setting_name(best)} ({figures} sent/s)", flush=True)
+
+
 def run_points(planned: list[tuple[dict[str, Any], dict[str, Path]]], rounds: int) -> list[dict[str, Any]]:
     """The points' records: rounds interleaved over the points, the engine order alternating per round."""
     runs: list[dict[str, list[dict[str, Any]]]] = [{e: [] for e in ENGINES} for _ in planned]
@@ -303,17 +350,24 @@ def table(report: dict[str, Any]) -> str:
         f"tokens x {report['sentences']} sentences, {report['threads']} threads, {report['rounds']} rounds, "
         f"{report['machine'].get('cpu')} ({report['machine'].get('signature')})",
         "",
-        "ours/CT2: the ratio of sentences/s (> 1: our runtime is faster), per round and its median",
+        "ours/CT2: the ratio of sentences/s (> 1: our runtime is faster), per round and its median; CT2 "
+        + (
+            "at its fastest setting per point (of intra_threads and GEMM backend, timed before the rounds)"
+            if report.get("ct2_tuning", "default") == "best"
+            else "as it configures itself"
+        ),
         "",
-        "| search | batch | precision | ours sent/s | CT2 sent/s | ours/CT2 | per round | ours peak MB | CT2 peak MB |",
-        "|---|---:|---|---:|---:|---:|---|---:|---:|",
+        "| search | batch | precision | ours sent/s | CT2 sent/s | ours/CT2 | per round | ours peak MB | CT2 peak MB "
+        "| CT2 setting |",
+        "|---|---:|---|---:|---:|---:|---|---:|---:|---|",
     ]
     for p in report["points"]:
         o, c = p["ours"], p["ct2"]
+        setting = setting_name(p.get("ct2_setting") or {"threads": report["threads"], "backend": None})
         lines.append(
             f"| {p['search']} | {p['batch']} | {p['precision']} | {o['median_sentences_per_s']:.1f} | "
             f"{c['median_sentences_per_s']:.1f} | {p['ratio']:.2f} | {', '.join(f'{r:.2f}' for r in p['ratios'])} "
-            f"| {o['peak_rss_mb']:.0f} | {c['peak_rss_mb']:.0f} |"
+            f"| {o['peak_rss_mb']:.0f} | {c['peak_rss_mb']:.0f} | {setting} |"
         )
     return "\n".join(lines)
 
@@ -356,7 +410,9 @@ def anchor(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     pieces = build_marian(export_dir, manifest, work / "marian", args.seed)
     quantization = {"fp32": None, "int8": "int8"}
     ct2 = {p: convert(work / "marian", work / f"ct2-{p}", quantization[p], pieces) for p in ours}
-    c = manifest["model_config"]
+    c, planned = manifest["model_config"], plan(args, {"ours": ours, "ct2": ct2}, sentences, work)
+    if args.ct2_tuning == "best":
+        tune_ct2(planned, ct2_settings(args.threads))
     return {
         "kind": "ct2_anchor", "issue": 88, "machine": machine(), "versions": versions(),
         "export": {"name": manifest["name"], "dir": str(export_dir), "checkpoint": manifest["checkpoint"]},
@@ -366,8 +422,8 @@ def anchor(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "differences": differences(manifest),
         "new_tokens": args.new_tokens, "sentences": args.sentences, "rounds": args.rounds, "threads": args.threads,
         "ours_spinning": args.spinning or "the runtime's default",
-        "seed": args.seed, "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "points": run_points(plan(args, {"ours": ours, "ct2": ct2}, sentences, work), args.rounds),
+        "seed": args.seed, "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "ct2_tuning": args.ct2_tuning,
+        "points": run_points(planned, args.rounds),
     }  # fmt: skip
 
 
@@ -390,6 +446,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--spinning",
         choices=["false", "true", "decoder", "shared"],
         help="our runtime's spinning setting (export.load spinning=; default: load's own default)",
+    )
+    ap.add_argument(
+        "--ct2-tuning",
+        choices=["best", "default"],
+        default="best",
+        help="time CTranslate2 at its fastest setting per point (threads ≤ --threads, MKL or oneDNN) or as it "
+        "configures itself",
     )
     ap.add_argument("--seed", type=int, default=0, help="seed of the random Marian weights")
     ap.add_argument("--work", help="keep the Marian and CTranslate2 models here (default: a temporary directory)")

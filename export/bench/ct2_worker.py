@@ -100,7 +100,8 @@ def ct2(work: dict[str, Any]) -> tuple[Decode, Decode, dict[str, Any]]:
         return steps
 
     by = "per-step callback" if beam == 1 else "hypothesis length (one token per step)"
-    return decode, counted, {"runtime": f"ctranslate2 {ctranslate2.__version__}",
+    return decode, counted, {"runtime": f"ctranslate2 {ctranslate2.__version__}", "threads": work["threads"],
+                             "ct2_use_mkl": os.environ.get("CT2_USE_MKL"),  # the backend the anchor set, if any
                              "compute_type": translator.compute_type, "steps_counted_by": by}  # fmt: skip
 
 
