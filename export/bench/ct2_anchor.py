@@ -292,20 +292,18 @@ def tune_ct2(planned: list[tuple[dict[str, Any], dict[str, Path]]], settings: li
     sentences/s."""
     for point, files in planned:
         work = json.loads(files["ct2"].read_text(encoding="utf-8"))
-        first, count = [], 0
+        first: list[list[int]] = []
         for batch in work["batches"]:
-            first, count = [*first, batch], count + len(batch)
-            if count >= TUNING_SENTENCES:
+            first.append(batch)
+            if sum(map(len, first)) >= TUNING_SENTENCES:
                 break
-        tried = []
+        trial, tried = files["ct2"].with_name(files["ct2"].stem + "-tuning.json"), []
         for setting in settings:
-            trial = files["ct2"].with_name(files["ct2"].stem + "-tuning.json")
-            env = BACKENDS.get(setting["backend"] or "", {})
+            env = BACKENDS[setting["backend"]]
             trial.write_text(json.dumps({**work, "batches": first, "threads": setting["threads"], "env": env}))
             tried.append({**setting, "sentences_per_s": measure(trial)["sentences_per_s"]})
         best = max(tried, key=lambda t: t["sentences_per_s"])
-        env = BACKENDS.get(best["backend"] or "", {})
-        files["ct2"].write_text(json.dumps({**work, "threads": best["threads"], "env": env}))
+        files["ct2"].write_text(json.dumps({**work, "threads": best["threads"], "env": BACKENDS[best["backend"]]}))
         point["ct2_setting"] = {"threads": best["threads"], "backend": best["backend"], "tried": tried}
         figures = ", ".join(f"{setting_name(t)} {t['sentences_per_s']:.1f}" for t in tried)
         print(f"CT2 setting {point_name(point)}: {setting_name(best)} ({figures} sent/s)", flush=True)
