@@ -32,7 +32,6 @@ from export.runtime import (
     MANIFEST,
     MANIFEST_KEYS,
     NEXT_PREFIX,
-    OLDEST_RUNTIME_FORMAT,
     RUNTIME_FORMAT,
     AlignmentInfo,
     CheckpointRef,
@@ -97,41 +96,54 @@ def size_info(before: dict[str, Any], after: dict[str, Any]) -> SizeInfo:
 
 
 def checksums(directory: Path, graphs: Graphs) -> dict[str, str]:
-    """sha256 of every file of the export but the manifest: the graphs, the tokenizer, the held-out sample, the
-    vocabulary shortlist where there is one."""
-    names = (graphs["encoder"]["file"], graphs["decoder"]["file"], TOKENIZER_FILE, HELDOUT_FILE)
+    """sha256 of every file of the export but the manifest: the graphs and their weights, the tokenizer, the
+    held-out sample, the vocabulary shortlist where there is one."""
+    names = tuple(g[key] for g in (graphs["encoder"], graphs["decoder"]) for key in ("file", "data")) + (
+        TOKENIZER_FILE,
+        HELDOUT_FILE,
+    )
     if (directory / SHORTLIST_FILE).exists():
         names += (SHORTLIST_FILE,)
     return {name: sha256_file(directory / name) for name in names}
 
 
-SHARED_MIN_BYTES = 4096  # smaller tensors are not worth a separate copy (and may occur more than once in a file)
+SHARED_MIN_BYTES = 4096  # smaller tensors are not worth a separate copy
 
 
 def shared_weights(directory: Path, graphs: Graphs) -> list[SharedWeight]:
     """The initializers the encoder and decoder graphs both hold, same name and same bytes (the tied embedding,
-    the positions table), each located in the encoder's file, where the runtime reads one copy for both sessions
-    without an ONNX parser. A tensor whose bytes occur more than once in the file is left to each graph."""
-    encoder_path = directory / graphs["encoder"]["file"]
-    data = encoder_path.read_bytes()
-    encoder = onnx.load_from_string(data).graph.initializer
-    decoder = onnx.load(str(directory / graphs["decoder"]["file"]), load_external_data=False).graph.initializer
-    in_decoder = {init.name: init for init in decoder}
+    the positions table), each located in the encoder's weights file, where the runtime reads one copy for both
+    sessions without an ONNX parser."""
+    encoder, decoder = (_weights_apart(directory, graphs[g]["file"]) for g in ("encoder", "decoder"))
     shared = []
-    for init in encoder:
-        twin = in_decoder.get(init.name)
-        if twin is None or len(init.raw_data) < SHARED_MIN_BYTES:
+    for name, (init, place) in encoder.items():
+        twin = decoder.get(name)
+        if twin is None or place[2] < SHARED_MIN_BYTES:
             continue
-        if twin.raw_data != init.raw_data or twin.data_type != init.data_type or twin.dims != init.dims:
-            continue
-        offset = data.find(init.raw_data)
-        if offset < 0 or data.find(init.raw_data, offset + 1) >= 0:
+        other, other_place = twin
+        same_kind = other.data_type == init.data_type and other.dims == init.dims
+        if not same_kind or _read(directory, place) != _read(directory, other_place):
             continue
         dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
-        shared.append(
-            SharedWeight(name=init.name, dtype=dtype.name, shape=list(init.dims), file=encoder_path.name, offset=offset)
-        )
+        shared.append(SharedWeight(name=name, dtype=dtype.name, shape=list(init.dims), file=place[0], offset=place[1]))
     return shared
+
+
+def _weights_apart(directory: Path, graph_file: str) -> dict[str, tuple[onnx.TensorProto, tuple[str, int, int]]]:
+    """A graph's initializers kept in its weights file, by name: each with its (file, offset, length) there."""
+    graph = onnx.load(str(directory / graph_file), load_external_data=False).graph
+    apart = {}
+    for init in graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            info = {entry.key: entry.value for entry in init.external_data}
+            apart[init.name] = (init, (info["location"], int(info.get("offset", 0)), int(info["length"])))
+    return apart
+
+
+def _read(directory: Path, place: tuple[str, int, int]) -> bytes:
+    with (directory / place[0]).open("rb") as fh:
+        fh.seek(place[1])
+        return fh.read(place[2])
 
 
 SIZE_KEYS = ("params", "params_excl_emb", "flops", "src_len")  # of a size_summary the manifest's `size` reads
@@ -218,8 +230,7 @@ def build_manifest(directory: Path, spec: ExportSpec) -> Manifest:
     graphs, payload, importance = spec.graphs, spec.checkpoint, spec.head_importance
     return Manifest(
         format_version=MANIFEST_FORMAT,
-        # the oldest runtime that reads it: a decoder with a shortlist input needs format 3
-        runtime_format=RUNTIME_FORMAT if "vocab_rows" in graphs["decoder"]["inputs"] else OLDEST_RUNTIME_FORMAT,
+        runtime_format=RUNTIME_FORMAT,  # the oldest runtime that reads it: weights apart (graphs.*.data) need 4
         name=spec.name,
         entry=str(payload.get("entry")),
         data=(payload.get("data_config") or {}).get("name"),
@@ -333,5 +344,5 @@ def summary_table(m: dict[str, Any], out: Path) -> str:
     )
     for name, digest in m["files"].items():
         size = (out / name).stat().st_size if (out / name).exists() else 0
-        lines.append(f"  {name:<16} {_fmt(size):>7}B  sha256 {digest[:16]}…")
+        lines.append(f"  {name:<17} {_fmt(size):>7}B  sha256 {digest[:16]}…")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ Python-backend models with the same name and I/O so the BLS model.py runs end to
 Layout for an export named N:
     N-encoder/config.pbtxt, N-encoder/1/model.onnx   backend onnxruntime, max_batch_size 0 (the BLS batches)
     N-decoder/config.pbtxt, N-decoder/1/model.onnx   one decoding step; state in and out as tensors
+    (each beside its weights under the name the graph refers to, encoder.onnx.data / decoder.onnx.data)
     N/config.pbtxt, N/1/{model.py, packages/export/, manifest.json, tokenizer.model}   the public model
 """
 
@@ -96,15 +97,16 @@ def write_ngc_model(
     name = check_name(manifest["name"])
     graphs = manifest["graphs"]
     repo.mkdir(parents=True, exist_ok=True)
-    parts = {f"{name}-encoder": graphs["encoder"]["file"], f"{name}-decoder": graphs["decoder"]["file"]}
+    parts = {f"{name}-encoder": graphs["encoder"], f"{name}-decoder": graphs["decoder"]}
     v = str(settings.version)
     with contextlib.ExitStack() as stack:  # every staged dir not yet published is removed on leaving
         staged = []
-        for model, graph_file in parts.items():  # the graphs are read from their checked copies from here on
+        for model, graph in parts.items():  # the graphs are read from their checked copies from here on
             stage = stack.enter_context(staged_model_dir(repo, model, overwrite))
             staged.append(stage)
             (stage.path / v).mkdir()
-            copy_export_files(export_dir, manifest, stage.path / v, {graph_file: ONNX_FILE})
+            weights = {graph["data"]: graph["data"]} if "data" in graph else {}  # the name the graph refers to
+            copy_export_files(export_dir, manifest, stage.path / v, {graph["file"]: ONNX_FILE, **weights})
             (stage.path / "config.pbtxt").write_text(onnx_config(model, stage.path / v / ONNX_FILE, settings))
         decoder = ort.InferenceSession(str(staged[1].path / v / ONNX_FILE), providers=["CPUExecutionProvider"])
         decoder_inputs = sorted(i.name for i in decoder.get_inputs())

@@ -126,7 +126,9 @@ def test_export_with_pruning_verifies_for_every_signature(entry: str, exported, 
         assert alignment["output"] == "alignment" in outputs and v["max_abs_alignment_diff"] <= 1e-4
     assert {f.name for f in out.iterdir()} == {
         "encoder.onnx",
+        "encoder.onnx.data",
         "decoder.onnx",
+        "decoder.onnx.data",
         "tokenizer.model",
         "manifest.json",
         "heldout.json",

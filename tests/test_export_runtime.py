@@ -7,6 +7,7 @@ Every export here runs with one thread (`runtime.threads=1`): the two cores are 
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import math
 import os
@@ -27,6 +28,7 @@ from export import graph as export_graph
 from export import runtime as rt
 from export.bench import threads as bench_threads
 from export.graph import CacheSpec
+from export.onnx_files import APART_MIN_BYTES
 from export.runtime.generation import padded, search_batch
 from tests.zoo_testing import REPO
 
@@ -123,7 +125,7 @@ def test_decoder_gathers_the_past_and_returns_only_new_positions(exported, tmp_p
     graph = onnx.load(str(out / manifest["graphs"]["decoder"]["file"])).graph
     inputs = {i.name for i in graph.input}
     assert "history" in inputs and "beam_order" not in inputs and "vocab_rows" not in inputs
-    assert manifest["runtime_format"] == rt.OLDEST_RUNTIME_FORMAT  # format 3 only for a decoder with a shortlist
+    assert manifest["runtime_format"] == rt.RUNTIME_FORMAT  # format 4: each graph's weights in a file of its own
     producer = {o: n for n in graph.node for o in n.output}
     for spec in (c for c in manifest["caches"] if c["kind"] == "self"):
         node = producer[rt.NEXT_PREFIX + spec["name"]]  # the new position as computed, never cut off a grown cache
@@ -178,11 +180,15 @@ def test_runtime_refuses_a_corrupt_export(exported, tmp_path) -> None:
     out, _ = exported("transformer")
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
-    with open(copy / "decoder.onnx", "r+b") as fh:
-        fh.seek(1000)
-        fh.write(b"\0\0\0\0")
-    with pytest.raises(rt.ExportedModelError, match="sha256"):
-        export.load(copy)
+    for name in ("decoder.onnx", "decoder.onnx.data"):
+        with open(copy / name, "r+b") as fh:
+            fh.seek(1000)
+            original = fh.read(4)
+            fh.seek(1000)
+            fh.write(bytes(255 - b for b in original))
+        with pytest.raises(rt.ExportedModelError, match=f"{name} does not match its sha256"):
+            export.load(copy)
+        shutil.copy(out / name, copy / name)
     with pytest.raises(rt.ExportedModelError, match=r"no manifest\.json"):
         export.load(tmp_path)
 
@@ -208,6 +214,34 @@ def test_shared_weights_are_read_once_for_both_sessions(exported, tmp_path) -> N
     for name in one:
         np.testing.assert_array_equal(one[name], two[name])
     assert search_batch(model, src, model.search) == search_batch(alone, src, alone.search)
+
+
+@pytest.mark.parametrize("location", ["../outside.bin", "/tmp/outside.bin", "link.bin"])
+def test_a_graph_naming_weights_outside_its_directory_is_refused(exported, tmp_path, location) -> None:
+    """Each graph's weights lie apart in its data file (format 4), which the graph names inside itself, where the
+    runtime does not parse. What keeps a crafted graph from reading other files as weights is onnxruntime's rule,
+    relied on by the runtime and so checked here on the pinned version: a location outside the graph's directory —
+    through '..', an absolute path or a symbolic link — fails the load, as one line naming the file and the fix."""
+    out, manifest = exported("transformer")
+    assert manifest["graphs"]["decoder"]["data"] == "decoder.onnx.data"
+    inline = onnx.load(str(out / "decoder.onnx"), load_external_data=False).graph.initializer
+    assert max(len(i.raw_data) for i in inline) <= APART_MIN_BYTES < (out / "decoder.onnx.data").stat().st_size
+    assert (out / "decoder.onnx.data").stat().st_mode == (out / "decoder.onnx").stat().st_mode  # readable alike
+    copy = tmp_path / "export"
+    shutil.copytree(out, copy)
+    outside = tmp_path / "outside.bin"
+    shutil.copy(out / "decoder.onnx.data", outside)
+    (copy / "link.bin").symlink_to(outside)
+    model = onnx.load(str(copy / "decoder.onnx"), load_external_data=False)
+    weight = next(i for i in model.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL)
+    next(e for e in weight.external_data if e.key == "location").value = location.replace("/tmp", str(tmp_path))
+    onnx.save(model, str(copy / "decoder.onnx"))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["files"]["decoder.onnx"] = hashlib.sha256((copy / "decoder.onnx").read_bytes()).hexdigest()
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(rt.ExportedModelError, match=r"decoder\.onnx: onnxruntime cannot load it .*re-export") as err:
+        export.load(copy, threads=1)
+    assert "\n" not in str(err.value)
 
 
 def test_runtime_providers_name_the_fix(exported) -> None:
@@ -306,6 +340,9 @@ def _add_file(name: str):
         (lambda m: m.update(tokenizer="../tokenizer.model"), "not a plain file name"),
         (lambda m: m["graphs"]["decoder"].update(file="/tmp/other.onnx"), "graphs.decoder.file"),
         (lambda m: m["files"].pop("decoder.onnx"), "not listed"),
+        (lambda m: m["files"].pop("encoder.onnx.data"), "not listed"),
+        (lambda m: m["graphs"]["decoder"].update(data="../decoder.onnx.data"), "not a plain file name"),
+        (lambda m: m["graphs"]["decoder"].update(data="weights.bin"), "names this file 'decoder.onnx.data'"),
         (lambda m: m.update(shortlist={"file": "other.npz"}), "the export format names this file 'shortlist.npz'"),
         (lambda m: m.update(shortlist={"file": "shortlist.npz"}), "not listed"),
         (lambda m: m.pop("vocab"), "missing key 'vocab.pad_id'"),

@@ -228,7 +228,9 @@ def test_repository_is_self_contained_and_configs_parse(repo, translator_export)
         "model_outputs.py",
         "packages",
         "encoder.onnx",
+        "encoder.onnx.data",
         "decoder.onnx",
+        "decoder.onnx.data",
         "tokenizer.model",
         "manifest.json",
     }
@@ -879,7 +881,8 @@ def test_ngc_variant_configs_and_bls_against_standins(translator_export, local, 
         assert config.backend == "onnxruntime" and config.max_batch_size == 0
         assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
         assert {i.name for i in config.input} == onnx_inputs[part]
-        assert (repo / f"transformer-smoke-{part}/1/model.onnx").is_file()
+        # the graph beside its weights, under the name the graph refers to
+        assert {f.name for f in (repo / f"transformer-smoke-{part}/1").iterdir()} == {"model.onnx", f"{part}.onnx.data"}
     bls = text_format.Parse((repo / "transformer-smoke/config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     assert bls.backend == "python" and bls.parameters["decoder_model"].string_value == "transformer-smoke-decoder"
     # no onnxruntime backend here: same-named Python stand-ins run the same model.onnx

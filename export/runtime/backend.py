@@ -268,8 +268,6 @@ class OrtBackend:
         state: str = "auto",
         profile_prefix: str | None = None,
     ) -> None:
-        import onnxruntime as ort  # here, not at the top: see the module docstring
-
         if state not in STATES:
             raise ExportRuntimeError(f"state={state!r}: choose one of {list(STATES)} (where a search keeps its caches)")
         spinning = resolve_spinning(spinning, session_threads(manifest, threads))
@@ -296,15 +294,8 @@ class OrtBackend:
             decoder_options.add_initializer(name, value)
         graphs = manifest["graphs"]
         disabled = CPU_DISABLED_OPTIMIZERS if provider == "cpu" else []
-        self.encoder = ort.InferenceSession(
-            str(directory / graphs["encoder"]["file"]), options, providers=providers, disabled_optimizers=disabled
-        )
-        self.decoder = ort.InferenceSession(
-            str(directory / graphs["decoder"]["file"]),
-            decoder_options,
-            providers=providers,
-            disabled_optimizers=disabled,
-        )
+        self.encoder = open_session(directory / graphs["encoder"]["file"], options, providers, disabled)
+        self.decoder = open_session(directory / graphs["decoder"]["file"], decoder_options, providers, disabled)
         release_free_heap()  # the parsed graph files are gone now; glibc keeps their pages unless asked
         self.decoder_inputs = frozenset(i.name for i in self.decoder.get_inputs())
         check_position_table(self.encoder, manifest, graphs["encoder"]["file"])
@@ -332,6 +323,22 @@ class OrtBackend:
         (the state lives on the host between steps, so there is nothing to keep as OrtValues).
         Measured: results/runtime/docstring_figures.md."""
         return run_graph(self.decoder, "decoder", outputs, inputs)
+
+
+def open_session(
+    path: Path, options: ort.SessionOptions, providers: list[Any], disabled: list[str]
+) -> ort.InferenceSession:
+    """An onnxruntime session of one graph file, or one line naming the file and the fix where onnxruntime cannot
+    load it (a graph or its weights file damaged, or naming weights outside its directory)."""
+    import onnxruntime as ort  # here, not at the top: see the module docstring
+
+    try:
+        return ort.InferenceSession(str(path), options, providers=providers, disabled_optimizers=disabled)
+    except Exception as exc:
+        if not type(exc).__module__.startswith("onnxruntime"):  # onnxruntime's own (Fail, InvalidGraph, …) only
+            raise
+        reason = " ".join(str(exc).split())[:300]
+        raise ExportedModelError(f"{path}: onnxruntime cannot load it ({reason}); re-export the model") from exc
 
 
 def check_position_table(session: ort.InferenceSession, manifest: Manifest, file: str) -> None:

@@ -36,19 +36,24 @@ from .manifest_checks import (
     sha256_digest,
 )
 
-RUNTIME_FORMAT = 3  # 2: the host stores the growing self caches; the graph gathers rows by `history`
+RUNTIME_FORMAT = 4  # 2: the host stores the growing self caches; the graph gathers rows by `history`
 # 3: the decoder graph of an export with a vocabulary shortlist takes `vocab_rows`; exports without one are format 2
+# 4: each graph's weights in a file of their own (`graphs.*.data`, ONNX external data)
 OLDEST_RUNTIME_FORMAT = 2
 NEXT_PREFIX = "next."  # decoder output name prefix of what a step adds to a self-attention state
 ALIGNMENT_OUTPUT = "alignment"  # decoder output: one layer's head-averaged cross-attention weights [batch, src_len]
 
 
-class GraphInfo(TypedDict):
+class _GraphKeys(TypedDict):
     file: str  # a plain file name inside the export, listed in `files`
     ir_version: int
     opset: int
     inputs: list[str]  # the graph's actual I/O (the exporter drops inputs a mechanism never reads)
     outputs: list[str]
+
+
+class GraphInfo(_GraphKeys, total=False):
+    data: str  # the file of its weights (ONNX external data: `file` names it), listed; exports before format 4 lack it
 
 
 class Graphs(TypedDict):
@@ -227,6 +232,8 @@ _RUNTIME_FIELDS = {
         "files",
         "graphs.encoder.file",
         "graphs.decoder.file",
+        "graphs.encoder.data",
+        "graphs.decoder.data",
         "tokenizer",
         "heldout",
         "shortlist.file",
@@ -304,9 +311,13 @@ def read_manifest(
     referenced = {
         key: field(m, key, _RUNTIME_FIELDS[key]) for key in ("graphs.encoder.file", "graphs.decoder.file", "tokenizer")
     }
-    for optional in ("heldout", "shortlist.file"):  # files an export may hold
-        if optional.split(".")[0] in m:
-            referenced[optional] = field(m, optional, _RUNTIME_FIELDS[optional])
+    present = {
+        "heldout": "heldout" in m,
+        "shortlist.file": "shortlist" in m,
+        **{f"graphs.{g}.data": "data" in m["graphs"][g] for g in ("encoder", "decoder")},  # dicts: field() read them
+    }
+    for optional in (key for key, held in present.items() if held):  # files an export may hold
+        referenced[optional] = field(m, optional, _RUNTIME_FIELDS[optional])
     for key, value in referenced.items():
         if plain_name(value, key) != EXPORT_FILES[key]:
             raise ExportedModelError(

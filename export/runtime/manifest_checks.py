@@ -6,6 +6,11 @@ Why they are this strict: an export is untrusted input (downloaded, shared), and
   beside the model's code. Each is a plain name inside the directory and a regular file — not a symlink (its
   target may lie anywhere), a device or a FIFO (a read that never ends); `open_regular` refuses the others
   without a window between the check and the read.
+- Weights apart (format 4): a graph names its weights' file inside itself (ONNX external data), where the runtime,
+  which parses no ONNX, does not look. onnxruntime (the pinned 1.31) opens only files under the graph's own
+  directory: no absolute path, no '..', no symbolic link out of it (tests/test_export_runtime.py); a served
+  model directory holds exactly the format's files (serve.repository copies them, checked), so there a graph can
+  name none but those.
 - Numbers: a value of the right type can still take a server down or make every request fail
   (`runtime.threads=300` starts 601 OS threads; `max_positions=2^62`, `vocab.size=2^40`, negative ids or a NaN
   search default load and then fail each request). Every number the runtime reads has a stated range
@@ -31,6 +36,8 @@ REEXPORT = "re-export the model with `python -m export`"
 EXPORT_FILES = {
     "graphs.encoder.file": "encoder.onnx",
     "graphs.decoder.file": "decoder.onnx",
+    "graphs.encoder.data": "encoder.onnx.data",
+    "graphs.decoder.data": "decoder.onnx.data",
     "tokenizer": "tokenizer.model",
     "heldout": "heldout.json",
     "shortlist.file": "shortlist.npz",
