@@ -244,6 +244,24 @@ def test_a_graph_naming_weights_outside_its_directory_is_refused(exported, tmp_p
     assert "\n" not in str(err.value)
 
 
+def test_an_export_whose_graphs_hold_their_weights_still_loads(exported, tmp_path) -> None:
+    """Exports made before format 4 hold their weights inside the graphs: they load and decode as before."""
+    out, _ = exported("transformer")
+    old = tmp_path / "format3"
+    shutil.copytree(out, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    for graph in manifest["graphs"].values():
+        onnx.save(onnx.load(str(old / graph["file"])), str(old / graph["file"]))  # weights back inside
+        (old / graph.pop("data")).unlink()
+        manifest["files"].pop(f"{graph['file']}.data")
+        manifest["files"][graph["file"]] = hashlib.sha256((old / graph["file"]).read_bytes()).hexdigest()
+    manifest.pop("shared_weights")
+    manifest["runtime_format"] = 3
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    sources = json.loads((out / "heldout.json").read_text())["src"][:4]
+    assert export.load(old, threads=1).translate(sources) == export.load(out, threads=1).translate(sources)
+
+
 def test_runtime_providers_name_the_fix(exported) -> None:
     """provider=cpu is the default; provider=cuda asks for CUDA with TF32 off (the export's parity), and where
     this onnxruntime has no CUDA provider, loading says to install onnxruntime-gpu instead of falling back."""
