@@ -335,10 +335,15 @@ def open_session(
     try:
         return ort.InferenceSession(str(path), options, providers=providers, disabled_optimizers=disabled)
     except Exception as exc:
-        if not type(exc).__module__.startswith("onnxruntime"):  # onnxruntime's own (Fail, InvalidGraph, …) only
+        if not from_onnxruntime(exc):
             raise
         reason = " ".join(str(exc).split())[:300]
         raise ExportedModelError(f"{path}: onnxruntime cannot load it ({reason}); re-export the model") from exc
+
+
+def from_onnxruntime(exc: Exception) -> bool:
+    """onnxruntime's own failure (Fail, InvalidGraph, …: its exceptions derive from Exception alone)."""
+    return type(exc).__module__.startswith("onnxruntime")
 
 
 def check_position_table(session: ort.InferenceSession, manifest: Manifest, file: str) -> None:
@@ -382,7 +387,7 @@ def run_bound(session: ort.InferenceSession, which: str, binding: ort.IOBinding,
 def graph_run_error(exc: Exception, which: str, feeds: dict[str, np.ndarray]) -> Exception:
     """onnxruntime's failure as one GraphRunError line naming the graph and input shapes; any other exception as
     it is."""
-    if not type(exc).__module__.startswith("onnxruntime"):
+    if not from_onnxruntime(exc):
         return exc
     shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in list(feeds.items())[:3])
     return GraphRunError(
