@@ -56,6 +56,7 @@ from export.rewrites import (
     new_positions_from_concat,
     outputs_from_their_producers,
     reads,
+    transposed_weights_into_gemm,
     unread_attention_outputs_dropped,
 )
 from export.runtime import GraphInfo, Graphs
@@ -199,6 +200,7 @@ def _finish_graph(path: Path, metadata: dict[str, str]) -> GraphInfo:
     _name_weights(model)
     new_positions_from_concat(model)
     drop_multiplications_by_one(model)
+    transposed_weights_into_gemm(model)
     outputs_from_their_producers(model)
     layout_preserving_transposes_to_reshapes(model)
     consecutive_reshapes_merged(model)
@@ -232,7 +234,8 @@ def save_graph(model: onnx.ModelProto, path: Path) -> None:
     into the buffer it keeps, where a graph that holds them is parsed whole first, both copies alive at once — the
     decoder's load was the batch-1 peak (fp32 base36, one process: 298 → 251 MB; INT8 142 → 118 MB;
     results/runtime/fast_defaults.md). The weights are written afresh (onnx appends to a data file that exists), as
-    readable as the graph (onnx makes its data files private to their owner)."""
+    readable as the graph (onnx makes its data files private to their owner), and there though empty when no weight
+    reaches APART_MIN_BYTES (the manifest lists every graph's data file)."""
     data = path.with_name(data_file(path.name))
     data.unlink(missing_ok=True)
     onnx.save_model(
@@ -243,6 +246,7 @@ def save_graph(model: onnx.ModelProto, path: Path) -> None:
         location=data.name,
         size_threshold=APART_MIN_BYTES,
     )
+    data.touch()
     data.chmod(path.stat().st_mode & 0o777)
 
 
@@ -348,14 +352,26 @@ def export_graphs(
     )
 
 
-def _fold_weight_transposes(model: onnx.ModelProto) -> None:
-    """Replace Transpose(initializer) by a transposed initializer. The tied output projection is
-    `x @ tgt_embed.weightᵀ` with the table shared by the embedding Gather, so the exporter keeps a
-    runtime Transpose — which hides that MatMul's weight from quantize_dynamic. Inside control-flow branches too
-    (a shortlist decoder's If holds the projection): the transposed copy becomes an initializer of the graph, which
-    the branch reads by name."""
+def _weights_as_matmul_operands(model: onnx.ModelProto) -> None:
+    """Every weight a MatMul reads transposed becomes an initializer it reads as it is, which is what
+    quantize_dynamic quantises: a Transpose(initializer) becomes a transposed initializer, and a Gemm(x, W,
+    transB=1) without bias (the fp32 graphs' tied output projection, `transposed_weights_into_gemm`) becomes
+    MatMul(x, Wᵀ) — quantize_dynamic quantises MatMul, not Gemm. Inside control-flow branches too (a shortlist
+    decoder's If holds the projection): the transposed copy becomes an initializer of the graph, which the branch
+    reads by name."""
     inits = {i.name: i for i in model.graph.initializer}
     for graph in reversed(graph_and_branches(model.graph)):  # innermost first: no branch is moved while held
+        for node in [n for n in graph.node if n.op_type == "Gemm" and len(n.input) == 2 and n.input[1] in inits]:
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            transposed = f"{node.input[1]}_t"
+            if attrs != {"transB": 1} or transposed in inits:
+                continue
+            data = numpy_helper.to_array(inits[node.input[1]]).T
+            model.graph.initializer.append(numpy_helper.from_array(data.copy(), transposed))
+            inits[transposed] = model.graph.initializer[-1]
+            matmul = onnx.helper.make_node("MatMul", [node.input[0], transposed], list(node.output), name=node.name)
+            graph.node.insert(list(graph.node).index(node), matmul)
+            graph.node.remove(node)
         for node in [n for n in graph.node if n.op_type == "Transpose" and n.input[0] in inits]:
             perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
             data = numpy_helper.to_array(inits[node.input[0]]).transpose(perm)
@@ -376,7 +392,7 @@ def quantize_graphs(directory: Path) -> None:
     for name in (ENCODER_FILE, DECODER_FILE):
         path = directory / name
         model = onnx.load(str(path))
-        _fold_weight_transposes(model)
+        _weights_as_matmul_operands(model)
         save_graph(model, path)
         tmp = directory / f"{name}.int8"
         with _quiet_exporter():

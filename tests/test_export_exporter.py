@@ -265,7 +265,7 @@ def test_head_importance_plan_and_int8_export(exported, smoke_run) -> None:
     assert manifest["head_plan"] == plan and manifest["head_plan_source"].startswith("importance:heldout")
     assert manifest["name"] == "transformer-smoke-int8" and manifest["quantized"]
     ops = {n.op_type for n in onnx.load(str(out / "decoder.onnx")).graph.node}
-    assert "MatMulInteger" in ops or "DynamicQuantizeMatMul" in ops
+    assert ("MatMulInteger" in ops or "DynamicQuantizeMatMul" in ops) and "Gemm" not in ops  # the projection too
     assert manifest["verification"]["passed"]  # fp32 graphs verified strictly before quantising
     assert "max_abs_logits_diff" in manifest["verification_int8"]  # int8 drift reported, not failed
     q = manifest["int8_quality"]  # its BLEU cost, measured on the (smoke) test split

@@ -17,6 +17,7 @@ from export.rewrites import (
     drop_unread,
     layout_preserving_transposes_to_reshapes,
     outputs_from_their_producers,
+    transposed_weights_into_gemm,
 )
 
 
@@ -161,3 +162,62 @@ def test_consecutive_reshapes_merge_into_the_last_exactly() -> None:
     for feeds, expected in zip(cases, before, strict=True):
         for a, b in zip(expected, run(model, feeds), strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def test_a_matmul_of_a_transposed_table_becomes_gemm_exactly_and_int8_still_quantises_it(tmp_path) -> None:
+    """MatMul(x, Transpose(W)) with x 2-D becomes Gemm(x, W, transB=1), no transposed copy of W left (the tied
+    output projection: onnxruntime folded the Transpose into a second copy of the table at load); a Transpose read
+    twice, or feeding a MatMul of 3-D rows, stays. onnxruntime computes the same bits before and after; the INT8
+    step's preparation turns the Gemm back into a MatMul of Wᵀ, which quantize_dynamic quantises."""
+    from export.onnx_files import DECODER_FILE, ENCODER_FILE, quantize_graphs, save_graph
+
+    rng = np.random.default_rng(0)
+
+    def weight(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array(rng.normal(size=shape).astype(np.float32), name)
+
+    def graph(nodes: list[onnx.NodeProto], outputs: list[str], inits: list[onnx.TensorProto]) -> onnx.ModelProto:
+        inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 16])]
+        inputs.append(helper.make_tensor_value_info("rows3", TensorProto.FLOAT, ["rows", 1, 16]))
+        outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs]
+        g = helper.make_graph(nodes, "g", inputs, outs, inits)
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+
+    feeds = {"x": rng.normal(size=(5, 16)).astype(np.float32), "rows3": rng.normal(size=(5, 1, 16)).astype(np.float32)}
+
+    def run(m: onnx.ModelProto) -> list[np.ndarray]:
+        return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+    projection = [
+        helper.make_node("Transpose", ["table"], ["t"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "t"], ["logits"]),  # the tied projection: becomes Gemm
+    ]
+    others = [
+        helper.make_node("Transpose", ["other"], ["u"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "u"], ["once"]),
+        helper.make_node("Relu", ["u"], ["twice"]),  # u read twice: stays
+        helper.make_node("Transpose", ["third"], ["v"], perm=[1, 0]),
+        helper.make_node("MatMul", ["rows3", "v"], ["rows_out"]),  # 3-D rows (Gemm takes 2-D only): stays
+    ]
+    tables = [weight("table", 40, 16), weight("other", 16, 16), weight("third", 16, 16)]
+    model = graph(projection + others, ["logits", "once", "twice", "rows_out"], tables)
+    before = run(model)
+    transposed_weights_into_gemm(model)
+    ops = {n.output[0]: (n.op_type, list(n.input)) for n in model.graph.node}
+    assert ops["logits"] == ("Gemm", ["x", "table"]) and "t" not in ops
+    assert ops["u"][0] == "Transpose" and ops["v"][0] == "Transpose" and ops["rows_out"][0] == "MatMul"
+    for a, b in zip(before, run(model), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+    alone = graph(projection, ["logits"], tables[:1])  # INT8: the projection alone, as both graphs of an export
+    transposed_weights_into_gemm(alone)
+    for name in (ENCODER_FILE, DECODER_FILE):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(alone)  # save_graph moves the weights of what it saves into the data file
+        save_graph(copy, tmp_path / name)
+    quantize_graphs(tmp_path)
+    quantized = onnx.load(str(tmp_path / DECODER_FILE))
+    ops = {n.op_type for n in quantized.graph.node}
+    assert "Gemm" not in ops and ("MatMulInteger" in ops or "DynamicQuantizeMatMul" in ops)
+    int8 = run(quantized)[0]
+    np.testing.assert_allclose(int8, before[0], atol=0.05 * np.abs(before[0]).max())  # INT8 drift only

@@ -204,6 +204,10 @@ def test_shared_weights_are_read_once_for_both_sessions(exported, tmp_path) -> N
         in_file = np.fromfile(out / w["file"], np.dtype(w["dtype"]), math.prod(w["shape"]), offset=w["offset"])
         for g in graphs:
             np.testing.assert_array_equal(in_file.reshape(w["shape"]), numpy_helper.to_array(g[name]))
+    # the tied output projection reads the table as it is (Gemm transB=1), not a transposed copy made at load
+    decoder = onnx.load(str(out / "decoder.onnx")).graph
+    readers = sorted(n.op_type for n in decoder.node if "tgt_embed.weight" in n.input)
+    assert "tgt_embed.weight" in shared and readers == ["Gather", "Gemm"]
     model = export.load(out)
     assert model.backend.shared.keys() == shared.keys()
     own = _tampered(out, tmp_path, lambda m: m.pop("shared_weights"))
