@@ -85,6 +85,7 @@ def test_both_engines_decode_exactly_n_tokens(plain: Path, tmp_path: Path) -> No
     too_long = {"engine": "ours", "model": str(plain), "threads": 1, "beam": 1, "steps": manifest["max_positions"]}
     with pytest.raises(ct2_worker.MeasurementError, match="did not run the decoder"):
         ct2_worker.measure({**too_long, "sentences": sentences, "batches": [[0]]})
+    assert ct2_worker.main(["--help"]) == ct2_worker.main([]) == 2  # a usage line naming the anchor, no traceback
 
 
 @pytest.mark.parametrize(

@@ -135,9 +135,14 @@ def measure(work: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    [work_file] = sys.argv[1:] if argv is None else argv
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not Path(args[0]).is_file():
+        usage = f"usage: python {Path(__file__).name} WORK.json"
+        print(f"{usage} — one measurement of `python -m export.bench.ct2_anchor`, which writes WORK.json and starts "
+              "this; run the anchor instead", file=sys.stderr)  # fmt: skip
+        return 2
     try:
-        print(json.dumps(measure(json.loads(Path(work_file).read_text(encoding="utf-8")))), flush=True)
+        print(json.dumps(measure(json.loads(Path(args[0]).read_text(encoding="utf-8")))), flush=True)
     except MeasurementError as exc:
         print(exc, file=sys.stderr)
         return 2
