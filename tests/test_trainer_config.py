@@ -63,6 +63,7 @@ def test_the_first_commits_trainer_config_still_loads() -> None:
         ("trainer.precision=fp8", r"trainer\.precision='fp8' is not a precision; use one of fp32, bf16, fp16"),
         ("trainer.best_metric=bleu", r"trainer\.best_metric='bleu' is not a metric; use one of quality, loss"),
         ("trainer.validate_every=0", r"trainer\.validate_every=0 must be at least 1"),
+        ("trainer.max_updates=-1", r"trainer\.max_updates=-1 must be at least 1"),  # it trained one update
         ("trainer.cpu_allocator=jemalloc", r"'jemalloc' is not an allocator setting; use one of retain, system"),
         ("trainer.optimizer_kernel=apex", r"'apex' is not an optimizer kernel; use one of for_loop, foreach, fused"),
         ("~trainer.lr", r"the trainer config lacks \['lr'\]"),

@@ -44,7 +44,7 @@ class TrainerConfig:
     warmup_init_lr: float
     max_tokens: int
     update_freq: int
-    max_updates: int
+    max_updates: int  # ≥ 1: a run ends at it (or at max_minutes first)
     max_epochs: int  # 0 = unlimited
     max_minutes: float  # 0 = no wall-clock budget
     clip_norm: float  # 0 = no clipping
@@ -118,7 +118,7 @@ class TrainerConfig:
                 "trainer.compile=true needs a C++ compiler for torch.compile's CPU kernels and none is on PATH: "
                 "install one (Debian/Ubuntu: apt install g++) or leave trainer.compile=false"
             )
-        for name in ("validate_every", "log_every", "update_freq", "max_tokens"):
+        for name in ("max_updates", "validate_every", "log_every", "update_freq", "max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name}={getattr(self, name)} must be at least 1 (trainer.{name}=<n ≥ 1>)")
 
