@@ -13,7 +13,9 @@ and of the new position apart, a Concat, a Softmax, two Slices, …). Export con
   and a Split, then MultiHeadAttention(q, k, v, past_key, past_value), the past gathered from the host's store as
   before ([N, H, t, dh]). onnxruntime attends to the past only when the grown caches are asked for as outputs
   (checked: without them it ignores the past), so the node returns them, unread; that copy of every row's past per
-  layer is what makes "all" slower at beam × batch rows. The new position's k and v go out as before (`next.*`).
+  layer made "all" slower and heavier at beam × batch rows, so the finished graph runs the kernel only for few rows
+  and the same attention written out for many (export/self_attention_by_rows.py). The new position's k and v go out
+  as before (`next.*`).
 
 Grouped-query modules (`GroupedQueryAttention`, H query heads over Hkv key/value heads, g = H / Hkv per group) run as
 the same kernel with num_heads = Hkv: a group's g query heads become g query *positions* of their key/value head
@@ -76,8 +78,7 @@ class FusedSelfStep:
         heads, kv, dh = m.num_heads, key_value_heads(m), m.head_dim
         group = heads // kv
         # [N, 1, I], [N, 1, Ikv] twice, with their biases: the new k, v go out as they are (a Reshape each); the
-        # kernel's grown caches are not read, yet the peak at beam 5 × 32 is still 121 MB above the written-out
-        # graph's (results/runtime/fused_attention.md)
+        # kernel's grown caches are not read (and for many rows not made: export/self_attention_by_rows.py)
         q, k, v = F.linear(x, m.fused_qkv_weight, m.fused_qkv_bias).split([heads * dh, kv * dh, kv * dh], dim=-1)
         past_k, past_v = cache["k"], cache["v"]  # [N, Hkv, t, dh]
         t = past_k.shape[2]

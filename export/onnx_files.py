@@ -60,6 +60,7 @@ from export.rewrites import (
     unread_attention_outputs_dropped,
 )
 from export.runtime import GraphInfo, Graphs
+from export.self_attention_by_rows import self_attention_by_rows
 from zoo.model import Transformer
 
 ENCODER_FILE = "encoder.onnx"
@@ -194,8 +195,8 @@ def _name_weights(model: onnx.ModelProto) -> None:
 
 
 def _finish_graph(path: Path, metadata: dict[str, str]) -> GraphInfo:
-    """Readable weight names, the exact rewrites of export/rewrites.py, the export's metadata written
-    into the graph file; its manifest entry."""
+    """Readable weight names, the exact rewrites of export/rewrites.py, the fused self-attention chosen by rows
+    (export/self_attention_by_rows.py), the export's metadata written into the graph file; its manifest entry."""
     model = onnx.load(str(path))
     _name_weights(model)
     new_positions_from_concat(model)
@@ -206,6 +207,7 @@ def _finish_graph(path: Path, metadata: dict[str, str]) -> GraphInfo:
     consecutive_reshapes_merged(model)
     drop_unread(model)
     unread_attention_outputs_dropped(model)
+    self_attention_by_rows(model)  # last: it moves the fused self-attention nodes into If branches
     for key, value in metadata.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value

@@ -85,16 +85,18 @@ def test_an_fp16_export_keeps_the_interface_and_verifies_against_fp32(exported, 
 
 
 def test_a_shortlist_decoder_converts_with_its_branches(exported, tmp_path) -> None:
-    """The shortlist decoder's If (export/graph.py) holds the output projection: both branches float16, the logits
-    they return cast once and normalised in float32; a shortlisted search decodes as the fp32 export's does."""
+    """The shortlist decoder's If (export/graph.py) holds the output projection: both branches float16 (as are those
+    of each self-attention's If on the rows: export/self_attention_by_rows.py), the logits they return cast once and
+    normalised in float32; a shortlisted search decodes as the fp32 export's does."""
     source, manifest = exported("transformer", "shortlist.build=true")
     out = tmp_path / "fp16"
     shutil.copytree(source, out)
     manifest = json.loads((out / "manifest.json").read_text())
     half_export(out, manifest)
     decoder = onnx.load(str(out / "decoder.onnx")).graph
-    [branching] = [n for n in decoder.node if n.op_type == "If"]
-    for branch in branching.attribute:
+    branching = [n for n in decoder.node if n.op_type == "If"]  # the shortlist's, and each self-attention's by rows
+    assert sum(not n.name.startswith("self_attention.") for n in branching) == 1
+    for branch in (attribute for n in branching for attribute in n.attribute):
         assert [o.type.tensor_type.elem_type for o in branch.g.output] == [HALF]
     assert _io_types(out / "decoder.onnx")["logits"] == FLOAT
     model, reference = export.load(out, threads=1), export.load(source, threads=1)

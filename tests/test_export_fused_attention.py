@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from export.fused_attention import MASK_FILTER_VALUE
+from export.rewrites import nested_nodes
 from export.runtime import load
 from tests.export_testing import pruning_overrides
 
@@ -157,11 +158,12 @@ def written_out(exported, checkpoint_run, tmp_path_factory) -> Callable[[str], t
 
 
 def fused_nodes(directory) -> dict[str, onnx.NodeProto]:
-    """The decoder's MultiHeadAttention nodes by module: a self-attention's reads a past, a cross-attention's the
-    cross caches `L<i>.cross.k` (layers in graph order)."""
+    """The decoder's MultiHeadAttention nodes by module: a self-attention's reads a past (inside the If that runs it
+    for few rows: export/self_attention_by_rows.py), a cross-attention's the cross caches `L<i>.cross.k` (layers in
+    graph order)."""
     graph = onnx.load(str(directory / "decoder.onnx")).graph
     found, self_layer = {}, 0
-    for node in graph.node:
+    for node in nested_nodes(graph):
         if node.op_type != "MultiHeadAttention":
             continue
         if len(node.input) > 6 and node.input[6]:
@@ -189,8 +191,12 @@ def test_a_pruned_export_has_one_fused_kernel_per_decoder_attention_with_its_own
             alignment = name == f"decoder.layers.{manifest['alignment']['layer']}.cross_attn"
             assert list(node.output[1:]) == (["", "", node.output[3]] if alignment else []), name
         else:
-            # past in, grown caches out (unread, but asked for: else onnxruntime ignores the past)
+            # past in, grown caches out (unread, but asked for: else onnxruntime ignores the past); for few rows only
             assert len(node.output) == 3 and all(node.output) and node.input[6] and node.input[7], name
+    top = onnx.load(str(out / "decoder.onnx")).graph.node  # each self-attention kernel inside an If on the rows
+    by_rows = [n for n in top if n.op_type == "If" and n.name.startswith("self_attention.")]
+    assert len(by_rows) == sum(name.endswith("self_attn") for name in nodes)
+    assert not [n for n in top if n.op_type == "MultiHeadAttention" and len(n.input) > 6 and n.input[6]]
     assert {
         modules["decoder.layers.0.self_attn"]["num_heads"],
         modules["decoder.layers.1.cross_attn"]["num_heads"],
@@ -346,6 +352,7 @@ def test_a_model_that_has_decoded_burns_no_cpu_while_idle(spinning, exported) ->
     out, _ = exported("transformer")
     child = f"""
 import json, resource, time
+from export.rewrites import nested_nodes
 from export.runtime import load
 model = load({str(out)!r}, spinning={spinning!r}, threads=2)
 model.translate(json.loads(open({str(out / "heldout.json")!r}).read())["src"][:4])
