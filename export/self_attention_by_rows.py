@@ -45,8 +45,10 @@ def self_attention_by_rows(model: onnx.ModelProto, most: int = FUSED_MOST_ROWS) 
             _constant(CONDITION + ".most", [most]),
             helper.make_node("LessOrEqual", [CONDITION + ".rows", CONDITION + ".most"], [CONDITION]),
         ]
+        ordered = onnx.GraphProto()
+        ordered.node.extend(rows + nodes)  # copies, made before the originals go (as export/fp16.py orders nodes)
         del graph.node[:]
-        graph.node.extend(rows + nodes)
+        graph.node.extend(ordered.node)
     return count
 
 
