@@ -633,11 +633,13 @@ def test_the_flood_bench_reports_a_flood_with_its_probe(server) -> None:
 def test_prices_follow_what_requests_cost(server, exported) -> None:
     """Issue 84: a sampled request cost 14.5–16× a plain one of the same price, the repetition options 3.5–5×, and
     empty sources were priced 0. Now each is priced within 2× of its measured cost relative to a plain request
-    (the rule's factors: serve/triton/default_prices.json, this repository's calibration)."""
+    (the rule's factors: serve/triton/default_prices.json, this repository's calibration). The least of 11 rounds is
+    each kind's cost: beside the other test worker, the median of 16 empty sources read 5.6 ms (3.3–3.7 alone, the
+    same Intel Xeon) — waiting for a core, not work."""
     export_dir = exported("transformer")[0]
     kinds = request_kinds(export.load(export_dir, threads=1), export_dir, length=40)
     kinds = {name: kinds[name] for name in ("plain", "sampling", "repetition_penalty", f"empty_{ROWS}")}
-    seconds = measure(server.info.triton_grpc_url, MODEL, kinds, rounds=7)
+    seconds = measure(server.info.triton_grpc_url, MODEL, kinds, rounds=11, statistic=min)
     rule = PriceRule.read(DEFAULT_PRICES)
 
     def price(name: str) -> int:
