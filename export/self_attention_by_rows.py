@@ -20,8 +20,9 @@ from onnx import TensorProto, helper, numpy_helper
 from export.graph import ExportError
 from export.rewrites import constant_ints
 
-# Rows up to which the fused kernel runs: it was the faster at 1 and 5 rows (greedy and beam 5 at batch 1), level
-# with the written-out step from 32 rows, and ≈ 10% slower and 123 MB heavier at 160 (fast_defaults.md)
+# Rows up to which the fused kernel runs: 3–4% the faster at some counts up to 4 rows, level (±3%) from 8 to 160 in a
+# step's time, and 123 MB heavier at 160 (beam 5 × 32) — `python -m export.bench.self_attention_rows`, the Intel Xeon
+# reports in results/runtime/fast_defaults/ (fast_defaults.md)
 FUSED_MOST_ROWS = 8
 CONDITION = "self_attention.few_rows"  # [1] bool: the step has at most FUSED_MOST_ROWS rows
 

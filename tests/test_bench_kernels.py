@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import onnx
 import pytest
 
 from export.bench.kernels import kernels_per_step, main
@@ -181,3 +182,44 @@ def test_bench_commands_answer_bad_input_with_one_usage_line(command, argv, said
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"python -m export.bench.{command}: error: ") and said.format(**paths) in err[-1]
+
+
+def test_self_attention_rows_times_both_branches_of_the_crossover(exported, tmp_path, capsys) -> None:
+    """`python -m export.bench.self_attention_rows`: the export's decoder with the kernel at every row count and
+    written out at every row count (their tokens checked equal), a ratio per round and row count, the table
+    printed; the copies it made are gone."""
+    from export.bench.self_attention_rows import main as rows_main
+
+    out, _ = exported("transformer")
+    before = sorted(p.name for p in out.parent.iterdir())
+    rows_main(
+        ["--export", str(out), "--rows", "9,1", "--rounds", "2", "--steps", "3", "--threads", "1"]
+        + ["--json", str(tmp_path / "rows.json")]
+    )
+    report = json.loads((tmp_path / "rows.json").read_text())
+    assert list(report["per_rows"]) == ["1", "9"] and report["cpu"] and report["steps"] == 3
+    for row in report["per_rows"].values():
+        assert len(row["per_round"]) == 2 and all(r > 0 for r in row["per_round"])
+        assert row["kernel_ms_per_step"] > 0 and row["written_ms_per_step"] > 0
+    assert "| 9 |" in capsys.readouterr().out
+    assert sorted(p.name for p in out.parent.iterdir()) == before
+
+
+def test_self_attention_rows_names_the_fix_for_an_export_without_the_crossover(tmp_path) -> None:
+    """An export whose decoder has no fused self-attention chosen by rows (an older export, fused_attention=none) is
+    refused with the command that makes one."""
+    from onnx import TensorProto, helper
+
+    from export.bench.self_attention_rows import with_crossover
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    (tmp_path / "old").mkdir()
+    onnx.save(helper.make_model(graph), str(tmp_path / "old" / "decoder.onnx"))
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps({"graphs": {"decoder": {"file": "decoder.onnx"}}}))
+    with pytest.raises(SystemExit, match="python -m export"):
+        with_crossover(tmp_path / "old", tmp_path / "copy", 0)
