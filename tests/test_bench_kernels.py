@@ -205,12 +205,17 @@ def test_self_attention_rows_times_both_branches_of_the_crossover(exported, tmp_
     assert sorted(p.name for p in out.parent.iterdir()) == before
 
 
-def test_self_attention_rows_names_the_fix_for_an_export_without_the_crossover(tmp_path) -> None:
-    """An export whose decoder has no fused self-attention chosen by rows (an older export, fused_attention=none) is
-    refused with the command that makes one."""
+def test_self_attention_rows_names_the_fix_for_an_export_without_the_crossover(tmp_path, capsys) -> None:
+    """An export whose decoder has no fused self-attention chosen by rows (an older export, fused_attention=none), or
+    a directory that is no export, is refused with the command that makes one."""
     from onnx import TensorProto, helper
 
+    from export.bench.self_attention_rows import main as rows_main
     from export.bench.self_attention_rows import with_crossover
+
+    with pytest.raises(SystemExit):
+        rows_main(["--export", str(tmp_path)])
+    assert "no manifest.json); make one with python -m export" in capsys.readouterr().err
 
     graph = helper.make_graph(
         [helper.make_node("Identity", ["x"], ["y"])],

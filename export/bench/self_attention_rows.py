@@ -144,6 +144,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--rows takes whole numbers separated by commas, not {args.rows!r}")
     if rows[0] < 1 or args.rounds < 1 or args.steps < 1 or args.threads < 1:
         parser.error("--rows, --rounds, --steps and --threads must be at least 1")
+    if not (args.export / "manifest.json").is_file():
+        parser.error(
+            f"{args.export} is not an export (no manifest.json); make one with python -m export checkpoint=<run>"
+        )
     report = measure(args.export.resolve(), rows, args.rounds, args.steps, args.threads)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
