@@ -32,10 +32,23 @@ def test_kernels_are_counted_inside_each_run_of_the_trace() -> None:
     assert list(counted["by_op"]) == ["MatMul", "Add", "Softmax"]  # most kernels first
 
 
+def test_a_branch_is_timed_once_in_the_shares() -> None:
+    """An If's kernel time holds its branch's kernels, which the profile also times: the shares are taken of the
+    kernels alone, so the If's share is what its branch took, and nothing is counted twice."""
+    trace = [
+        {"cat": "Session", "name": "model_run", "ts": 0, "dur": 100},
+        {"cat": "Node", "name": "if_kernel_time", "ts": 5, "dur": 40, "args": {"op_name": "If"}},
+        {"cat": "Node", "name": "inner_kernel_time", "ts": 10, "dur": 30, "args": {"op_name": "MatMul"}},
+        {"cat": "Node", "name": "after_kernel_time", "ts": 60, "dur": 10, "args": {"op_name": "Add"}},
+    ]
+    shares = {op: entry["time_share"] for op, entry in kernels_per_step(trace)["by_op"].items()}
+    assert shares == {"If": 40 / 40, "MatMul": 30 / 40, "Add": 10 / 40}
+
+
 def test_a_real_export_runs_the_same_kernels_every_step(exported, tmp_path, capsys) -> None:
     """Profiling a real export: one decoder run per forced step, the same kernels in each, MatMuls among them."""
     out, _ = exported("transformer")
-    main(["--export", str(out), "--steps", "5", "--json", str(tmp_path / "k.json")])
+    main(["--export", str(out), "--steps", "5", "--batch", "2", "--json", str(tmp_path / "k.json")])
     report = json.loads((tmp_path / "k.json").read_text())
     assert report["runs"] >= 4 and len(set(report["per_run"])) == 1 and report["kernels_per_run"] > 20
     assert report["by_op"]["MatMul"]["kernels_per_run"] >= 2
