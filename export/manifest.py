@@ -342,6 +342,11 @@ def summary_table(m: dict[str, Any], out: Path) -> str:
         f"  opset {g['decoder']['opset']}, IR {g['decoder']['ir_version']}; caches per layer: "
         + ", ".join(sorted({c["name"].split(".", 1)[1] for c in m["caches"]}))
     )
+    kernel_rows = g["decoder"].get("self_attention_kernel_rows")
+    if kernel_rows is not None:
+        lines.append(
+            f"  self-attention: onnxruntime's fused kernel up to {kernel_rows} rows a step, written out beyond"
+        )
     for name, digest in m["files"].items():
         size = (out / name).stat().st_size if (out / name).exists() else 0
         lines.append(f"  {name:<17} {_fmt(size):>7}B  sha256 {digest[:16]}…")

@@ -60,7 +60,7 @@ from export.rewrites import (
     unread_attention_outputs_dropped,
 )
 from export.runtime import GraphInfo, Graphs
-from export.self_attention_by_rows import self_attention_by_rows
+from export.self_attention_by_rows import FUSED_MOST_ROWS, self_attention_by_rows
 from zoo.model import Transformer
 
 ENCODER_FILE = "encoder.onnx"
@@ -207,7 +207,7 @@ def _finish_graph(path: Path, metadata: dict[str, str]) -> GraphInfo:
     consecutive_reshapes_merged(model)
     drop_unread(model)
     unread_attention_outputs_dropped(model)
-    self_attention_by_rows(model)  # last: it moves the fused self-attention nodes into If branches
+    by_rows = self_attention_by_rows(model)  # last: it moves the fused self-attention nodes into If branches
     for key, value in metadata.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
@@ -216,7 +216,7 @@ def _finish_graph(path: Path, metadata: dict[str, str]) -> GraphInfo:
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     # the exporter drops inputs a mechanism never reads (e.g. memory_pad_mask when cross-attention
     # caches masked sums): record the graph's actual I/O
-    return GraphInfo(
+    info = GraphInfo(
         file=path.name,
         data=data_file(path.name),
         ir_version=model.ir_version,
@@ -224,6 +224,9 @@ def _finish_graph(path: Path, metadata: dict[str, str]) -> GraphInfo:
         inputs=[i.name for i in model.graph.input],
         outputs=[o.name for o in model.graph.output],
     )
+    if by_rows:
+        info["self_attention_kernel_rows"] = FUSED_MOST_ROWS
+    return info
 
 
 def data_file(graph_file: str) -> str:

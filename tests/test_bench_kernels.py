@@ -9,6 +9,7 @@ import onnx
 import pytest
 
 from export.bench.kernels import kernels_per_step, main
+from export.self_attention_by_rows import FUSED_MOST_ROWS
 
 
 def test_kernels_are_counted_inside_each_run_of_the_trace() -> None:
@@ -211,6 +212,7 @@ def test_self_attention_rows_times_both_branches_of_the_crossover(exported, tmp_
     )
     report = json.loads((tmp_path / "rows.json").read_text())
     assert list(report["per_rows"]) == ["1", "9"] and report["cpu"] and report["steps"] == 3
+    assert report["export_kernel_rows"] == FUSED_MOST_ROWS
     for row in report["per_rows"].values():
         assert len(row["per_round"]) == 2 and all(r > 0 for r in row["per_round"])
         assert row["kernel_ms_per_step"] > 0 and row["written_ms_per_step"] > 0

@@ -13,11 +13,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from export.fused_attention import MASK_FILTER_VALUE
+from export.manifest import summary_table
 from export.rewrites import nested_nodes
 from export.runtime import load
+from export.self_attention_by_rows import CONDITION, FUSED_MOST_ROWS
 from tests.export_testing import pruning_overrides
 
 D, H = 32, 4
@@ -197,6 +199,12 @@ def test_a_pruned_export_has_one_fused_kernel_per_decoder_attention_with_its_own
     by_rows = [n for n in top if n.op_type == "If" and n.name.startswith("self_attention.")]
     assert len(by_rows) == sum(name.endswith("self_attn") for name in nodes)
     assert not [n for n in top if n.op_type == "MultiHeadAttention" and len(n.input) > 6 and n.input[6]]
+    # the manifest says up to how many rows the kernel runs: the graph's own crossover constant
+    (most,) = [n for n in top if n.op_type == "Constant" and n.output[0] == CONDITION + ".most"]
+    kernel_rows = int(numpy_helper.to_array(most.attribute[0].t)[0])
+    assert manifest["graphs"]["decoder"]["self_attention_kernel_rows"] == kernel_rows == FUSED_MOST_ROWS
+    assert "self_attention_kernel_rows" not in manifest["graphs"]["encoder"]
+    assert f"fused kernel up to {FUSED_MOST_ROWS} rows" in summary_table(manifest, out)
     assert {
         modules["decoder.layers.0.self_attn"]["num_heads"],
         modules["decoder.layers.1.cross_attn"]["num_heads"],
@@ -211,9 +219,10 @@ def test_a_fused_export_decodes_as_the_written_out_one(entry: str, written_out, 
     """The same pruned (the transformer) or gated (GQA) checkpoint exported written out (fused_attention=none) and
     with fused_attention=all (the default): beam-4 n-best lists on the held-out sources give the same texts, tokens
     and word alignments, and scores equal within float rounding."""
-    written, _ = written_out(entry)
+    written, written_manifest = written_out(entry)
     fused, _ = exported(entry)
     assert fused_nodes(fused) and not fused_nodes(written)
+    assert "self_attention_kernel_rows" not in written_manifest["graphs"]["decoder"]
     sources = json.loads((fused / "heldout.json").read_text())["src"][:4]
     options = {"beam_size": 4, "num_hypotheses": 4, "return_alignments": True}
     a, b = load(fused).translate(sources, **options), load(written).translate(sources, **options)

@@ -54,6 +54,9 @@ class _GraphKeys(TypedDict):
 
 class GraphInfo(_GraphKeys, total=False):
     data: str  # the file of its weights (ONNX external data: `file` names it), listed; exports before format 4 lack it
+    # the decoder's fused self-attention: onnxruntime's kernel for steps of at most this many rows, written out beyond
+    # (export/self_attention_by_rows.py); absent where the graph has none (fused_attention none/cross, older exports)
+    self_attention_kernel_rows: int
 
 
 class Graphs(TypedDict):
