@@ -44,8 +44,12 @@ def with_crossover(directory: Path, out: Path, most: int) -> Path:
     graph_file = json.loads((directory / "manifest.json").read_text())["graphs"]["decoder"]["file"]
     out.mkdir(parents=True)
     for path in directory.iterdir():
-        if path.name != graph_file:
-            os.link(path, out / path.name) if path.stat().st_dev == out.stat().st_dev else shutil.copy(path, out)
+        if path.name == graph_file:
+            continue
+        if path.stat().st_dev == out.stat().st_dev:  # a link where it can be: the weights are large
+            os.link(path, out / path.name)
+        else:
+            shutil.copy(path, out)
     graph = onnx.load(str(directory / graph_file), load_external_data=False)
     constants = [n for n in graph.graph.node if n.op_type == "Constant" and n.output[0] == CONDITION + ".most"]
     if len(constants) != 1:
